@@ -6,3 +6,7 @@
 //! as the sandbox's init, or on a plain host for tests.
 
 pub mod state;
+pub mod auth;
+pub mod files;
+pub mod filesystem;
+pub mod users;

@@ -14,8 +14,10 @@ use std::time::SystemTime;
 pub struct SandboxSpec {
     /// Sandbox id (`i` + 20 chars of `[a-z0-9]`), also the hostname.
     pub id: String,
-    /// Template id in the template store (e.g. `base`).
+    /// Template id the sandbox was made from (recorded, not interpreted).
     pub template: String,
+    /// Read-only template layers for the overlay root, lowest first.
+    pub layers: Vec<PathBuf>,
     pub cpu_count: u32,
     pub memory_mb: u64,
     pub disk_size_mb: u64,
@@ -58,8 +60,6 @@ pub struct RecoveryReport {
 pub enum RuntimeError {
     #[error("sandbox {0} not found")]
     NotFound(String),
-    #[error("template {0} not found")]
-    TemplateNotFound(String),
     #[error("{op}: {source}")]
     Io {
         op: String,
