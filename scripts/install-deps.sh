@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Installs everything the test suites need on a fresh Debian 12 machine (run as root).
+# Idempotent: a second run only checks and does nothing that is already done.
+#
+#   bash scripts/install-deps.sh
+#
+# What it sets up:
+#   - apt packages (build tools, namespaces/rootfs tools, xattr tools, python venv)
+#   - rustfmt and clippy for the active toolchain
+#   - .venv/ at the repo root with tests/sdk/requirements.txt (pinned e2b==2.63.0, pytest)
+#   - tests/sdk/js/node_modules from tests/sdk/js/package-lock.json (e2b@2.51.0)
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+step() { printf '\n==> %s\n' "$*"; }
+info() { printf '    %s\n' "$*"; }
+fail() { printf 'install-deps: %s\n' "$*" >&2; exit 1; }
+
+# --- system packages -------------------------------------------------------------------
+apt_packages=(
+    build-essential pkg-config libseccomp-dev
+    iproute2 util-linux e2fsprogs attr procps passwd
+    debootstrap bubblewrap crun
+    python3 python3-venv python3-pip
+    ca-certificates curl git
+)
+
+step "system packages"
+missing=()
+for package in "${apt_packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$package")
+    fi
+done
+if ((${#missing[@]} == 0)); then
+    info "all ${#apt_packages[@]} present"
+else
+    [[ $EUID -eq 0 ]] || fail "missing apt packages (${missing[*]}) and not root"
+    info "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+fi
+
+# --- node ------------------------------------------------------------------------------
+step "node"
+node_major() { node -e 'process.stdout.write(process.versions.node.split(".")[0])' 2>/dev/null || echo 0; }
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    [[ $EUID -eq 0 ]] || fail "node/npm missing and not root"
+    info "installing nodejs and npm from apt"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm </dev/null
+fi
+(($(node_major) >= 20)) || fail "node $(node --version) is too old: the JS SDK needs node >= 20.18.1"
+info "node $(node --version), npm $(npm --version)"
+
+# --- rust ------------------------------------------------------------------------------
+step "rust toolchain"
+command -v cargo >/dev/null || fail "cargo not found: install Rust (rustup) first"
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null || fail "rustfmt/clippy missing and no rustup to add them"
+    info "adding rustfmt and clippy"
+    rustup component add rustfmt clippy
+fi
+info "$(cargo --version); $(cargo fmt --version); $(cargo clippy --version)"
+
+# --- python venv -----------------------------------------------------------------------
+step "python venv (.venv)"
+requirements="tests/sdk/requirements.txt"
+stamp=".venv/.requirements.sha256"
+wanted_hash="$(sha256sum "$requirements" | cut -d' ' -f1)"
+if [[ ! -x .venv/bin/python ]]; then
+    info "creating .venv with $(python3 --version)"
+    python3 -m venv .venv
+fi
+if [[ "$(cat "$stamp" 2>/dev/null)" == "$wanted_hash" ]]; then
+    info "requirements already installed"
+else
+    info "installing $requirements"
+    .venv/bin/python -m pip install --disable-pip-version-check -q -r "$requirements"
+    printf '%s\n' "$wanted_hash" >"$stamp"
+fi
+info "$(.venv/bin/python --version), e2b $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("e2b"))')"
+
+# --- js sdk ----------------------------------------------------------------------------
+step "JS SDK (tests/sdk/js)"
+js_dir="tests/sdk/js"
+js_stamp="$js_dir/node_modules/.package-lock.sha256"
+wanted_js_hash="$(sha256sum "$js_dir/package-lock.json" | cut -d' ' -f1)"
+if [[ "$(cat "$js_stamp" 2>/dev/null)" == "$wanted_js_hash" ]]; then
+    info "node_modules up to date"
+else
+    info "npm ci"
+    (cd "$js_dir" && npm ci --no-audit --no-fund --loglevel=error)
+    printf '%s\n' "$wanted_js_hash" >"$js_stamp"
+fi
+info "e2b $(node -p 'require("./'"$js_dir"'/node_modules/e2b/package.json").version')"
+
+step "dependencies ready"
