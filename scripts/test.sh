@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The project's test command (see README): lint, unit and integration tests, then the
+# acceptance suites that drive the real berth-envd with the official E2B SDKs.
+# Run as root after scripts/install-deps.sh:
+#
+#   bash scripts/test.sh
+#
+# Every step runs even when an earlier one failed; the summary at the end lists them
+# all and the exit status is non-zero if any failed. Adding a suite is one `step` line
+# at the bottom.
+set -uo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+target_dir="${CARGO_TARGET_DIR:-$repo_root/target}"
+[[ "$target_dir" = /* ]] || target_dir="$repo_root/$target_dir"
+
+summary=()
+failed=0
+
+# step NAME COMMAND...: runs COMMAND, records pass/fail and its duration.
+step() {
+    local name="$1"
+    shift
+    printf '\n==> %s\n' "$name"
+    local started=$SECONDS
+    if "$@" </dev/null; then
+        summary+=("$(printf 'PASS  %4ss  %s' $((SECONDS - started)) "$name")")
+    else
+        summary+=("$(printf 'FAIL  %4ss  %s' $((SECONDS - started)) "$name")")
+        failed=1
+    fi
+}
+
+# Builds berth-envd and exports BERTH_ENVD_BIN for the SDK suites. Uses envd's static
+# build script when present (it prints the binary's path as its last line of stdout).
+build_envd() {
+    local binary=""
+    if [[ -f crates/envd/build-static.sh ]]; then
+        local output
+        output="$(bash crates/envd/build-static.sh)" || return 1
+        printf '%s\n' "$output"
+        binary="$(printf '%s\n' "$output" | tail -n 1)"
+    else
+        cargo build -p berth-envd --bin berth-envd || return 1
+        binary="$target_dir/debug/berth-envd"
+    fi
+    if [[ ! -x "$binary" ]]; then
+        echo "berth-envd binary not found (looked for: $binary)" >&2
+        return 1
+    fi
+    export BERTH_ENVD_BIN="$binary"
+    echo "BERTH_ENVD_BIN=$BERTH_ENVD_BIN"
+}
+
+python_sdk_suite() {
+    [[ -n "${BERTH_ENVD_BIN:-}" ]] || { echo "no berth-envd binary (build step failed)" >&2; return 1; }
+    .venv/bin/python -m pytest tests/sdk
+}
+
+js_sdk_suite() {
+    [[ -n "${BERTH_ENVD_BIN:-}" ]] || { echo "no berth-envd binary (build step failed)" >&2; return 1; }
+    node --test --test-concurrency=1 --test-timeout=300000 tests/sdk/js/*.test.mjs
+}
+
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+step "cargo test --workspace" cargo test --workspace
+step "build berth-envd" build_envd
+step "Python SDK suite (tests/sdk)" python_sdk_suite
+step "JS SDK smoke (tests/sdk/js)" js_sdk_suite
+
+printf '\n==> summary (%ss total)\n' "$SECONDS"
+printf '    %s\n' "${summary[@]}"
+exit "$failed"
