@@ -1,0 +1,527 @@
+//! Forwarding one request to a sandbox port and streaming the answer back.
+
+use std::io;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body::Body;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper_util::rt::TokioIo;
+
+use crate::resolver::{ResolveError, Route, SandboxResolver};
+use crate::target::{
+    is_internal_envd_route, RoutingConfig, SandboxId, Target, TargetError, ENVD_PORT,
+    SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
+};
+
+/// Boxed error of streamed bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Body of every response the proxy produces: the sandbox's own body streamed
+/// through, or a small JSON error.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Header carrying the envd access token of `secure` sandboxes.
+pub const ENVD_ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// Header carrying the traffic access token for user ports.
+pub const TRAFFIC_ACCESS_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus `Expect`
+/// because the proxy's server side already answers `100 Continue` itself.
+const HOP_BY_HOP_HEADERS: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::EXPECT,
+];
+
+/// Why a request could not be forwarded; each maps to one HTTP answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("not a sandbox request")]
+    NotSandboxRequest,
+    #[error(transparent)]
+    InvalidTarget(#[from] TargetError),
+    #[error("{path} is an internal envd route, not reachable through the proxy")]
+    InternalRoute { path: String },
+    #[error("the sandbox was not found")]
+    SandboxNotFound { sandbox_id: SandboxId },
+    #[error("the sandbox is running but port {port} is not open")]
+    PortNotOpen { sandbox_id: SandboxId, port: u16 },
+    #[error("missing or invalid envd access token (X-Access-Token)")]
+    EnvdAccessDenied,
+    #[error("missing or invalid traffic access token (e2b-traffic-access-token)")]
+    TrafficAccessDenied,
+    #[error("sandbox lookup failed: {0}")]
+    Lookup(String),
+    #[error("connecting to the sandbox failed: {source}")]
+    Connect {
+        sandbox_id: SandboxId,
+        source: io::Error,
+    },
+    #[error("the sandbox's answer failed: {source}")]
+    Upstream {
+        sandbox_id: SandboxId,
+        source: hyper::Error,
+    },
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::NotSandboxRequest => StatusCode::NOT_FOUND,
+            Self::InvalidTarget(_) => StatusCode::BAD_REQUEST,
+            Self::InternalRoute { .. } | Self::TrafficAccessDenied => StatusCode::FORBIDDEN,
+            Self::EnvdAccessDenied => StatusCode::UNAUTHORIZED,
+            Self::Lookup(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::SandboxNotFound { .. }
+            | Self::PortNotOpen { .. }
+            | Self::Connect { .. }
+            | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The JSON answer: `{code, message}` plus `sandboxId` (and `port`) for 502s, in
+    /// the shape the SDKs recognise.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let status = self.status();
+        let mut body = serde_json::json!({
+            "code": status.as_u16(),
+            "message": self.client_message(),
+        });
+        match &self {
+            Self::SandboxNotFound { sandbox_id }
+            | Self::Connect { sandbox_id, .. }
+            | Self::Upstream { sandbox_id, .. } => {
+                body["sandboxId"] = sandbox_id.as_str().into();
+            }
+            Self::PortNotOpen { sandbox_id, port } => {
+                body["sandboxId"] = sandbox_id.as_str().into();
+                body["port"] = (*port).into();
+            }
+            _ => {}
+        }
+        json_response(status, &body)
+    }
+
+    fn client_message(&self) -> String {
+        match self {
+            // The SDKs match on these exact phrases ("was not found", "port is not open").
+            Self::SandboxNotFound { .. } => "The sandbox was not found".to_owned(),
+            Self::PortNotOpen { port, .. } => {
+                format!("The sandbox is running but port is not open (port {port})")
+            }
+            Self::Lookup(_) => "sandbox lookup failed".to_owned(),
+            other => {
+                let text = other.to_string();
+                let mut chars = text.chars();
+                chars
+                    .next()
+                    .map(|first| first.to_uppercase().chain(chars).collect())
+                    .unwrap_or_default()
+            }
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ProxyBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// The sandbox proxy. Cheap to clone; mount it in front of the API and send every
+/// request that [`Proxy::classify`] claims to [`Proxy::forward`].
+#[derive(Clone)]
+pub struct Proxy {
+    resolver: Arc<dyn SandboxResolver>,
+    routing: RoutingConfig,
+}
+
+impl Proxy {
+    pub fn new(resolver: Arc<dyn SandboxResolver>, routing: RoutingConfig) -> Self {
+        Self { resolver, routing }
+    }
+
+    /// See [`RoutingConfig::classify`].
+    pub fn classify<B>(&self, req: &Request<B>) -> Option<Result<Target, TargetError>> {
+        self.routing.classify(req)
+    }
+
+    /// Classifies and forwards; errors become their JSON answers.
+    pub async fn handle<B>(&self, req: Request<B>) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        match self.classify(&req) {
+            None => ProxyError::NotSandboxRequest.into_response(),
+            Some(Err(error)) => ProxyError::from(error).into_response(),
+            Some(Ok(target)) => self.forward(req, target).await,
+        }
+    }
+
+    /// Forwards `req` to `target`; errors become their JSON answers.
+    pub async fn forward<B>(&self, req: Request<B>, target: Target) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        match self.try_forward(req, target).await {
+            Ok(response) => response,
+            Err(error) => {
+                tracing::debug!(%error, "sandbox proxy refused or failed a request");
+                error.into_response()
+            }
+        }
+    }
+
+    /// Forwards `req` to `target`, streaming the request body up and the response
+    /// body down as they flow; `Upgrade` requests become a two-way byte tunnel.
+    pub async fn try_forward<B>(
+        &self,
+        mut req: Request<B>,
+        target: Target,
+    ) -> Result<Response<ProxyBody>, ProxyError>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        if target.port == ENVD_PORT && is_internal_envd_route(target.path()) {
+            return Err(ProxyError::InternalRoute {
+                path: target.path().to_owned(),
+            });
+        }
+        let route =
+            self.resolver
+                .resolve(&target.sandbox_id)
+                .await
+                .map_err(|error| match error {
+                    ResolveError::NotFound => ProxyError::SandboxNotFound {
+                        sandbox_id: target.sandbox_id.clone(),
+                    },
+                    ResolveError::Lookup(message) => ProxyError::Lookup(message),
+                })?;
+        authorize(req.headers(), &target, &route)?;
+
+        let client_upgrade = is_upgrade_request(&req).then(|| hyper::upgrade::on(&mut req));
+        let upstream_request = upstream_request(req, &target, client_upgrade.is_some());
+
+        let stream = route
+            .connector
+            .connect(target.port)
+            .await
+            .map_err(|source| match source.kind() {
+                io::ErrorKind::ConnectionRefused => ProxyError::PortNotOpen {
+                    sandbox_id: target.sandbox_id.clone(),
+                    port: target.port,
+                },
+                io::ErrorKind::NotFound => ProxyError::SandboxNotFound {
+                    sandbox_id: target.sandbox_id.clone(),
+                },
+                _ => ProxyError::Connect {
+                    sandbox_id: target.sandbox_id.clone(),
+                    source,
+                },
+            })?;
+        // Nagle would hold back the small frames of Connect streams.
+        stream.set_nodelay(true).ok();
+
+        let upstream_error = |source| ProxyError::Upstream {
+            sandbox_id: target.sandbox_id.clone(),
+            source,
+        };
+        let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(upstream_error)?;
+        let sandbox_id = target.sandbox_id.clone();
+        tokio::spawn(async move {
+            if let Err(error) = connection.with_upgrades().await {
+                tracing::debug!(%sandbox_id, %error, "sandbox connection ended with an error");
+            }
+        });
+
+        let mut response = sender
+            .send_request(upstream_request)
+            .await
+            .map_err(upstream_error)?;
+
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(client_upgrade) = client_upgrade {
+                let upstream_upgrade = hyper::upgrade::on(&mut response);
+                let sandbox_id = target.sandbox_id.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = tunnel(client_upgrade, upstream_upgrade).await {
+                        tracing::debug!(%sandbox_id, %error, "upgraded connection ended with an error");
+                    }
+                });
+                let (parts, _) = response.into_parts();
+                return Ok(Response::from_parts(parts, empty_body()));
+            }
+        } else {
+            remove_hop_by_hop_headers(response.headers_mut());
+        }
+        Ok(response.map(|body| body.map_err(BoxError::from).boxed_unsync()))
+    }
+}
+
+fn empty_body() -> ProxyBody {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+async fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+) -> Result<(), BoxError> {
+    let (client, upstream) = tokio::try_join!(client, upstream)?;
+    let mut client = TokioIo::new(client);
+    let mut upstream = TokioIo::new(upstream);
+    tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+    Ok(())
+}
+
+/// Enforces the sandbox's access tokens for the addressed port.
+fn authorize(headers: &HeaderMap, target: &Target, route: &Route) -> Result<(), ProxyError> {
+    if target.port == ENVD_PORT {
+        let Some(expected) = &route.envd_access_token else {
+            return Ok(());
+        };
+        // envd answers these without a token: its health check, and file URLs that
+        // carry their own signature (envd verifies it).
+        let exempt = target.path() == "/health"
+            || (target.path() == "/files"
+                && target.query().is_some_and(|query| {
+                    query.split('&').any(|pair| pair.starts_with("signature="))
+                }));
+        if exempt || header_matches(headers, ENVD_ACCESS_TOKEN_HEADER, expected) {
+            return Ok(());
+        }
+        return Err(ProxyError::EnvdAccessDenied);
+    }
+    if route.allow_public_traffic {
+        return Ok(());
+    }
+    match &route.traffic_access_token {
+        Some(expected) if header_matches(headers, TRAFFIC_ACCESS_TOKEN_HEADER, expected) => Ok(()),
+        _ => Err(ProxyError::TrafficAccessDenied),
+    }
+}
+
+fn header_matches(headers: &HeaderMap, name: &str, expected: &str) -> bool {
+    headers
+        .get(name)
+        .is_some_and(|value| constant_time_eq(value.as_bytes(), expected.as_bytes()))
+}
+
+/// Compares without an early exit on the first differing byte, so response timing
+/// does not reveal how much of a guessed token was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn is_upgrade_request<B>(req: &Request<B>) -> bool {
+    req.version() == Version::HTTP_11
+        && req.headers().contains_key(header::UPGRADE)
+        && req
+            .headers()
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// The request as the sandbox's port sees it: HTTP/1.1, origin-form path (prefix
+/// removed), hop-by-hop and proxy-only headers dropped, `Host` kept as the client
+/// sent it so apps that check it (dev servers) see their public name.
+fn upstream_request<B>(req: Request<B>, target: &Target, upgrade: bool) -> Request<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = req.into_parts();
+    let upgrade_protocol = parts.headers.get(header::UPGRADE).cloned();
+    if !parts.headers.contains_key(header::HOST) {
+        if let Some(authority) = parts.uri.authority() {
+            if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+                parts.headers.insert(header::HOST, host);
+            }
+        }
+    }
+    remove_hop_by_hop_headers(&mut parts.headers);
+    for name in [
+        SANDBOX_ID_HEADER,
+        SANDBOX_PORT_HEADER,
+        TRAFFIC_ACCESS_TOKEN_HEADER,
+    ] {
+        parts.headers.remove(name);
+    }
+    if upgrade {
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        if let Some(protocol) = upgrade_protocol {
+            parts.headers.insert(header::UPGRADE, protocol);
+        }
+    }
+    parts.version = Version::HTTP_11;
+    parts.uri =
+        Uri::try_from(target.path_and_query.as_str()).unwrap_or_else(|_| Uri::from_static("/"));
+    let body = if upgrade {
+        empty_body()
+    } else {
+        body.map_err(Into::into).boxed_unsync()
+    };
+    Request::from_parts(parts, body)
+}
+
+fn remove_hop_by_hop_headers(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in listed.iter().chain(HOP_BY_HOP_HEADERS.iter()) {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resolver::{BoxFuture, PortConnector};
+    use crate::target::Addressing;
+
+    struct Unreachable;
+
+    impl PortConnector for Unreachable {
+        fn connect(&self, _port: u16) -> BoxFuture<'_, io::Result<tokio::net::TcpStream>> {
+            Box::pin(async { Err(io::Error::from(io::ErrorKind::ConnectionRefused)) })
+        }
+    }
+
+    fn route(envd_token: Option<&str>, traffic_token: Option<&str>, public: bool) -> Route {
+        Route {
+            connector: Arc::new(Unreachable),
+            envd_access_token: envd_token.map(str::to_owned),
+            traffic_access_token: traffic_token.map(str::to_owned),
+            allow_public_traffic: public,
+        }
+    }
+
+    fn target(port: u16, path_and_query: &str) -> Target {
+        Target {
+            sandbox_id: SandboxId::parse("iabc").unwrap(),
+            port,
+            addressing: Addressing::Headers,
+            path_and_query: path_and_query.to_owned(),
+        }
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(name, value)| {
+                (
+                    HeaderName::from_static(name),
+                    HeaderValue::from_static(value),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn envd_token_is_required_only_for_secure_sandboxes() {
+        let open = route(None, None, true);
+        assert!(authorize(&headers(&[]), &target(ENVD_PORT, "/files"), &open).is_ok());
+
+        let secure = route(Some("secret"), None, true);
+        let files = target(ENVD_PORT, "/files?path=a");
+        assert!(matches!(
+            authorize(&headers(&[]), &files, &secure),
+            Err(ProxyError::EnvdAccessDenied)
+        ));
+        assert!(matches!(
+            authorize(&headers(&[("x-access-token", "secreT")]), &files, &secure),
+            Err(ProxyError::EnvdAccessDenied)
+        ));
+        assert!(authorize(&headers(&[("x-access-token", "secret")]), &files, &secure).is_ok());
+        assert!(authorize(&headers(&[]), &target(ENVD_PORT, "/health"), &secure).is_ok());
+        let signed = target(ENVD_PORT, "/files?path=a&signature=v1_x");
+        assert!(authorize(&headers(&[]), &signed, &secure).is_ok());
+    }
+
+    #[test]
+    fn traffic_token_is_required_when_public_traffic_is_off() {
+        let public = route(None, Some("t0k"), true);
+        assert!(authorize(&headers(&[]), &target(8080, "/"), &public).is_ok());
+
+        let private = route(None, Some("t0k"), false);
+        assert!(matches!(
+            authorize(&headers(&[]), &target(8080, "/"), &private),
+            Err(ProxyError::TrafficAccessDenied)
+        ));
+        let with_token = headers(&[("e2b-traffic-access-token", "t0k")]);
+        assert!(authorize(&with_token, &target(8080, "/"), &private).is_ok());
+
+        let private_without_token = route(None, None, false);
+        assert!(matches!(
+            authorize(&with_token, &target(8080, "/"), &private_without_token),
+            Err(ProxyError::TrafficAccessDenied)
+        ));
+    }
+
+    #[test]
+    fn upstream_request_drops_proxy_headers_and_prefix() {
+        let req = Request::builder()
+            .uri("/proxy/iabc/8080/app?q=1")
+            .header("host", "127.0.0.1:3000")
+            .header("connection", "keep-alive, x-hop")
+            .header("x-hop", "1")
+            .header("e2b-traffic-access-token", "t")
+            .header("x-app", "kept")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let forwarded = upstream_request(req, &target(8080, "/app?q=1"), false);
+        assert_eq!(forwarded.uri(), "/app?q=1");
+        assert_eq!(forwarded.version(), Version::HTTP_11);
+        let names: Vec<&str> = forwarded.headers().keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["host", "x-app"]);
+    }
+
+    #[tokio::test]
+    async fn not_found_json_has_the_shape_the_sdks_expect() {
+        let response = ProxyError::SandboxNotFound {
+            sandbox_id: SandboxId::parse("iabc").unwrap(),
+        }
+        .into_response();
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"sandboxId": "iabc", "message": "The sandbox was not found", "code": 502})
+        );
+    }
+}

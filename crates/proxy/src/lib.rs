@@ -1,0 +1,29 @@
+//! berth's sandbox proxy.
+//!
+//! Owns: recognising requests meant for a sandbox (by `E2b-Sandbox-Id` /
+//! `E2b-Sandbox-Port` headers, by a `<port>-<sandboxId>.<domain>` host, or by the
+//! path prefix `/proxy/<sandboxId>/<port>/…`), enforcing the per-sandbox access
+//! tokens and the ban on envd's internal routes, and streaming requests, responses and
+//! upgraded (WebSocket) connections between the client and a port in the sandbox.
+//!
+//! Does not own: sandbox state, tenancy or the runtime. The control plane implements
+//! [`SandboxResolver`] to say which sandboxes exist and how to open connections into
+//! them; this crate never touches the store or namespaces itself.
+//!
+//! Mounting: the server keeps one listener and asks [`Proxy::classify`] per request;
+//! `Some(_)` goes to [`Proxy::handle`] (or `forward`), `None` to the API.
+
+mod forward;
+mod resolver;
+mod target;
+
+pub use forward::{
+    BoxError, Proxy, ProxyBody, ProxyError, ENVD_ACCESS_TOKEN_HEADER, TRAFFIC_ACCESS_TOKEN_HEADER,
+};
+pub use resolver::{
+    connect_blocking, BoxFuture, PortConnector, ResolveError, Route, SandboxResolver,
+};
+pub use target::{
+    is_internal_envd_route, Addressing, RoutingConfig, SandboxId, Target, TargetError, ENVD_PORT,
+    PATH_PREFIX_SEGMENT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
+};
