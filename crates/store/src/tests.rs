@@ -1,0 +1,235 @@
+use super::*;
+
+fn open() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    (dir, store)
+}
+
+fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
+    SandboxRecord {
+        id: id.into(),
+        team_id: team.into(),
+        template_id: "base".into(),
+        alias: Some("base".into()),
+        build_id: "b1".into(),
+        cpu_count: 2,
+        memory_mb: 512,
+        disk_size_mb: 1024,
+        metadata: [("user".to_string(), "alice".to_string())].into(),
+        envd_version: "0.6.4".into(),
+        envd_access_token: None,
+        allow_internet_access: None,
+        started_at: from_ms(started_ms),
+        end_at: from_ms(started_ms + 60_000),
+        status: SandboxStatus::Running,
+    }
+}
+
+#[test]
+fn first_team_is_default_and_names_are_unique() {
+    let (_dir, store) = open();
+    let a = store.create_team("a").unwrap();
+    let b = store.create_team("b").unwrap();
+    assert!(a.is_default);
+    assert!(!b.is_default);
+    assert!(matches!(
+        store.create_team("a"),
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(store.default_team().unwrap().unwrap(), a);
+}
+
+#[test]
+fn keys_authenticate_by_hash_only_and_revoke() {
+    let (dir, store) = open();
+    let team = store.create_team("t").unwrap();
+    let (record, raw) = store.create_api_key(&team.id, "k").unwrap();
+    let (found_team, found_key) = store.authenticate(&raw).unwrap().unwrap();
+    assert_eq!(found_team.id, team.id);
+    assert_eq!(found_key.id, record.id);
+    assert!(found_key.last_used.is_some());
+    assert!(store.authenticate("e2b_00").unwrap().is_none());
+
+    // The raw key is nowhere in the database file.
+    drop(store);
+    let bytes = std::fs::read(dir.path().join(DATABASE_FILE)).unwrap();
+    let wal = std::fs::read(dir.path().join("berth.db-wal")).unwrap_or_default();
+    let needle = raw.as_bytes();
+    for haystack in [&bytes, &wal] {
+        assert!(!haystack.windows(needle.len()).any(|w| w == needle));
+    }
+    let store = Store::open(dir.path()).unwrap();
+    store.revoke_api_key(&record.id).unwrap();
+    assert!(store.authenticate(&raw).unwrap().is_none());
+}
+
+#[test]
+fn deleting_another_teams_key_is_not_found() {
+    let (_dir, store) = open();
+    let a = store.create_team("a").unwrap();
+    let b = store.create_team("b").unwrap();
+    let (key, raw) = store.create_api_key(&a.id, "k").unwrap();
+    assert!(matches!(
+        store.delete_api_key(&b.id, &key.id),
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(store.authenticate(&raw).unwrap().is_some());
+}
+
+#[test]
+fn sandboxes_are_scoped_filtered_and_paged() {
+    let (_dir, store) = open();
+    let a = store.create_team("a").unwrap();
+    let b = store.create_team("b").unwrap();
+    for i in 0..5 {
+        store
+            .insert_sandbox(&sandbox(&a.id, &format!("ia{i}"), 1_000 + i))
+            .unwrap();
+    }
+    store.insert_sandbox(&sandbox(&b.id, "ib0", 1_000)).unwrap();
+    assert!(store.running_sandbox(&b.id, "ia0").unwrap().is_none());
+    assert!(store.running_sandbox(&a.id, "ia0").unwrap().is_some());
+
+    let filter = SandboxFilter::default();
+    let first = store
+        .list_running_sandboxes(&a.id, &filter, 2, None)
+        .unwrap();
+    assert_eq!(first.total, 5);
+    let ids: Vec<_> = first.sandboxes.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["ia4", "ia3"]);
+    let token = first.next_token.unwrap();
+    let second = store
+        .list_running_sandboxes(&a.id, &filter, 2, Some(&token))
+        .unwrap();
+    let ids: Vec<_> = second.sandboxes.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["ia2", "ia1"]);
+    let third = store
+        .list_running_sandboxes(&a.id, &filter, 2, second.next_token.as_deref())
+        .unwrap();
+    assert_eq!(third.sandboxes.len(), 1);
+    assert!(third.next_token.is_none());
+
+    let by_meta = SandboxFilter {
+        metadata: vec![("user".into(), "bob".into())],
+        ..Default::default()
+    };
+    assert_eq!(
+        store
+            .list_running_sandboxes(&a.id, &by_meta, 10, None)
+            .unwrap()
+            .total,
+        0
+    );
+
+    assert!(store.mark_killed("ia0").unwrap());
+    assert!(!store.mark_killed("ia0").unwrap());
+    assert_eq!(
+        store
+            .list_running_sandboxes(&a.id, &filter, 10, None)
+            .unwrap()
+            .total,
+        4
+    );
+    assert!(store.sandbox(&a.id, "ia0").unwrap().is_some());
+}
+
+#[test]
+fn events_page_filter_and_queue_deliveries() {
+    let (_dir, store) = open();
+    let team = store.create_team("t").unwrap();
+    store
+        .create_webhook(&WebhookRecord {
+            id: "w1".into(),
+            team_id: team.id.clone(),
+            name: "hook".into(),
+            url: "http://127.0.0.1:9/".into(),
+            enabled: true,
+            events: vec!["sandbox.lifecycle.killed".into()],
+            secret: "s".into(),
+            created_at: now(),
+        })
+        .unwrap();
+    for (i, kind) in ["created", "updated", "killed"].iter().enumerate() {
+        let event = EventRecord {
+            id: format!("e{i}"),
+            team_id: team.id.clone(),
+            sandbox_id: "i1".into(),
+            template_id: "base".into(),
+            build_id: "b".into(),
+            event_type: format!("sandbox.lifecycle.{kind}"),
+            data: None,
+            timestamp: now(),
+        };
+        store.record_event(&event, |e| e.id.clone()).unwrap();
+    }
+    let newest = store.events(&team.id, None, &[], false, 0, 10).unwrap();
+    let ids: Vec<_> = newest.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["e2", "e1", "e0"]);
+    let oldest = store.events(&team.id, Some("i1"), &[], true, 1, 1).unwrap();
+    assert_eq!(oldest[0].id, "e1");
+    let killed = store
+        .events(
+            &team.id,
+            None,
+            &["sandbox.lifecycle.killed".into()],
+            true,
+            0,
+            10,
+        )
+        .unwrap();
+    assert_eq!(killed.len(), 1);
+    assert!(store
+        .events("other", None, &[], true, 0, 10)
+        .unwrap()
+        .is_empty());
+
+    let due = store.due_deliveries(now(), 10).unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].body, "e2");
+    store
+        .retry_delivery(due[0].id, now() + time::Duration::hours(1))
+        .unwrap();
+    assert!(store.due_deliveries(now(), 10).unwrap().is_empty());
+    store.finish_delivery(due[0].id).unwrap();
+    assert!(store.next_delivery_at().unwrap().is_none());
+}
+
+#[test]
+fn logs_filter_by_level_search_and_direction() {
+    let (_dir, store) = open();
+    store
+        .append_log("i1", berth_api::LogLevel::Debug, "booting")
+        .unwrap();
+    store
+        .append_log("i1", berth_api::LogLevel::Info, "envd ready")
+        .unwrap();
+    store
+        .append_log("i1", berth_api::LogLevel::Error, "envd died")
+        .unwrap();
+    let info = store
+        .logs("i1", None, true, berth_api::LogLevel::Info, None, 10)
+        .unwrap();
+    assert_eq!(info.len(), 2);
+    let backward = store
+        .logs(
+            "i1",
+            None,
+            false,
+            berth_api::LogLevel::Debug,
+            Some("envd"),
+            1,
+        )
+        .unwrap();
+    assert_eq!(backward[0].message, "envd died");
+}
+
+#[test]
+fn second_open_sees_the_same_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Store::open(dir.path()).unwrap();
+    let team = first.create_team("t").unwrap();
+    let second = Store::open(dir.path()).unwrap();
+    let (_, raw) = second.create_api_key(&team.id, "from the CLI").unwrap();
+    assert!(first.authenticate(&raw).unwrap().is_some());
+}
