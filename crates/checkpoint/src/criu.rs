@@ -1,0 +1,396 @@
+//! Locating and provisioning CRIU.
+//!
+//! Debian 12 ships CRIU 3.17, which fails on the kernels berth targets
+//! (`vdso: Unexpected rt vDSO area bounds`), so berth needs CRIU ≥ 4.0. When the host
+//! has one it is used as is. Otherwise [`Criu::provision`] downloads trixie's `criu`
+//! package and its whole dependency closure (libc included) into
+//! `<state>/criu/prefix` with apt running on a private root (`<state>/criu/apt`), then
+//! runs the binary through the prefix's own `ld-linux` with `--library-path`, so the
+//! host's libc and package sources stay untouched.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The Debian suite whose CRIU is provisioned, and where apt fetches it from.
+const SUITE: &str = "trixie";
+const MIRROR: &str = "http://deb.debian.org/debian";
+const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
+const MINIMUM: CriuVersion = CriuVersion {
+    major: 4,
+    minor: 0,
+    patch: 0,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CriuError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("`{command}` failed ({status}): {output}")]
+    CommandFailed {
+        command: String,
+        status: String,
+        output: String,
+    },
+    #[error("cannot read CRIU's version from {0:?}")]
+    UnparsableVersion(String),
+    #[error(
+        "host CRIU {found} is too old: CRIU 3.x fails on this kernel (vDSO bounds); \
+         CRIU >= 4.0 is needed (berth can provision one: `berth criu provision`)"
+    )]
+    TooOld { found: CriuVersion },
+    #[error("no usable CRIU: the host has none >= 4.0 and none is provisioned under {0}")]
+    Missing(PathBuf),
+    #[error("apt-get and dpkg-deb are needed to provision CRIU ({0})")]
+    NoApt(String),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CriuError {
+    let what = what.into();
+    move |source| CriuError::Io { what, source }
+}
+
+/// A CRIU release number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CriuVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl fmt::Display for CriuVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+impl CriuVersion {
+    /// Parses `criu --version` output (`Version: 4.1.1`, possibly followed by a
+    /// `GitID:` line); a missing patch number reads as 0.
+    pub fn parse_output(output: &str) -> Result<Self, CriuError> {
+        let bad = || CriuError::UnparsableVersion(output.to_string());
+        let number = output
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Version:"))
+            .ok_or_else(bad)?
+            .trim();
+        let mut parts = number.split('.').map(|p| p.parse::<u32>());
+        let major = parts.next().ok_or_else(bad)?.map_err(|_| bad())?;
+        let minor = parts.next().unwrap_or(Ok(0)).map_err(|_| bad())?;
+        let patch = parts.next().unwrap_or(Ok(0)).map_err(|_| bad())?;
+        Ok(Self {
+            major,
+            minor,
+            patch,
+        })
+    }
+}
+
+/// How to start CRIU.
+#[derive(Debug, Clone)]
+enum Launch {
+    /// A CRIU on the host's PATH (or an absolute path).
+    Host(PathBuf),
+    /// A provisioned CRIU run through its prefix's dynamic loader.
+    Private { prefix: PathBuf },
+}
+
+/// A CRIU known to be ≥ 4.0.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    launch: Launch,
+    version: CriuVersion,
+}
+
+impl Criu {
+    /// The CRIU berth would use, without provisioning anything: the host's when it is
+    /// new enough, else the one provisioned under `state_dir`.
+    pub fn locate(state_dir: &Path) -> Result<Self, CriuError> {
+        let host = Self::host();
+        if let Ok(criu) = &host {
+            return Ok(criu.clone());
+        }
+        let prefix = prefix_dir(state_dir);
+        if prefix.join("usr/sbin/criu").exists() {
+            return Self::private(prefix);
+        }
+        match host {
+            Err(e @ CriuError::TooOld { .. }) => Err(e),
+            _ => Err(CriuError::Missing(prefix)),
+        }
+    }
+
+    /// Like [`Criu::locate`], but provisions trixie's CRIU privately when neither the
+    /// host nor the state directory has a usable one. Reports progress lines.
+    pub fn ensure(state_dir: &Path, mut progress: impl FnMut(&str)) -> Result<Self, CriuError> {
+        match Self::locate(state_dir) {
+            Ok(criu) => Ok(criu),
+            Err(CriuError::TooOld { found }) => {
+                progress(&format!(
+                    "host CRIU {found} fails on this kernel; provisioning CRIU 4 from Debian {SUITE}"
+                ));
+                Self::provision(state_dir, progress)
+            }
+            Err(CriuError::Missing(_)) => Self::provision(state_dir, progress),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The host's CRIU, if it is ≥ 4.0.
+    pub fn host() -> Result<Self, CriuError> {
+        let program = PathBuf::from("criu");
+        let version = version_of(Command::new(&program))?;
+        if version < MINIMUM {
+            return Err(CriuError::TooOld { found: version });
+        }
+        Ok(Self {
+            launch: Launch::Host(program),
+            version,
+        })
+    }
+
+    fn private(prefix: PathBuf) -> Result<Self, CriuError> {
+        let launch = Launch::Private { prefix };
+        let version = version_of(launch.command())?;
+        if version < MINIMUM {
+            return Err(CriuError::TooOld { found: version });
+        }
+        Ok(Self { launch, version })
+    }
+
+    /// Downloads trixie's `criu` and its dependency closure with apt on a private root
+    /// and unpacks it into `<state>/criu/prefix`. Idempotent; concurrent callers
+    /// serialize on a lock file and the prefix appears atomically (rename).
+    pub fn provision(state_dir: &Path, mut progress: impl FnMut(&str)) -> Result<Self, CriuError> {
+        for tool in ["apt-get", "dpkg-deb"] {
+            if which(tool).is_none() {
+                return Err(CriuError::NoApt(format!("{tool} not found")));
+            }
+        }
+        let base = state_dir.join("criu");
+        fs::create_dir_all(&base).map_err(io_err(format!("create {}", base.display())))?;
+        let lock = File::create(base.join(".lock")).map_err(io_err("create criu lock file"))?;
+        lock.lock().map_err(io_err("lock criu provisioning"))?;
+
+        let prefix = prefix_dir(state_dir);
+        if prefix.join("usr/sbin/criu").exists() {
+            return Self::private(prefix);
+        }
+        let apt = AptRoot::create(&base.join("apt"))?;
+        progress(&format!("criu: fetching the Debian {SUITE} package index"));
+        apt.run(&["update"])?;
+        progress("criu: downloading criu and its libraries");
+        apt.run(&["install", "-y", "--download-only", "criu"])?;
+
+        let staging = base.join("prefix.tmp");
+        if staging.exists() {
+            fs::remove_dir_all(&staging).map_err(io_err("remove stale criu staging dir"))?;
+        }
+        fs::create_dir_all(&staging).map_err(io_err("create criu staging dir"))?;
+        let mut debs: Vec<PathBuf> = fs::read_dir(apt.archives())
+            .map_err(io_err("list downloaded packages"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+            .collect();
+        debs.sort();
+        for (i, deb) in debs.iter().enumerate() {
+            progress(&format!(
+                "criu: unpacking {}/{} {}",
+                i + 1,
+                debs.len(),
+                deb.file_name().unwrap_or_default().to_string_lossy()
+            ));
+            let mut cmd = Command::new("dpkg-deb");
+            cmd.arg("-x").arg(deb).arg(&staging);
+            run(cmd)?;
+        }
+        let criu = Self::private(staging.clone())?;
+        fs::rename(&staging, &prefix).map_err(io_err("move criu prefix into place"))?;
+        fs::remove_dir_all(apt.archives()).map_err(io_err("remove downloaded packages"))?;
+        progress(&format!("criu: CRIU {} ready", criu.version));
+        Self::private(prefix)
+    }
+
+    pub fn version(&self) -> CriuVersion {
+        self.version
+    }
+
+    /// True when this is a private, provisioned CRIU rather than the host's.
+    pub fn is_private(&self) -> bool {
+        matches!(self.launch, Launch::Private { .. })
+    }
+
+    /// A command that runs CRIU; append its arguments (`dump`, `restore`, …).
+    pub fn command(&self) -> Command {
+        self.launch.command()
+    }
+}
+
+impl Launch {
+    fn command(&self) -> Command {
+        match self {
+            Launch::Host(program) => Command::new(program),
+            Launch::Private { prefix } => {
+                let libs = prefix.join(LIB_DIR);
+                let mut cmd = Command::new(libs.join("ld-linux-x86-64.so.2"));
+                cmd.arg("--library-path")
+                    .arg(&libs)
+                    .arg(prefix.join("usr/sbin/criu"));
+                cmd
+            }
+        }
+    }
+}
+
+fn prefix_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("criu").join("prefix")
+}
+
+fn version_of(mut cmd: Command) -> Result<CriuVersion, CriuError> {
+    cmd.arg("--version");
+    let out = run(cmd)?;
+    CriuVersion::parse_output(&out)
+}
+
+/// Runs a command to completion, returning stdout, or a `CommandFailed` carrying stderr.
+fn run(mut cmd: Command) -> Result<String, CriuError> {
+    let shown = format!("{cmd:?}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io_err(format!("run {shown}")))?;
+    if !out.status.success() {
+        let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+        if text.trim().is_empty() {
+            text = String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        return Err(CriuError::CommandFailed {
+            command: shown,
+            status: out.status.to_string(),
+            output: tail(&text, 2000),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn tail(text: &str, max: usize) -> String {
+    let start = text.len().saturating_sub(max);
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    text[start..].trim().to_string()
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// apt on a private root: its own sources list, lists, cache and an empty dpkg status,
+/// so the download is the whole dependency closure and nothing of the host changes.
+struct AptRoot {
+    root: PathBuf,
+}
+
+impl AptRoot {
+    fn create(root: &Path) -> Result<Self, CriuError> {
+        for dir in [
+            "etc/apt/sources.list.d",
+            "etc/apt/preferences.d",
+            "var/lib/apt/lists/partial",
+            "var/cache/apt/archives/partial",
+            "var/lib/dpkg",
+        ] {
+            let d = root.join(dir);
+            fs::create_dir_all(&d).map_err(io_err(format!("create {}", d.display())))?;
+        }
+        let status = root.join("var/lib/dpkg/status");
+        if !status.exists() {
+            File::create(&status).map_err(io_err("create private dpkg status"))?;
+        }
+        fs::write(
+            root.join("etc/apt/sources.list"),
+            format!("deb [signed-by={KEYRING}] {MIRROR} {SUITE} main\n"),
+        )
+        .map_err(io_err("write private apt sources"))?;
+        Ok(Self {
+            root: root.to_path_buf(),
+        })
+    }
+
+    fn archives(&self) -> PathBuf {
+        self.root.join("var/cache/apt/archives")
+    }
+
+    fn run(&self, args: &[&str]) -> Result<String, CriuError> {
+        let r = self.root.display();
+        let options: Vec<OsString> = [
+            format!("Dir={r}"),
+            format!("Dir::State::status={r}/var/lib/dpkg/status"),
+            format!("Dir::Etc::SourceList={r}/etc/apt/sources.list"),
+            format!("Dir::Etc::SourceParts={r}/etc/apt/sources.list.d"),
+            format!("Dir::Etc::Preferences={r}/etc/apt/preferences"),
+            format!("Dir::Etc::PreferencesParts={r}/etc/apt/preferences.d"),
+            "APT::Architecture=amd64".to_string(),
+            "APT::Install-Recommends=0".to_string(),
+            // The private root is berth's alone; the host's dpkg lock is not involved.
+            "Debug::NoLocking=1".to_string(),
+        ]
+        .into_iter()
+        .flat_map(|o| [OsString::from("-o"), OsString::from(o)])
+        .collect();
+        let mut cmd = Command::new("apt-get");
+        cmd.args(options)
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        run(cmd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_versions() {
+        let v = CriuVersion::parse_output("Version: 4.1.1\n").unwrap();
+        assert_eq!(v.to_string(), "4.1.1");
+        let v = CriuVersion::parse_output("Version: 3.17\nGitID: v3.17\n").unwrap();
+        assert_eq!((v.major, v.minor, v.patch), (3, 17, 0));
+        assert!(v < MINIMUM);
+        assert!(CriuVersion::parse_output("criu: command not found").is_err());
+        assert!(CriuVersion::parse_output("Version: x.y").is_err());
+    }
+
+    #[test]
+    fn tail_keeps_char_boundaries() {
+        assert_eq!(tail("ééé", 3), "é");
+        assert_eq!(tail("short", 100), "short");
+    }
+
+    #[test]
+    fn private_command_goes_through_the_prefix_loader() {
+        let launch = Launch::Private {
+            prefix: PathBuf::from("/s/criu/prefix"),
+        };
+        let cmd = launch.command();
+        assert_eq!(
+            cmd.get_program(),
+            "/s/criu/prefix/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+        );
+        let args: Vec<_> = cmd.get_args().collect();
+        assert_eq!(args[0], "--library-path");
+        assert_eq!(args[2], "/s/criu/prefix/usr/sbin/criu");
+    }
+}

@@ -1,0 +1,12 @@
+//! berth-checkpoint: CRIU, the memory-checkpoint engine behind pause, snapshots and fork.
+//!
+//! Owns finding a CRIU that works on this kernel — the host's when it is 4.0 or newer,
+//! otherwise a private copy of Debian trixie's CRIU 4 provisioned under berth's state
+//! directory — and running it. It must not touch the host's package sources or libc:
+//! the private copy is fetched by apt with a private configuration (so signatures are
+//! still verified against the host's Debian keyring) and runs through its own dynamic
+//! loader. It knows nothing of HTTP or of sandboxes' namespaces.
+
+pub mod criu;
+
+pub use criu::{Criu, CriuError, CriuVersion};
