@@ -1,7 +1,8 @@
 //! A real front server mounting the proxy on 127.0.0.1, a real upstream HTTP server
+//! standing in for a sandbox's ports, and a resolver that dials it.
+
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
-//! standing in for a sandbox's ports, and a resolver that dials it.
 
 use std::collections::HashMap;
 use std::io;
