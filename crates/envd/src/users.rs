@@ -133,7 +133,7 @@ impl UserDb {
         let mut groups: Vec<u32> = self
             .group_entries()?
             .into_iter()
-            .filter(|g| g.gid != entry.gid && g.members.iter().any(|m| *m == entry.name))
+            .filter(|g| g.gid != entry.gid && g.members.contains(&entry.name))
             .map(|g| g.gid)
             .collect();
         groups.sort_unstable();
