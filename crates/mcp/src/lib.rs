@@ -1,0 +1,1 @@
+//! berth-mcp: the MCP server library (session and connector tool sets).
