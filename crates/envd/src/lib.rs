@@ -5,8 +5,9 @@
 //! (49983). It depends on nothing of the server: it is a small static binary that runs
 //! as the sandbox's init, or on a plain host for tests.
 
-pub mod state;
 pub mod auth;
+pub mod connect;
 pub mod files;
 pub mod filesystem;
+pub mod state;
 pub mod users;
