@@ -6,6 +6,16 @@
 //! or of the E2B API; the server drives it through the [`Runtime`] trait so another
 //! backend (a microVM where real KVM exists) can slot in behind the same seam.
 
+mod cgroup;
+mod disk;
+pub mod launch;
+mod linux;
+mod record;
+mod seccomp;
+mod sys;
+
+pub use linux::{LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS, UID_RANGE_SIZE};
+
 use std::path::PathBuf;
 use std::time::SystemTime;
 

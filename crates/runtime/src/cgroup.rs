@@ -1,0 +1,338 @@
+//! Per-sandbox cgroups on cgroup v1 (one group per controller hierarchy) or cgroup v2
+//! (one group in the unified hierarchy), detected at run time.
+//!
+//! Paths are always absolute under the controller mounts (`/sys/fs/cgroup/<ctrl>/berth/<id>`
+//! or `/sys/fs/cgroup/berth/<id>`), never relative to the daemon's own group: the daemon
+//! may itself live in some nested group that has nothing to do with sandboxes.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+const V1_CONTROLLERS: [&str; 5] = ["cpu", "cpuacct", "memory", "pids", "freezer"];
+const CFS_PERIOD_US: u64 = 100_000;
+
+/// Limits written into a sandbox's groups.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CgroupLimits {
+    pub cpu_count: u32,
+    pub memory_bytes: u64,
+    pub pids_max: u64,
+}
+
+/// Raw usage numbers read from a sandbox's groups.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CgroupUsage {
+    pub cpu_ns: u64,
+    pub mem_used: u64,
+    pub mem_limit: u64,
+    pub mem_cache: u64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Cgroups {
+    /// One directory per controller: `<mount>/<ctrl>/<parent>/<id>`.
+    V1 { mount: PathBuf, parent: String },
+    /// Unified hierarchy: `<mount>/<parent>/<id>`.
+    V2 { mount: PathBuf, parent: String },
+}
+
+impl Cgroups {
+    /// Detects the cgroup layout mounted at `mount` (normally `/sys/fs/cgroup`) and makes
+    /// sure berth's parent group exists with the needed controllers.
+    pub(crate) fn detect(mount: &Path, parent: &str) -> io::Result<Self> {
+        let c = crate::sys::cpath(mount)?;
+        // SAFETY: statfs is plain data; zeroed is valid.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: valid path and out-pointer.
+        if unsafe { libc::statfs(c.as_ptr(), &mut st) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let cgroups = if st.f_type as i64 == CGROUP2_SUPER_MAGIC {
+            Self::V2 {
+                mount: mount.to_owned(),
+                parent: parent.to_owned(),
+            }
+        } else {
+            Self::V1 {
+                mount: mount.to_owned(),
+                parent: parent.to_owned(),
+            }
+        };
+        cgroups.prepare_parent()?;
+        Ok(cgroups)
+    }
+
+    fn prepare_parent(&self) -> io::Result<()> {
+        match self {
+            Self::V1 { mount, parent } => {
+                for ctrl in V1_CONTROLLERS {
+                    mkdir_ok_if_exists(&mount.join(ctrl).join(parent))?;
+                }
+                Ok(())
+            }
+            Self::V2 { mount, parent } => {
+                // Controllers must be enabled top-down; the root may refuse some (e.g. when
+                // the daemon runs in a delegated subtree), which `create` then reports.
+                let _ = fs::write(mount.join("cgroup.subtree_control"), "+cpu +memory +pids");
+                let dir = mount.join(parent);
+                mkdir_ok_if_exists(&dir)?;
+                fs::write(dir.join("cgroup.subtree_control"), "+cpu +memory +pids")
+            }
+        }
+    }
+
+    /// All directories making up sandbox `id`'s cgroup (one per v1 hierarchy).
+    pub(crate) fn dirs(&self, id: &str) -> Vec<PathBuf> {
+        match self {
+            Self::V1 { mount, parent } => V1_CONTROLLERS
+                .iter()
+                .map(|c| mount.join(c).join(parent).join(id))
+                .collect(),
+            Self::V2 { mount, parent } => vec![mount.join(parent).join(id)],
+        }
+    }
+
+    fn dir(&self, ctrl: &str, id: &str) -> PathBuf {
+        match self {
+            Self::V1 { mount, parent } => mount.join(ctrl).join(parent).join(id),
+            Self::V2 { mount, parent } => mount.join(parent).join(id),
+        }
+    }
+
+    /// Ids of all sandbox groups that exist (for recovery sweeps).
+    pub(crate) fn list_ids(&self) -> Vec<String> {
+        let base = match self {
+            Self::V1 { mount, parent } => mount.join("memory").join(parent),
+            Self::V2 { mount, parent } => mount.join(parent),
+        };
+        let Ok(entries) = fs::read_dir(base) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect()
+    }
+
+    pub(crate) fn create(&self, id: &str, limits: CgroupLimits) -> io::Result<()> {
+        for dir in self.dirs(id) {
+            mkdir_ok_if_exists(&dir)?;
+        }
+        let quota = u64::from(limits.cpu_count.max(1)) * CFS_PERIOD_US;
+        match self {
+            Self::V1 { .. } => {
+                fs::write(
+                    self.dir("cpu", id).join("cpu.cfs_period_us"),
+                    CFS_PERIOD_US.to_string(),
+                )?;
+                fs::write(
+                    self.dir("cpu", id).join("cpu.cfs_quota_us"),
+                    quota.to_string(),
+                )?;
+                let mem = self.dir("memory", id);
+                fs::write(
+                    mem.join("memory.limit_in_bytes"),
+                    limits.memory_bytes.to_string(),
+                )?;
+                // Present only with swap accounting; keeps swap from extending the limit.
+                let _ = fs::write(
+                    mem.join("memory.memsw.limit_in_bytes"),
+                    limits.memory_bytes.to_string(),
+                );
+                fs::write(
+                    self.dir("pids", id).join("pids.max"),
+                    limits.pids_max.to_string(),
+                )?;
+            }
+            Self::V2 { .. } => {
+                let dir = self.dir("", id);
+                fs::write(dir.join("cpu.max"), format!("{quota} {CFS_PERIOD_US}"))?;
+                fs::write(dir.join("memory.max"), limits.memory_bytes.to_string())?;
+                let _ = fs::write(dir.join("memory.swap.max"), "0");
+                fs::write(dir.join("pids.max"), limits.pids_max.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves process `pid` into every group of sandbox `id`.
+    pub(crate) fn attach(&self, id: &str, pid: libc::pid_t) -> io::Result<()> {
+        let pid = pid.to_string();
+        for dir in self.dirs(id) {
+            fs::write(dir.join("cgroup.procs"), &pid)?;
+        }
+        Ok(())
+    }
+
+    /// Host pids currently in the sandbox's groups.
+    pub(crate) fn pids(&self, id: &str) -> Vec<libc::pid_t> {
+        let procs = self.dir("pids", id).join("cgroup.procs");
+        fs::read_to_string(procs)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Kills every process in the groups (v2: `cgroup.kill`; v1: SIGKILL each listed pid,
+    /// freezing first so nothing can fork in between).
+    pub(crate) fn kill_all(&self, id: &str) -> io::Result<()> {
+        match self {
+            Self::V2 { .. } => {
+                let kill = self.dir("", id).join("cgroup.kill");
+                match fs::write(kill, "1") {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                    other => other,
+                }
+            }
+            Self::V1 { .. } => {
+                if !self.dir("freezer", id).exists() {
+                    return Ok(());
+                }
+                let _ = self.set_frozen(id, true);
+                for pid in self.pids(id) {
+                    // SAFETY: plain kill(2); pids come from the sandbox's own cgroup.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                self.set_frozen(id, false)
+            }
+        }
+    }
+
+    /// Removes the groups, waiting briefly for exiting tasks to leave them.
+    pub(crate) fn remove(&self, id: &str) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for dir in self.dirs(id) {
+            loop {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("rmdir {}: {e}", dir.display()),
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Freezes or thaws every process in the sandbox and waits until the state settles.
+    pub(crate) fn set_frozen(&self, id: &str, frozen: bool) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        match self {
+            Self::V1 { .. } => {
+                let state = self.dir("freezer", id).join("freezer.state");
+                let want = if frozen { "FROZEN" } else { "THAWED" };
+                fs::write(&state, want)?;
+                while fs::read_to_string(&state)?.trim() != want {
+                    if Instant::now() > deadline {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("cgroup did not reach {want}"),
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+            Self::V2 { .. } => {
+                let dir = self.dir("", id);
+                fs::write(dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
+                let want = if frozen { "frozen 1" } else { "frozen 0" };
+                while !fs::read_to_string(dir.join("cgroup.events"))?
+                    .lines()
+                    .any(|l| l == want)
+                {
+                    if Instant::now() > deadline {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("cgroup did not reach {want}"),
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn usage(&self, id: &str) -> io::Result<CgroupUsage> {
+        match self {
+            Self::V1 { .. } => {
+                let mem = self.dir("memory", id);
+                let stat = fs::read_to_string(mem.join("memory.stat"))?;
+                Ok(CgroupUsage {
+                    cpu_ns: read_u64(&self.dir("cpuacct", id).join("cpuacct.usage"))?,
+                    mem_used: read_u64(&mem.join("memory.usage_in_bytes"))?,
+                    mem_limit: read_u64(&mem.join("memory.limit_in_bytes"))?,
+                    mem_cache: stat_field(&stat, "total_cache")
+                        .or_else(|| stat_field(&stat, "cache"))
+                        .unwrap_or(0),
+                })
+            }
+            Self::V2 { .. } => {
+                let dir = self.dir("", id);
+                let cpu = fs::read_to_string(dir.join("cpu.stat"))?;
+                let stat = fs::read_to_string(dir.join("memory.stat"))?;
+                let max = fs::read_to_string(dir.join("memory.max"))?;
+                Ok(CgroupUsage {
+                    cpu_ns: stat_field(&cpu, "usage_usec").unwrap_or(0) * 1000,
+                    mem_used: read_u64(&dir.join("memory.current"))?,
+                    mem_limit: max.trim().parse().unwrap_or(u64::MAX),
+                    mem_cache: stat_field(&stat, "file").unwrap_or(0),
+                })
+            }
+        }
+    }
+}
+
+fn mkdir_ok_if_exists(dir: &Path) -> io::Result<()> {
+    match fs::create_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        other => {
+            other.map_err(|e| io::Error::new(e.kind(), format!("mkdir {}: {e}", dir.display())))
+        }
+    }
+}
+
+fn read_u64(path: &Path) -> io::Result<u64> {
+    let text = fs::read_to_string(path)?;
+    text.trim().parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: not a number", path.display()),
+        )
+    })
+}
+
+/// Value of `key` in a `key value` per line file (memory.stat, cpu.stat).
+fn stat_field(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stat_field;
+
+    #[test]
+    fn stat_field_finds_exact_key() {
+        let text = "cache 10\ntotal_cache 20\nrss 5\n";
+        assert_eq!(stat_field(text, "cache"), Some(10));
+        assert_eq!(stat_field(text, "total_cache"), Some(20));
+        assert_eq!(stat_field(text, "missing"), None);
+    }
+}

@@ -1,0 +1,687 @@
+//! `berth-launch`: the small single-threaded program that turns a freshly cloned process
+//! into a sandbox's init, and (for tests and debugging) runs a command inside a sandbox.
+//!
+//! The daemon is multi-threaded, so it never does setup work in a forked child. Instead it
+//! clones the child straight into new user/pid/mount/uts/ipc/net namespaces, and the child
+//! only switches to the namespaced root uid and execs this program (`berth-launch init`,
+//! control socket on fd 3). Everything else happens here, single-threaded:
+//!
+//! 1. receive the [`LaunchConfig`] and the idmapped template layer mounts (SCM_RIGHTS);
+//! 2. mount the overlay root (inside the user namespace, so `userxattr`, and so writes
+//!    through it are charged to namespaced root, which cannot bypass the disk limit);
+//! 3. populate `/proc`, `/sys` (read-only), a minimal `/dev`, `/tmp`, `/run`, and bind the
+//!    init binary read-only at `/run/berth/<name>`;
+//! 4. `pivot_root`, then mask `/proc` paths and make `/proc/sys` and friends read-only;
+//! 5. hostname, loopback up, a new cgroup namespace (the daemon attached us already);
+//! 6. reduce the capability bounding set, install the seccomp filter, close every
+//!    inherited fd, and exec the init as namespaced root.
+//!
+//! Errors are sent back over the control socket; success shows as the socket closing on
+//! exec (it is close-on-exec).
+
+use std::ffi::{CString, OsStr};
+use std::fs;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+
+use crate::sys::{
+    self, cpath, FsContext, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID,
+    MOUNT_ATTR_RDONLY,
+};
+
+/// Where the control socket sits in the launcher.
+pub(crate) const CONTROL_FD: RawFd = 3;
+/// Largest config message accepted.
+const MAX_CONFIG: usize = 64 * 1024;
+
+/// Capabilities kept in the bounding set: Docker's default set minus NET_RAW and MKNOD
+/// (neither is useful without host devices or raw access to a shared network).
+const KEPT_CAPS: &[u32] = &[
+    0,  // CHOWN
+    1,  // DAC_OVERRIDE
+    3,  // FOWNER
+    4,  // FSETID
+    5,  // KILL
+    6,  // SETGID
+    7,  // SETUID
+    8,  // SETPCAP
+    10, // NET_BIND_SERVICE
+    18, // SYS_CHROOT
+    29, // AUDIT_WRITE
+    31, // SETFCAP
+];
+
+/// Files in /proc hidden behind /dev/null.
+const MASKED_FILES: &[&str] = &[
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/sysrq-trigger",
+    "/proc/kallsyms",
+];
+/// Directories hidden behind an empty read-only tmpfs.
+const MASKED_DIRS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+/// Directories made read-only.
+const READONLY_PATHS: &[&str] = &["/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq"];
+/// Host device nodes bound into the sandbox's /dev.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Everything the launcher needs besides the layer fds.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct LaunchConfig {
+    pub hostname: String,
+    /// Host path where the overlay root is mounted (in the sandbox's mount namespace).
+    pub root: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    /// Empty directories to attach the idmapped layers at (topmost first): overlayfs only
+    /// takes layers from the mounter's own mount namespace.
+    pub layer_mountpoints: Vec<PathBuf>,
+    /// Host path of the init binary (berth-envd).
+    pub init_binary: PathBuf,
+    pub init_args: Vec<String>,
+    pub init_env: Vec<String>,
+    /// Size of the /tmp, /dev/shm and /run tmpfs mounts (charged to the memory cgroup).
+    pub tmpfs_bytes: u64,
+}
+
+/// Sends `config` and the layer fds (topmost first) over the control socket.
+pub(crate) fn send_config(
+    sock: BorrowedFd<'_>,
+    config: &LaunchConfig,
+    layers: &[OwnedFd],
+) -> io::Result<()> {
+    let bytes = serde_json::to_vec(config).map_err(io::Error::other)?;
+    let fds: Vec<RawFd> = layers.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    sendmsg::<()>(
+        sock.as_raw_fd(),
+        &[IoSlice::new(&bytes)],
+        &cmsg,
+        MsgFlags::empty(),
+        None,
+    )?;
+    Ok(())
+}
+
+fn recv_config(sock: BorrowedFd<'_>) -> io::Result<(LaunchConfig, Vec<OwnedFd>)> {
+    let mut buf = vec![0u8; MAX_CONFIG];
+    let mut cmsg_space = nix::cmsg_space!([RawFd; 64]);
+    let (len, fds) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg_space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )?;
+        let mut fds = Vec::new();
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: SCM_RIGHTS just installed these fds in our table; we own them.
+                fds.extend(
+                    raw.into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
+            }
+        }
+        (msg.bytes, fds)
+    };
+    let config = serde_json::from_slice(&buf[..len]).map_err(io::Error::other)?;
+    Ok((config, fds))
+}
+
+/// Entry point of the `berth-launch` binary.
+pub fn launcher_main() -> ! {
+    let args: Vec<String> = std::env::args().collect();
+    let result = match args.get(1).map(String::as_str) {
+        Some("init") => init_main(),
+        Some("exec") => exec_main(&args[2..]),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "usage: berth-launch init | exec ...",
+        )),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("berth-launch: {e}");
+            std::process::exit(125)
+        }
+    }
+}
+
+fn init_main() -> io::Result<i32> {
+    // SAFETY: the daemon put the control socket at CONTROL_FD before exec; we own it now.
+    let sock = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    // Close-on-exec from here on, so the daemon sees EOF exactly when the init is exec'd.
+    nix::fcntl::fcntl(
+        &sock,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    let err =
+        match recv_config(sock.as_fd()).and_then(|(config, layers)| become_init(&config, layers)) {
+            Ok(never) => match never {},
+            Err(e) => e,
+        };
+    let _ = sendmsg::<()>(
+        sock.as_raw_fd(),
+        &[IoSlice::new(err.to_string().as_bytes())],
+        &[],
+        MsgFlags::empty(),
+        None,
+    );
+    Ok(1)
+}
+
+/// Context for an error: "what: cause".
+fn ctx<T>(what: impl std::fmt::Display, r: io::Result<T>) -> io::Result<T> {
+    r.map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+fn mount(
+    source: Option<&Path>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
+    let src = source.map(cpath).transpose()?;
+    let tgt = cpath(target)?;
+    let fst = fstype
+        .map(CString::new)
+        .transpose()
+        .map_err(io::Error::other)?;
+    let dat = data
+        .map(CString::new)
+        .transpose()
+        .map_err(io::Error::other)?;
+    // SAFETY: every pointer is null or a valid NUL-terminated string for the call.
+    let ret = unsafe {
+        libc::mount(
+            src.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            tgt.as_ptr(),
+            fst.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            flags,
+            dat.as_ref().map_or(std::ptr::null(), |s| s.as_ptr().cast()),
+        )
+    };
+    if ret < 0 {
+        let err = io::Error::last_os_error();
+        return Err(io::Error::new(
+            err.kind(),
+            format!("mount {}: {err}", target.display()),
+        ));
+    }
+    Ok(())
+}
+
+fn bind(source: &Path, target: &Path) -> io::Result<()> {
+    mount(Some(source), target, None, libc::MS_BIND, None)
+}
+
+fn touch(path: &Path) -> io::Result<()> {
+    ctx(
+        path.display(),
+        fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map(drop),
+    )
+}
+
+fn become_init(
+    config: &LaunchConfig,
+    layers: Vec<OwnedFd>,
+) -> io::Result<std::convert::Infallible> {
+    let filter = crate::seccomp::build_filter()?;
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    mount_overlay(config, &layers)?;
+    drop(layers);
+    let root = config.root.as_path();
+    populate_root(config, root)?;
+    pivot_into(root)?;
+    mask_paths()?;
+    ctx(
+        "sethostname",
+        nix::unistd::sethostname(&config.hostname).map_err(io::Error::from),
+    )?;
+    ctx("loopback up", loopback_up())?;
+    // SAFETY: plain unshare(2); the daemon already moved us into the sandbox's cgroups.
+    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } < 0 {
+        return ctx("unshare cgroup namespace", Err(io::Error::last_os_error()));
+    }
+    // SAFETY: plain setsid(2); we are PID 1 of our namespace and no group leader yet.
+    unsafe { libc::setsid() };
+    setup_stdio()?;
+    reset_signals();
+    let exe_name = config.init_binary.file_name().unwrap_or(OsStr::new("init"));
+    let exe = Path::new("/run/berth").join(exe_name);
+    let argv = cstrings(
+        std::iter::once(exe.as_os_str().as_bytes())
+            .chain(config.init_args.iter().map(|a| a.as_bytes())),
+    )?;
+    let envp = cstrings(config.init_env.iter().map(|e| e.as_bytes()))?;
+    harden(&filter)?;
+    // Everything but stdio goes; the control socket is close-on-exec and still reports errors.
+    sys::close_range_from(CONTROL_FD as u32 + 1, 0)?;
+    let path = cpath(&exe)?;
+    exec(&path, &argv, &envp)
+}
+
+fn cstrings<'a>(items: impl Iterator<Item = &'a [u8]>) -> io::Result<Vec<CString>> {
+    items
+        .map(|b| CString::new(b).map_err(io::Error::other))
+        .collect()
+}
+
+fn exec(
+    path: &CString,
+    argv: &[CString],
+    envp: &[CString],
+) -> io::Result<std::convert::Infallible> {
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
+    envp_ptrs.push(std::ptr::null());
+    // SAFETY: NUL-terminated arrays of valid C strings that outlive the call.
+    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
+    Err(io::Error::new(
+        io::Error::last_os_error().kind(),
+        format!(
+            "execve {}: {}",
+            path.to_string_lossy(),
+            io::Error::last_os_error()
+        ),
+    ))
+}
+
+fn mount_overlay(config: &LaunchConfig, layers: &[OwnedFd]) -> io::Result<()> {
+    let fsc = ctx("fsopen overlay", FsContext::open(c"overlay"))?;
+    if layers.len() != config.layer_mountpoints.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "layer count does not match mountpoints",
+        ));
+    }
+    for (layer, mountpoint) in layers.iter().zip(&config.layer_mountpoints) {
+        let path = cpath(mountpoint)?;
+        ctx("attach layer", sys::move_mount_to(layer.as_fd(), &path))?;
+        ctx("overlay lowerdir+", fsc.set_string(c"lowerdir+", &path))?;
+    }
+    ctx(
+        "overlay upperdir",
+        fsc.set_string(c"upperdir", &cpath(&config.upper)?),
+    )?;
+    ctx(
+        "overlay workdir",
+        fsc.set_string(c"workdir", &cpath(&config.work)?),
+    )?;
+    ctx("overlay userxattr", fsc.set_flag(c"userxattr"))?;
+    let mnt = ctx("overlay create", fsc.create_mount(MOUNT_ATTR_NODEV))?;
+    ctx(
+        "move overlay into place",
+        sys::move_mount_to(mnt.as_fd(), &cpath(&config.root)?),
+    )
+}
+
+fn populate_root(config: &LaunchConfig, root: &Path) -> io::Result<()> {
+    let nosuid_nodev_noexec = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    let size = config.tmpfs_bytes;
+    ensure_dir(&root.join("proc"))?;
+    mount(
+        Some(Path::new("proc")),
+        &root.join("proc"),
+        Some("proc"),
+        nosuid_nodev_noexec,
+        None,
+    )?;
+    ensure_dir(&root.join("sys"))?;
+    mount(
+        Some(Path::new("sysfs")),
+        &root.join("sys"),
+        Some("sysfs"),
+        nosuid_nodev_noexec | libc::MS_RDONLY,
+        None,
+    )?;
+
+    let dev = root.join("dev");
+    ensure_dir(&dev)?;
+    mount(
+        Some(Path::new("tmpfs")),
+        &dev,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("mode=755,size=65536"),
+    )?;
+    for name in DEVICES {
+        let target = dev.join(name);
+        touch(&target)?;
+        bind(&Path::new("/dev").join(name), &target)?;
+    }
+    fs::create_dir(dev.join("pts"))?;
+    mount(
+        Some(Path::new("devpts")),
+        &dev.join("pts"),
+        Some("devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+    )?;
+    fs::create_dir(dev.join("shm"))?;
+    mount(
+        Some(Path::new("shm")),
+        &dev.join("shm"),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&format!("mode=1777,size={size}")),
+    )?;
+    for (link, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, dev.join(link))?;
+    }
+
+    ensure_dir(&root.join("tmp"))?;
+    mount(
+        Some(Path::new("tmpfs")),
+        &root.join("tmp"),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&format!("mode=1777,size={size}")),
+    )?;
+    let run = root.join("run");
+    ensure_dir(&run)?;
+    mount(
+        Some(Path::new("tmpfs")),
+        &run,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&format!("mode=755,size={size}")),
+    )?;
+    let berth_dir = run.join("berth");
+    fs::create_dir(&berth_dir)?;
+    let exe_name = config.init_binary.file_name().unwrap_or(OsStr::new("init"));
+    let exe = berth_dir.join(exe_name);
+    touch(&exe)?;
+    bind(&config.init_binary, &exe)?;
+    ctx(
+        "init binary read-only",
+        sys::mount_setattr_flags(&cpath(&exe)?, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV, 0),
+    )?;
+    Ok(())
+}
+
+fn ensure_dir(path: &Path) -> io::Result<()> {
+    match fs::create_dir(path) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        other => ctx(path.display(), other),
+    }
+}
+
+fn pivot_into(root: &Path) -> io::Result<()> {
+    ctx("chdir new root", std::env::set_current_dir(root))?;
+    // SAFETY: pivot_root(".", ".") stacks the old root on top of the new one; both args valid.
+    if unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) } < 0 {
+        return ctx("pivot_root", Err(io::Error::last_os_error()));
+    }
+    // SAFETY: detach the old root that now sits on top of "/".
+    if unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) } < 0 {
+        return ctx("detach old root", Err(io::Error::last_os_error()));
+    }
+    ctx("chdir /", std::env::set_current_dir("/"))
+}
+
+fn mask_paths() -> io::Result<()> {
+    for path in MASKED_FILES.iter().map(Path::new).filter(|p| p.exists()) {
+        bind(Path::new("/dev/null"), path)?;
+    }
+    for path in MASKED_DIRS.iter().map(Path::new).filter(|p| p.exists()) {
+        mount(
+            Some(Path::new("tmpfs")),
+            path,
+            Some("tmpfs"),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            Some("size=0"),
+        )?;
+    }
+    for path in READONLY_PATHS.iter().map(Path::new).filter(|p| p.exists()) {
+        mount(Some(path), path, None, libc::MS_BIND | libc::MS_REC, None)?;
+        ctx(
+            path.display(),
+            sys::mount_setattr_flags(
+                &cpath(path)?,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                0,
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: plain socket(2).
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: we own the fresh fd.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ifreq is plain data; zeroed is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: valid socket and ifreq for SIOCGIFFLAGS/SIOCSIFFLAGS.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn setup_stdio() -> io::Result<()> {
+    let null = fs::OpenOptions::new().read(true).open("/dev/null")?;
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open("/run/berth/init.log")?;
+    for (src, dst) in [
+        (null.as_raw_fd(), 0),
+        (log.as_raw_fd(), 1),
+        (log.as_raw_fd(), 2),
+    ] {
+        // SAFETY: dup2 onto the standard descriptors.
+        if unsafe { libc::dup2(src, dst) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Default dispositions and an empty signal mask for the init (the daemon's are inherited).
+fn reset_signals() {
+    // SAFETY: sigset operations on a local set; signal(2) with SIG_DFL is always valid.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        for sig in 1..32 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+    }
+}
+
+/// Drops every capability outside [`KEPT_CAPS`] from the bounding set and installs seccomp.
+fn harden(filter: &[libc::sock_filter]) -> io::Result<()> {
+    let last_cap: u32 = fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    for cap in (0..=last_cap).filter(|c| !KEPT_CAPS.contains(c)) {
+        // SAFETY: plain prctl(2).
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } < 0 {
+            return ctx(
+                format!("drop capability {cap}"),
+                Err(io::Error::last_os_error()),
+            );
+        }
+    }
+    ctx("install seccomp filter", crate::seccomp::install(filter))
+}
+
+/// `berth-launch exec --pid PID [--cgroup DIR]... [--uid N] [--gid N] [--cwd DIR] [--env K=V]... -- CMD ARGS...`
+///
+/// Joins every namespace of the sandbox whose init is host pid PID (and its cgroups),
+/// applies the same hardening as the init, and runs CMD as uid/gid N inside. Exits with
+/// CMD's status. A test and debugging aid; the control plane runs commands through envd.
+fn exec_main(args: &[String]) -> io::Result<i32> {
+    let mut pid: Option<i32> = None;
+    let (mut uid, mut gid) = (0u32, 0u32);
+    let mut cgroups = Vec::new();
+    let mut env = Vec::new();
+    let mut cwd = String::from("/");
+    let mut it = args.iter();
+    let mut command = Vec::new();
+    while let Some(arg) = it.next() {
+        let mut value = || {
+            it.next().cloned().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("{arg} needs a value"))
+            })
+        };
+        match arg.as_str() {
+            "--pid" => pid = value()?.parse().ok(),
+            "--uid" => uid = value()?.parse().map_err(io::Error::other)?,
+            "--gid" => gid = value()?.parse().map_err(io::Error::other)?,
+            "--cgroup" => cgroups.push(value()?),
+            "--env" => env.push(value()?),
+            "--cwd" => cwd = value()?,
+            "--" => {
+                command.extend(it.by_ref().cloned());
+                break;
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("unknown argument {other}"),
+                ))
+            }
+        }
+    }
+    let pid =
+        pid.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "--pid is required"))?;
+    if command.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no command"));
+    }
+    let filter = crate::seccomp::build_filter()?;
+    let pidfd = ctx("pidfd_open", sys::pidfd_open(pid))?;
+    let me = std::process::id().to_string();
+    for dir in &cgroups {
+        ctx(
+            format!("join cgroup {dir}"),
+            fs::write(Path::new(dir).join("cgroup.procs"), &me),
+        )?;
+    }
+    let all = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWCGROUP;
+    ctx("setns", sys::setns(pidfd.as_fd(), all))?;
+    drop(pidfd);
+    let argv = cstrings(command.iter().map(|a| a.as_bytes()))?;
+    let envp = cstrings(env.iter().map(|e| e.as_bytes()))?;
+    let cwd = CString::new(cwd).map_err(io::Error::other)?;
+    // SAFETY: we are single-threaded, so the child may do anything before exec.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => {
+            let err = exec_child(&filter, uid, gid, &cwd, &argv, &envp).unwrap_err();
+            eprintln!("berth-launch exec: {err}");
+            // SAFETY: _exit in the forked child.
+            unsafe { libc::_exit(126) }
+        }
+        child => {
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            if unsafe { libc::waitpid(child, &mut status, 0) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            })
+        }
+    }
+}
+
+fn exec_child(
+    filter: &[libc::sock_filter],
+    uid: u32,
+    gid: u32,
+    cwd: &CString,
+    argv: &[CString],
+    envp: &[CString],
+) -> io::Result<std::convert::Infallible> {
+    // SAFETY: chdir with a valid C string.
+    if unsafe { libc::chdir(cwd.as_ptr()) } < 0 {
+        return ctx("chdir", Err(io::Error::last_os_error()));
+    }
+    reset_signals();
+    harden(filter)?;
+    let groups = [gid];
+    // SAFETY: plain credential syscalls with valid pointers.
+    unsafe {
+        if libc::setgroups(1, groups.as_ptr()) < 0
+            || libc::setresgid(gid, gid, gid) < 0
+            || libc::setresuid(uid, uid, uid) < 0
+        {
+            return ctx("switch user", Err(io::Error::last_os_error()));
+        }
+    }
+    sys::close_range_from(3, 0)?;
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
+    envp_ptrs.push(std::ptr::null());
+    // SAFETY: NUL-terminated arrays of valid C strings; execvpe searches PATH from envp.
+    unsafe { libc::execvpe(argv[0].as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
+    ctx(
+        format!("exec {}", argv[0].to_string_lossy()),
+        Err(io::Error::last_os_error()),
+    )
+}

@@ -1,0 +1,714 @@
+//! [`LinuxRuntime`]: sandboxes made of Linux namespaces, an overlay root, cgroups and a
+//! per-sandbox ext4 disk. See the crate docs for the design decisions.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use crate::cgroup::{CgroupLimits, Cgroups};
+use crate::disk::{self, DiskStore};
+use crate::launch::{self, LaunchConfig, CONTROL_FD};
+use crate::record::{self, Record};
+use crate::sys::{self, cpath};
+use crate::{RecoveryReport, Runtime, RuntimeError, SandboxInfo, SandboxSpec, SandboxStats};
+
+/// Size of each sandbox's uid/gid range (a full 16-bit range, like a normal Linux system).
+pub const UID_RANGE_SIZE: u32 = 65_536;
+/// Init arguments used by default: envd listening on its E2B port.
+pub const DEFAULT_ENVD_ARGS: [&str; 2] = ["--listen", "0.0.0.0:49983"];
+
+/// How a [`LinuxRuntime`] is set up.
+#[derive(Debug, Clone)]
+pub struct LinuxRuntimeConfig {
+    /// Records, per-sandbox disks and formatted disk images live here.
+    pub state_dir: PathBuf,
+    /// Host path of the (static) `berth-envd` binary, bind-mounted read-only into each
+    /// sandbox and run as its init.
+    pub envd_binary: PathBuf,
+    /// Arguments passed to the init.
+    pub envd_args: Vec<String>,
+    /// Host path of the `berth-launch` binary built by this crate.
+    pub launcher_binary: PathBuf,
+    /// First host uid/gid of berth's range; sandbox slot `n` maps its uid 0..65536 to
+    /// `uid_base + n * 65536`.
+    pub uid_base: u32,
+    /// Number of slots (= most sandboxes alive at once).
+    pub max_sandboxes: u32,
+    /// pids cgroup limit per sandbox (threads count).
+    pub pids_max: u64,
+    /// Where the cgroup hierarchies are mounted (v1: one dir per controller; v2: unified).
+    pub cgroup_mount: PathBuf,
+    /// Name of berth's parent group under each hierarchy.
+    pub cgroup_parent: String,
+}
+
+impl LinuxRuntimeConfig {
+    /// Defaults: launcher next to the current executable, uids from 2^30, 10,000 slots.
+    pub fn new(state_dir: impl Into<PathBuf>, envd_binary: impl Into<PathBuf>) -> Self {
+        let launcher_binary = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join("berth-launch")))
+            .unwrap_or_else(|| PathBuf::from("berth-launch"));
+        Self {
+            state_dir: state_dir.into(),
+            envd_binary: envd_binary.into(),
+            envd_args: DEFAULT_ENVD_ARGS.iter().map(|s| s.to_string()).collect(),
+            launcher_binary,
+            uid_base: 1 << 30,
+            max_sandboxes: 10_000,
+            pids_max: 4096,
+            cgroup_mount: PathBuf::from("/sys/fs/cgroup"),
+            cgroup_parent: "berth".into(),
+        }
+    }
+}
+
+struct Sandbox {
+    info: SandboxInfo,
+    slot: u32,
+    pidfd: OwnedFd,
+    /// True when the init is our child (we must reap it); false after a daemon restart.
+    own_child: bool,
+}
+
+/// The Linux-namespace backend of [`Runtime`].
+pub struct LinuxRuntime {
+    config: LinuxRuntimeConfig,
+    cgroups: Cgroups,
+    disks: DiskStore,
+    sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
+    /// Slots in use, including sandboxes being created or killed.
+    slots: Mutex<BTreeSet<u32>>,
+}
+
+fn io_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
+    let op = op.into();
+    move |source| RuntimeError::Io { op, source }
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl LinuxRuntime {
+    /// Prepares the state directory and cgroup parents. Call [`Runtime::recover`] next to
+    /// pick up sandboxes of an earlier daemon.
+    pub fn new(config: LinuxRuntimeConfig) -> Result<Self, RuntimeError> {
+        fs::create_dir_all(config.state_dir.join("sandboxes"))
+            .map_err(io_err("create state dir"))?;
+        // Sandbox roots (host uids in berth's range) must be able to traverse to their disks.
+        for dir in [config.state_dir.clone(), config.state_dir.join("sandboxes")] {
+            fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+                .map_err(io_err("chmod state dir"))?;
+        }
+        let cgroups = Cgroups::detect(&config.cgroup_mount, &config.cgroup_parent)
+            .map_err(io_err("set up cgroups"))?;
+        let disks = DiskStore::new(config.state_dir.join("disk-templates"))
+            .map_err(io_err("create disk template dir"))?;
+        for (what, path) in [
+            ("envd binary", &config.envd_binary),
+            ("launcher binary", &config.launcher_binary),
+        ] {
+            if !path.is_file() {
+                return Err(RuntimeError::Other(format!(
+                    "{what} {} not found",
+                    path.display()
+                )));
+            }
+        }
+        Ok(Self {
+            config,
+            cgroups,
+            disks,
+            sandboxes: Mutex::new(HashMap::new()),
+            slots: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    pub fn config(&self) -> &LinuxRuntimeConfig {
+        &self.config
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.config.state_dir.join("sandboxes").join(id)
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Sandbox>, RuntimeError> {
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))
+    }
+
+    fn uid_base_of(&self, slot: u32) -> u32 {
+        self.config.uid_base + slot * UID_RANGE_SIZE
+    }
+
+    fn take_slot(&self) -> Result<u32, RuntimeError> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = (0..self.config.max_sandboxes)
+            .find(|s| !slots.contains(s))
+            .ok_or_else(|| {
+                RuntimeError::Other(format!(
+                    "all {} sandbox slots are in use",
+                    self.config.max_sandboxes
+                ))
+            })?;
+        slots.insert(slot);
+        Ok(slot)
+    }
+
+    fn release_slot(&self, slot: u32) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&slot);
+    }
+
+    /// A command that runs `argv` inside sandbox `id` as `uid`/`gid` (through
+    /// `berth-launch exec`: same namespaces, cgroups, seccomp filter and capabilities as
+    /// the sandbox's own processes). For tests and debugging; clients use envd.
+    pub fn exec_command(
+        &self,
+        id: &str,
+        uid: u32,
+        gid: u32,
+        argv: &[&str],
+    ) -> Result<std::process::Command, RuntimeError> {
+        let sandbox = self.get(id)?;
+        let mut cmd = std::process::Command::new(&self.config.launcher_binary);
+        cmd.arg("exec")
+            .arg("--pid")
+            .arg(sandbox.info.init_pid.to_string());
+        for dir in self.cgroups.dirs(id) {
+            cmd.arg("--cgroup").arg(dir);
+        }
+        let home = if uid == 0 {
+            "/root".to_owned()
+        } else {
+            "/home/user".to_owned()
+        };
+        let user = if uid == 0 { "root" } else { "user" };
+        cmd.args(["--uid", &uid.to_string(), "--gid", &gid.to_string()]);
+        cmd.args([
+            "--env",
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ]);
+        cmd.args([
+            "--env",
+            &format!("HOME={home}"),
+            "--env",
+            &format!("USER={user}"),
+            "--cwd",
+            "/",
+        ]);
+        cmd.arg("--").args(argv);
+        cmd.env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        );
+        Ok(cmd)
+    }
+
+    fn start(
+        &self,
+        spec: &SandboxSpec,
+        slot: u32,
+        dir: &Path,
+    ) -> Result<(OwnedFd, i32), RuntimeError> {
+        let uid_base = self.uid_base_of(slot);
+        let mount = dir.join("disk");
+        self.disks
+            .create(
+                spec.disk_size_mb.max(16),
+                &dir.join("disk.img"),
+                &mount,
+                uid_base,
+            )
+            .map_err(io_err("create sandbox disk"))?;
+        let limits = CgroupLimits {
+            cpu_count: spec.cpu_count,
+            memory_bytes: spec.memory_mb * 1024 * 1024,
+            pids_max: self.config.pids_max,
+        };
+        self.cgroups
+            .create(&spec.id, limits)
+            .map_err(io_err("create cgroups"))?;
+        let root = dir.join("root");
+        fs::create_dir_all(&root).map_err(io_err("create root mountpoint"))?;
+        let layer_mountpoints: Vec<PathBuf> = (0..spec.layers.len())
+            .map(|i| dir.join("layers").join(i.to_string()))
+            .collect();
+        for mountpoint in &layer_mountpoints {
+            fs::create_dir_all(mountpoint).map_err(io_err("create layer mountpoint"))?;
+        }
+        let launch_config = LaunchConfig {
+            hostname: spec.id.clone(),
+            root,
+            upper: mount.join("upper"),
+            work: mount.join("work"),
+            layer_mountpoints,
+            init_binary: self.config.envd_binary.clone(),
+            init_args: self.config.envd_args.clone(),
+            init_env: vec![
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+                "HOME=/root".into(),
+            ],
+            tmpfs_bytes: (spec.memory_mb * 1024 * 1024 / 2).max(1 << 20),
+        };
+        let (parent_sock, child_sock) = socketpair().map_err(io_err("socketpair"))?;
+        let launcher = cpath(&self.config.launcher_binary).map_err(io_err("launcher path"))?;
+        let (pidfd, pid) =
+            clone_launcher(&launcher, child_sock).map_err(io_err("clone sandbox init"))?;
+        let result = self.finish_start(spec, uid_base, pid, &parent_sock, &launch_config);
+        if let Err(e) = result {
+            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            let _ = sys::pidfd_wait_exit(pidfd.as_fd(), 10_000);
+            let _ = sys::pidfd_reap(pidfd.as_fd());
+            return Err(e);
+        }
+        Ok((pidfd, pid))
+    }
+
+    /// Parent side of the start handshake: id maps, cgroups, idmapped layers, config.
+    fn finish_start(
+        &self,
+        spec: &SandboxSpec,
+        uid_base: u32,
+        pid: i32,
+        sock: &OwnedFd,
+        config: &LaunchConfig,
+    ) -> Result<(), RuntimeError> {
+        let map = format!("0 {uid_base} {UID_RANGE_SIZE}\n");
+        fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(io_err("write uid_map"))?;
+        fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(io_err("write gid_map"))?;
+        self.cgroups
+            .attach(&spec.id, pid)
+            .map_err(io_err("attach init to cgroups"))?;
+        let userns = fs::File::open(format!("/proc/{pid}/ns/user"))
+            .map_err(io_err("open sandbox user namespace"))?;
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for layer in spec.layers.iter().rev() {
+            let path = cpath(layer).map_err(io_err("layer path"))?;
+            let tree =
+                sys::open_tree_clone(libc::AT_FDCWD, &path, libc::AT_RECURSIVE as libc::c_uint)
+                    .map_err(io_err(format!("open_tree {}", layer.display())))?;
+            sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd())
+                .map_err(io_err(format!("idmap {}", layer.display())))?;
+            layers.push(tree);
+        }
+        // The child waits for this byte before it execs the launcher as namespaced root.
+        // SAFETY: writing one byte from a valid buffer to our socket.
+        if unsafe { libc::write(sock.as_raw_fd(), b"g".as_ptr().cast(), 1) } != 1 {
+            return Err(io_err("release sandbox init")(io::Error::last_os_error()));
+        }
+        launch::send_config(sock.as_fd(), config, &layers).map_err(io_err("send launch config"))?;
+        drop(layers);
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: reading into our own buffer; the socket has a receive timeout.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        match n {
+            0 => Ok(()),
+            n if n > 0 => Err(RuntimeError::Other(format!(
+                "sandbox {} failed to start: {}",
+                spec.id,
+                String::from_utf8_lossy(&buf[..n as usize])
+            ))),
+            _ => Err(io_err("wait for sandbox init")(io::Error::last_os_error())),
+        }
+    }
+
+    /// Removes everything a sandbox may have left: processes, cgroups, disk mount, files.
+    fn teardown(&self, id: &str, pidfd: Option<(&OwnedFd, bool)>) -> Result<(), RuntimeError> {
+        if let Some((pidfd, own_child)) = pidfd {
+            // Killing a pid namespace's init with SIGKILL kills every process in it.
+            match sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL) {
+                Err(e) if e.raw_os_error() != Some(libc::ESRCH) => {
+                    return Err(io_err("kill sandbox init")(e))
+                }
+                _ => {}
+            }
+            if !sys::pidfd_wait_exit(pidfd.as_fd(), 30_000)
+                .map_err(io_err("wait for sandbox init"))?
+            {
+                return Err(RuntimeError::Other(format!(
+                    "sandbox {id} init did not exit"
+                )));
+            }
+            if own_child {
+                let _ = sys::pidfd_reap(pidfd.as_fd());
+            }
+        }
+        // Anything still in the groups (e.g. a `berth-launch exec` helper) goes too.
+        self.cgroups
+            .kill_all(id)
+            .map_err(io_err("kill remaining processes"))?;
+        self.cgroups.remove(id).map_err(io_err("remove cgroups"))?;
+        let dir = self.sandbox_dir(id);
+        disk::unmount(&dir.join("disk")).map_err(io_err("unmount sandbox disk"))?;
+        match fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove sandbox dir")(e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Runtime for LinuxRuntime {
+    fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        if !valid_id(&spec.id) {
+            return Err(RuntimeError::Other(format!(
+                "invalid sandbox id {:?}",
+                spec.id
+            )));
+        }
+        if spec.layers.is_empty() {
+            return Err(RuntimeError::Other(
+                "a sandbox needs at least one template layer".into(),
+            ));
+        }
+        let dir = self.sandbox_dir(&spec.id);
+        fs::create_dir(&dir).map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => {
+                RuntimeError::Other(format!("sandbox {} already exists", spec.id))
+            }
+            _ => io_err("create sandbox dir")(e),
+        })?;
+        let slot = match self.take_slot() {
+            Ok(slot) => slot,
+            Err(e) => {
+                let _ = fs::remove_dir(&dir);
+                return Err(e);
+            }
+        };
+        let mut record = Record {
+            spec: spec.clone(),
+            slot,
+            created_at: SystemTime::now(),
+            init_pid: None,
+            init_start_ticks: None,
+        };
+        let started = record
+            .write(&dir)
+            .map_err(io_err("write record"))
+            .and_then(|()| self.start(spec, slot, &dir));
+        let (pidfd, pid) = match started {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = self.teardown(&spec.id, None);
+                self.release_slot(slot);
+                return Err(e);
+            }
+        };
+        record.init_pid = Some(pid);
+        record.init_start_ticks = record::process_start_ticks(pid);
+        if let Err(e) = record.write(&dir) {
+            let _ = self.teardown(&spec.id, Some((&pidfd, true)));
+            self.release_slot(slot);
+            return Err(io_err("write record")(e));
+        }
+        let info = SandboxInfo {
+            id: spec.id.clone(),
+            template: spec.template.clone(),
+            init_pid: pid,
+            created_at: record.created_at,
+            spec: spec.clone(),
+        };
+        let sandbox = Arc::new(Sandbox {
+            info: info.clone(),
+            slot,
+            pidfd,
+            own_child: true,
+        });
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(spec.id.clone(), sandbox);
+        Ok(info)
+    }
+
+    fn kill(&self, id: &str) -> Result<(), RuntimeError> {
+        let sandbox = self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        // A frozen sandbox cannot die; thaw is harmless otherwise.
+        let _ = self.cgroups.set_frozen(id, false);
+        let result = self.teardown(id, Some((&sandbox.pidfd, sandbox.own_child)));
+        self.release_slot(sandbox.slot);
+        result
+    }
+
+    fn freeze(&self, id: &str) -> Result<(), RuntimeError> {
+        self.get(id)?;
+        self.cgroups.set_frozen(id, true).map_err(io_err("freeze"))
+    }
+
+    fn thaw(&self, id: &str) -> Result<(), RuntimeError> {
+        self.get(id)?;
+        self.cgroups.set_frozen(id, false).map_err(io_err("thaw"))
+    }
+
+    fn stats(&self, id: &str) -> Result<SandboxStats, RuntimeError> {
+        let sandbox = self.get(id)?;
+        let usage = self
+            .cgroups
+            .usage(id)
+            .map_err(io_err("read cgroup stats"))?;
+        let (disk_used, disk_total) =
+            disk::usage(&self.sandbox_dir(id).join("disk")).map_err(io_err("read disk usage"))?;
+        Ok(SandboxStats {
+            cpu_count: sandbox.info.spec.cpu_count,
+            cpu_usage_ns: usage.cpu_ns,
+            mem_used: usage.mem_used,
+            mem_total: usage.mem_limit,
+            mem_cache: usage.mem_cache,
+            disk_used,
+            disk_total,
+        })
+    }
+
+    fn list(&self) -> Vec<SandboxInfo> {
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|s| s.info.clone())
+            .collect()
+    }
+
+    fn recover(&self) -> Result<RecoveryReport, RuntimeError> {
+        let mut report = RecoveryReport::default();
+        let sandboxes_dir = self.config.state_dir.join("sandboxes");
+        let entries = fs::read_dir(&sandboxes_dir).map_err(io_err("read state dir"))?;
+        let mut seen = BTreeSet::new();
+        for entry in entries.flatten() {
+            let Ok(id) = entry.file_name().into_string() else {
+                continue;
+            };
+            seen.insert(id.clone());
+            if self
+                .sandboxes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&id)
+            {
+                continue;
+            }
+            let dir = entry.path();
+            let alive = Record::read(&dir).ok().and_then(|record| {
+                let pid = record.init_pid?;
+                let ticks = record::process_start_ticks(pid)?;
+                (Some(ticks) == record.init_start_ticks).then_some(())?;
+                let pidfd = sys::pidfd_open(pid).ok()?;
+                // The pid could have been reused between the check and the open.
+                (record::process_start_ticks(pid) == Some(ticks)).then_some((record, pidfd, pid))
+            });
+            match alive {
+                Some((record, pidfd, pid)) => {
+                    self.slots
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(record.slot);
+                    let info = SandboxInfo {
+                        id: id.clone(),
+                        template: record.spec.template.clone(),
+                        init_pid: pid,
+                        created_at: record.created_at,
+                        spec: record.spec,
+                    };
+                    let sandbox = Arc::new(Sandbox {
+                        info: info.clone(),
+                        slot: record.slot,
+                        pidfd,
+                        own_child: false,
+                    });
+                    self.sandboxes
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id, sandbox);
+                    report.reattached.push(info);
+                }
+                None => {
+                    self.teardown(&id, None)?;
+                    report.cleaned.push(id);
+                }
+            }
+        }
+        // Groups whose sandbox directory is gone (a crash between the two removals).
+        for id in self.cgroups.list_ids() {
+            if !seen.contains(&id)
+                && !self
+                    .sandboxes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains_key(&id)
+            {
+                self.teardown(&id, None)?;
+                report.cleaned.push(id);
+            }
+        }
+        Ok(report)
+    }
+
+    fn connect(&self, id: &str, port: u16) -> Result<TcpStream, RuntimeError> {
+        let sandbox = self.get(id)?;
+        let pidfd = sandbox.pidfd.try_clone().map_err(io_err("dup pidfd"))?;
+        // setns(CLONE_NEWNET) changes only the calling thread, so use a throwaway one; the
+        // socket stays in the sandbox's namespace after the thread is gone.
+        std::thread::spawn(move || {
+            sys::setns(pidfd.as_fd(), libc::CLONE_NEWNET)
+                .map_err(io_err("enter sandbox network namespace"))?;
+            TcpStream::connect(("127.0.0.1", port))
+                .map_err(io_err(format!("connect to port {port}")))
+        })
+        .join()
+        .map_err(|_| RuntimeError::Other("connect thread panicked".into()))?
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.config.state_dir.clone()
+    }
+}
+
+fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid 2-element out array.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just created and are owned by nobody else.
+    let pair = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let timeout = libc::timeval {
+        tv_sec: 30,
+        tv_usec: 0,
+    };
+    // SAFETY: valid socket and option buffer.
+    unsafe {
+        libc::setsockopt(
+            pair.0.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    Ok(pair)
+}
+
+/// `struct clone_args` from <linux/sched.h>.
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// Clones the sandbox init into new namespaces. The child is a copy of this
+/// multi-threaded process, so it only makes raw syscalls on data prepared here: wait for
+/// the parent's go byte (id maps written), become namespaced root, move the control
+/// socket to fd 3 and exec `berth-launch init`.
+fn clone_launcher(launcher: &CString, child_sock: OwnedFd) -> io::Result<(OwnedFd, i32)> {
+    let argv: [*const libc::c_char; 3] =
+        [c"berth-launch".as_ptr(), c"init".as_ptr(), std::ptr::null()];
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    let mut pidfd: libc::c_int = -1;
+    let args = CloneArgs {
+        flags: (libc::CLONE_NEWUSER
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWUTS
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWNET
+            | libc::CLONE_PIDFD) as u64,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    let sock = child_sock.as_raw_fd();
+    // SAFETY: fork-like clone3 (no stack given); the child only runs `child_exec`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret == 0 {
+        // SAFETY: we are the freshly cloned child; all pointers were prepared before clone.
+        unsafe { child_exec(sock, launcher.as_ptr(), &argv, &envp) }
+    }
+    sys::check(ret)?;
+    drop(child_sock);
+    // SAFETY: CLONE_PIDFD stored a new fd owned by us.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok((pidfd, ret as i32))
+}
+
+/// Runs in the cloned child: async-signal-safe raw syscalls only, no allocation.
+///
+/// # Safety
+/// Must only be called in the child right after `clone3`, with valid C string pointers.
+unsafe fn child_exec(
+    sock: RawFd,
+    path: *const libc::c_char,
+    argv: &[*const libc::c_char; 3],
+    envp: &[*const libc::c_char; 1],
+) -> ! {
+    let fail = |code: libc::c_long| -> ! {
+        // SAFETY: exit_group never returns.
+        unsafe { libc::syscall(libc::SYS_exit_group, code) };
+        unreachable!()
+    };
+    let mut go = 0u8;
+    // SAFETY (whole block): raw syscalls with valid arguments; see the function contract.
+    unsafe {
+        if libc::syscall(libc::SYS_read, sock, &mut go as *mut u8, 1) != 1 {
+            fail(1);
+        }
+        // Raw setres[ug]id: libc's wrappers would signal the parent's other threads.
+        if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
+            || libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
+            || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0
+        {
+            fail(2);
+        }
+        if sock == CONTROL_FD {
+            libc::syscall(libc::SYS_fcntl, sock, libc::F_SETFD, 0);
+        } else if libc::syscall(libc::SYS_dup3, sock, CONTROL_FD, 0) < 0 {
+            fail(3);
+        }
+        libc::syscall(libc::SYS_execve, path, argv.as_ptr(), envp.as_ptr());
+    }
+    fail(127)
+}

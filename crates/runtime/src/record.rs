@@ -1,0 +1,87 @@
+//! The on-disk record of one sandbox, written atomically (write, fsync, rename, fsync dir)
+//! so a restarted daemon can find what an earlier one created.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::SystemTime;
+
+use crate::SandboxSpec;
+
+pub(crate) const RECORD_FILE: &str = "record.json";
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Record {
+    pub spec: SandboxSpec,
+    /// Index of the sandbox's host uid/gid range (see the crate docs).
+    pub slot: u32,
+    pub created_at: SystemTime,
+    /// Host pid of the init, once started.
+    pub init_pid: Option<i32>,
+    /// The init's start time in clock ticks since boot (/proc/<pid>/stat field 22), which
+    /// tells a live init from an unrelated process that reused its pid.
+    pub init_start_ticks: Option<u64>,
+}
+
+impl Record {
+    pub(crate) fn write(&self, dir: &Path) -> io::Result<()> {
+        let tmp = dir.join(".record.json.tmp");
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(&serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
+        file.sync_all()?;
+        fs::rename(&tmp, dir.join(RECORD_FILE))?;
+        fs::File::open(dir)?.sync_all()
+    }
+
+    pub(crate) fn read(dir: &Path) -> io::Result<Self> {
+        let bytes = fs::read(dir.join(RECORD_FILE))?;
+        serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+}
+
+/// Start time (clock ticks since boot) of `pid`, or None if it does not exist.
+pub(crate) fn process_start_ticks(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces; fields after it follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_ticks_of_self_is_stable() {
+        let pid = std::process::id() as i32;
+        let a = process_start_ticks(pid).unwrap();
+        assert_eq!(process_start_ticks(pid), Some(a));
+        assert_eq!(process_start_ticks(i32::MAX), None);
+    }
+
+    #[test]
+    fn record_round_trips() {
+        let dir = std::env::temp_dir().join(format!("berth-record-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let record = Record {
+            spec: SandboxSpec {
+                id: "itest".into(),
+                template: "base".into(),
+                layers: vec!["/a".into()],
+                cpu_count: 1,
+                memory_mb: 256,
+                disk_size_mb: 512,
+            },
+            slot: 7,
+            created_at: SystemTime::now(),
+            init_pid: Some(42),
+            init_start_ticks: Some(99),
+        };
+        record.write(&dir).unwrap();
+        let back = Record::read(&dir).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(back.slot, 7);
+        assert_eq!(back.init_pid, Some(42));
+        assert_eq!(back.spec.id, "itest");
+    }
+}
