@@ -1,0 +1,81 @@
+"""Restarting `berth up` while sandboxes run: each is listed and usable, or reported
+killed with nothing of it left running. Runs last (it restarts the session's server)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox, SandboxQuery
+from e2b.exceptions import NotFoundException
+
+from conftest import Berth, poll
+
+
+def host_processes_with(marker: str) -> list[int]:
+    """PIDs on the host whose command line contains `marker` (the host sees sandbox processes)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.restarts_berth
+def test_restart_keeps_or_cleanly_reports_sandboxes(berth: Berth, api: httpx.Client) -> None:
+    tag = f"restart-{secrets.token_hex(4)}"
+    sandboxes = [Sandbox.create(timeout=900, metadata={"tag": tag}) for _ in range(3)]
+    markers = {}
+    try:
+        for sandbox in sandboxes:
+            marker = f"berth-restart-probe-{secrets.token_hex(6)}"
+            markers[sandbox.sandbox_id] = marker
+            sandbox.files.write("/home/user/before-restart.txt", sandbox.sandbox_id)
+            sandbox.commands.run(f"exec -a {marker} sleep 3600", background=True)
+            poll(lambda: bool(host_processes_with(marker)), timeout=60, what=f"probe process {marker}")
+
+        berth.restart()
+
+        listed = Sandbox.list(query=SandboxQuery(metadata={"tag": tag}), limit=100).next_items()
+        listed_ids = {info.sandbox_id for info in listed}
+        assert listed_ids <= {sandbox.sandbox_id for sandbox in sandboxes}, "ghost sandboxes listed"
+        for sandbox in sandboxes:
+            marker = markers[sandbox.sandbox_id]
+            if sandbox.sandbox_id in listed_ids:
+                # Listed means usable: envd answers through the proxy, state is intact.
+                again = Sandbox.connect(sandbox.sandbox_id)
+                assert again.files.read("/home/user/before-restart.txt") == sandbox.sandbox_id
+                assert again.commands.run("echo after-restart").stdout == "after-restart\n"
+                assert host_processes_with(marker), "a listed sandbox lost its processes"
+            else:
+                with pytest.raises(NotFoundException):
+                    Sandbox.get_info(sandbox.sandbox_id)
+                events = api.get(f"/events/sandboxes/{sandbox.sandbox_id}", params={"limit": 1}).json()
+                assert events and events[0]["type"] == "sandbox.lifecycle.killed"
+                poll(
+                    lambda: not host_processes_with(marker),
+                    timeout=60,
+                    what=f"processes of the reported-killed sandbox {sandbox.sandbox_id} to be gone",
+                )
+                proxied = httpx.get(
+                    f"{berth.sandbox_url}/health",
+                    headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983"},
+                    timeout=30,
+                )
+                assert proxied.status_code == 502
+    finally:
+        for sandbox in sandboxes:
+            try:
+                Sandbox.kill(sandbox.sandbox_id)
+            except Exception:  # already reported killed
+                pass
+    for marker in markers.values():
+        poll(lambda: not host_processes_with(marker), timeout=60, what=f"{marker} to be gone after kill")

@@ -1,0 +1,75 @@
+"""schemathesis against the OpenAPI document berth serves: no 5xx, no crash."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import Berth, _issued_keys, kill_all_sandboxes
+
+# Where berth may serve its document; the first that answers with an OpenAPI object wins.
+SCHEMA_PATHS = ["/openapi.json", "/openapi.yaml", "/openapi.yml", "/docs/openapi.json", "/api/openapi.json"]
+
+
+def served_schema_url(berth: Berth) -> str:
+    for path in SCHEMA_PATHS:
+        try:
+            answer = httpx.get(f"{berth.api_url}{path}", timeout=30)
+        except httpx.TransportError:
+            continue
+        if answer.status_code == 200 and "openapi" in answer.text[:2000]:
+            return f"{berth.api_url}{path}"
+    pytest.fail(f"berth serves no OpenAPI document at any of {SCHEMA_PATHS}")
+
+
+def schemathesis_binary() -> str:
+    beside_python = Path(sys.executable).parent / "schemathesis"
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which("schemathesis")
+    if found is None:
+        pytest.fail("schemathesis is not installed (tests/sdk/requirements.txt pins it)")
+    return found
+
+
+def test_no_server_errors_on_generated_requests(berth: Berth) -> None:
+    schema_url = served_schema_url(berth)
+    # Its own team, so whatever the fuzzer creates is cleaned up without touching others.
+    key = berth.create_key("schemathesis")
+    _issued_keys.append(key)
+    report_dir = Path(tempfile.mkdtemp(prefix="berth-schemathesis-"))
+    try:
+        run = subprocess.run(
+            [
+                schemathesis_binary(), "run", schema_url,
+                "--url", berth.api_url,
+                "--checks", "not_a_server_error",
+                "--header", f"X-API-Key: {key}",
+                "--phases", "examples,coverage,fuzzing",
+                "--max-examples", os.environ.get("BERTH_SCHEMATHESIS_EXAMPLES", "30"),
+                "--seed", "20261129",
+                "--workers", "1",
+                "--request-timeout", "120",
+                "--suppress-health-check", "all",
+                "--report", "junit",
+                "--report-dir", str(report_dir),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=1800,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+        assert run.returncode == 0, f"schemathesis found failures:\n{run.stdout[-12000:]}"
+    finally:
+        kill_all_sandboxes(berth.api_url, key)
+        shutil.rmtree(report_dir, ignore_errors=True)
+    assert httpx.get(f"{berth.api_url}/health", timeout=30).status_code < 500
+    assert berth.process is not None and berth.process.poll() is None, "berth up crashed"
