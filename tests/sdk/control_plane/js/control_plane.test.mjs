@@ -1,0 +1,169 @@
+// Smoke test: the official E2B JS SDK (e2b@2.51.0) against `berth up`, configured only by
+// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY as `berth up` prints them.
+//
+// Starts `berth up` on a free loopback port with a temp state dir (its templates/ a symlink
+// to the shared store, $BERTH_TEMPLATES_DIR or /var/lib/berth/templates), and stops it by
+// PID at the end. Binary: $BERTH_BIN, else ${CARGO_TARGET_DIR:-<repo>/target}/debug/berth.
+// The SDK comes from tests/sdk/js/node_modules (installed by scripts/install-deps.sh).
+//
+//   node --test tests/sdk/control_plane/js/
+import { after, before, test } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
+import { createServer } from 'node:net'
+import { createWriteStream, existsSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs'
+import { createRequire } from 'node:module'
+import { tmpdir } from 'node:os'
+import { dirname, join, resolve } from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath, pathToFileURL } from 'node:url'
+
+for (const name of ['E2B_DEBUG', 'E2B_DOMAIN', 'E2B_ACCESS_TOKEN', 'E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
+  delete process.env[name]
+}
+
+const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..')
+const sdkEntry = createRequire(join(repoRoot, 'tests', 'sdk', 'js', 'package.json')).resolve('e2b')
+const { Sandbox, CommandExitError } = await import(pathToFileURL(sdkEntry).href)
+
+let berth
+let stateDir
+let logPath
+const created = []
+
+function berthBinary() {
+  if (process.env.BERTH_BIN) return process.env.BERTH_BIN
+  const target = process.env.CARGO_TARGET_DIR ? resolve(repoRoot, process.env.CARGO_TARGET_DIR) : join(repoRoot, 'target')
+  return join(target, 'debug', 'berth')
+}
+
+function freePort() {
+  return new Promise((resolvePort, reject) => {
+    const probe = createServer()
+    probe.once('error', reject)
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address()
+      probe.close(() => resolvePort(port))
+    })
+  })
+}
+
+// Polls `predicate` every 100 ms; throws after a generous bound (a bound, not a measurement).
+async function until(predicate, what, timeoutMs = 60_000) {
+  const deadline = Date.now() + timeoutMs
+  while (!(await predicate())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 100))
+  }
+}
+
+before(async () => {
+  const binary = berthBinary()
+  assert.ok(existsSync(binary), `berth binary not found at ${binary}`)
+  stateDir = mkdtempSync(join(tmpdir(), 'berth-cp-js-'))
+  const templates = process.env.BERTH_TEMPLATES_DIR ?? '/var/lib/berth/templates'
+  if (existsSync(templates)) symlinkSync(templates, join(stateDir, 'templates'))
+  logPath = join(mkdtempSync(join(tmpdir(), 'berth-cp-js-log-')), 'berth-up.log')
+  const log = createWriteStream(logPath)
+  const listen = `127.0.0.1:${await freePort()}`
+  berth = spawn(binary, ['up', '--listen', listen, '--state-dir', stateDir], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? 'info' },
+  })
+  berth.stderr.pipe(log)
+  let exited = null
+  berth.on('exit', (code, signal) => (exited = { code, signal }))
+  const printed = {}
+  createInterface({ input: berth.stdout }).on('line', (line) => {
+    log.write(`${line}\n`)
+    const match = /^\s*(?:export\s+)?(E2B_API_URL|E2B_SANDBOX_URL|E2B_API_KEY)=(\S+)\s*$/.exec(line)
+    if (match) printed[match[1]] = match[2]
+  })
+  await until(
+    () => {
+      if (exited) throw new Error(`berth up exited during startup: ${JSON.stringify(exited)}; log ${logPath}`)
+      return Object.keys(printed).length === 3
+    },
+    'berth up to print E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY',
+    Number(process.env.BERTH_STARTUP_TIMEOUT ?? 900) * 1000,
+  )
+  Object.assign(process.env, printed)
+})
+
+after(async () => {
+  for (const sandbox of created) {
+    await sandbox.kill().catch(() => {})
+  }
+  if (berth && berth.exitCode === null && berth.signalCode === null) {
+    const exited = new Promise((r) => berth.once('exit', r))
+    process.kill(berth.pid, 'SIGTERM')
+    const timer = setTimeout(() => process.kill(berth.pid, 'SIGKILL'), 60_000)
+    await exited
+    clearTimeout(timer)
+  }
+  if (stateDir) rmSync(stateDir, { recursive: true, force: true })
+})
+
+async function createSandbox(opts) {
+  const sandbox = await Sandbox.create(opts)
+  created.push(sandbox)
+  return sandbox
+}
+
+test('create with metadata and envs, then commands and files inside', async () => {
+  const sandbox = await createSandbox({
+    timeoutMs: 120_000,
+    metadata: { suite: 'js-smoke' },
+    envs: { JS_SMOKE: 'yes' },
+  })
+  assert.match(sandbox.sandboxId, /^[a-z0-9]+$/)
+
+  const result = await sandbox.commands.run('echo "$JS_SMOKE as $(whoami)"')
+  assert.equal(result.stdout, 'yes as user\n')
+  await assert.rejects(sandbox.commands.run('exit 4'), (error) => {
+    assert.ok(error instanceof CommandExitError)
+    assert.equal(error.exitCode, 4)
+    return true
+  })
+
+  await sandbox.files.write('/home/user/js.txt', 'written by the JS SDK')
+  assert.equal(await sandbox.files.read('/home/user/js.txt'), 'written by the JS SDK')
+  assert.ok((await sandbox.files.list('/home/user')).some((entry) => entry.name === 'js.txt'))
+})
+
+test('getInfo, setTimeout, list by metadata, connect and kill', async () => {
+  const tag = `js-${process.pid}-${Date.now()}`
+  const sandbox = await createSandbox({ timeoutMs: 60_000, metadata: { tag } })
+
+  const info = await sandbox.getInfo()
+  assert.equal(info.sandboxId, sandbox.sandboxId)
+  assert.deepEqual(info.metadata, { tag })
+  assert.equal(info.state, 'running')
+
+  await sandbox.setTimeout(600_000)
+  const extended = await sandbox.getInfo()
+  assert.ok(extended.endAt.getTime() > info.endAt.getTime() + 400_000)
+
+  const paginator = Sandbox.list({ query: { metadata: { tag } } })
+  const listed = await paginator.nextItems()
+  assert.deepEqual(
+    listed.map((item) => item.sandboxId),
+    [sandbox.sandboxId],
+  )
+
+  const connected = await Sandbox.connect(sandbox.sandboxId)
+  assert.equal((await connected.commands.run('echo via-connect')).stdout, 'via-connect\n')
+
+  await sandbox.kill()
+  assert.equal(await sandbox.isRunning(), false)
+  assert.deepEqual(await Sandbox.list({ query: { metadata: { tag } } }).nextItems(), [])
+})
+
+test('getMetrics reports a sample', async () => {
+  const sandbox = await createSandbox({ timeoutMs: 300_000 })
+  await until(async () => (await sandbox.getMetrics()).length > 0, 'a metrics sample', 120_000)
+  const [latest] = (await sandbox.getMetrics()).slice(-1)
+  assert.ok(latest.cpuCount >= 1)
+  assert.ok(latest.memUsed > 0 && latest.memUsed <= latest.memTotal)
+  assert.ok(latest.diskUsed > 0 && latest.diskUsed <= latest.diskTotal)
+})
