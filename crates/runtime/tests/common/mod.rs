@@ -4,16 +4,29 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 
 use berth_runtime::{LinuxRuntime, LinuxRuntimeConfig, Runtime, SandboxSpec};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// The template rootfs to run sandboxes on: `BERTH_TEST_ROOTFS`, else the dev rootfs.
-pub fn rootfs() -> PathBuf {
-    std::env::var_os("BERTH_TEST_ROOTFS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/lib/berth-dev/rootfs"))
+/// The template layers to run sandboxes on: `BERTH_TEST_ROOTFS` if set, else berth's
+/// `base` template (built on first need into /var/lib/berth, then cached).
+pub fn layers() -> Vec<PathBuf> {
+    static LAYERS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    LAYERS
+        .get_or_init(|| {
+            if let Some(rootfs) = std::env::var_os("BERTH_TEST_ROOTFS") {
+                return vec![PathBuf::from(rootfs)];
+            }
+            let store = berth_template::TemplateStore::open(berth_template::DEFAULT_STATE_DIR)
+                .expect("open template store");
+            store
+                .ensure_base(|p| eprintln!("base template: {p:?}"))
+                .expect("base template")
+                .layers
+        })
+        .clone()
 }
 
 /// A runtime with its own state dir and cgroup parent, torn down on drop.
@@ -58,7 +71,7 @@ impl TestRuntime {
         SandboxSpec {
             id: unique(name),
             template: "test".into(),
-            layers: vec![rootfs()],
+            layers: layers(),
             cpu_count: 1,
             memory_mb: 256,
             disk_size_mb: 256,
