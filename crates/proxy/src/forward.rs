@@ -11,6 +11,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::TokioIo;
 
+use crate::pool::{ConnectionPool, PooledBody, Sender};
 use crate::resolver::{ResolveError, Route, SandboxResolver};
 use crate::target::{
     is_internal_envd_route, RoutingConfig, SandboxId, Target, TargetError, ENVD_PORT,
@@ -151,11 +152,16 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Proxy
 pub struct Proxy {
     resolver: Arc<dyn SandboxResolver>,
     routing: RoutingConfig,
+    pool: ConnectionPool,
 }
 
 impl Proxy {
     pub fn new(resolver: Arc<dyn SandboxResolver>, routing: RoutingConfig) -> Self {
-        Self { resolver, routing }
+        Self {
+            resolver,
+            routing,
+            pool: ConnectionPool::default(),
+        }
     }
 
     /// See [`RoutingConfig::classify`].
@@ -212,73 +218,149 @@ impl Proxy {
                 .resolve(&target.sandbox_id)
                 .await
                 .map_err(|error| match error {
-                    ResolveError::NotFound => ProxyError::SandboxNotFound {
-                        sandbox_id: target.sandbox_id.clone(),
-                    },
+                    ResolveError::NotFound => {
+                        self.pool.forget(&target.sandbox_id);
+                        ProxyError::SandboxNotFound {
+                            sandbox_id: target.sandbox_id.clone(),
+                        }
+                    }
                     ResolveError::Lookup(message) => ProxyError::Lookup(message),
                 })?;
         authorize(req.headers(), &target, &route)?;
 
         let client_upgrade = is_upgrade_request(&req).then(|| hyper::upgrade::on(&mut req));
         let upstream_request = upstream_request(req, &target, client_upgrade.is_some());
+        match client_upgrade {
+            Some(client_upgrade) => {
+                self.forward_upgrade(upstream_request, client_upgrade, &route, &target)
+                    .await
+            }
+            None => self.forward_pooled(upstream_request, &route, &target).await,
+        }
+    }
 
-        let stream = route
-            .connector
-            .connect(target.port)
-            .await
-            .map_err(|source| match source.kind() {
-                io::ErrorKind::ConnectionRefused => ProxyError::PortNotOpen {
-                    sandbox_id: target.sandbox_id.clone(),
-                    port: target.port,
+    /// Sends a plain request over an idle pooled connection when one is left, else a
+    /// new one. A pooled connection that turns out closed before the request left is
+    /// dropped and the request retried; once sent, a failure is the answer.
+    async fn forward_pooled(
+        &self,
+        mut request: Request<ProxyBody>,
+        route: &Route,
+        target: &Target,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        loop {
+            let (mut sender, reused) = match self.pool.take(&target.sandbox_id, target.port) {
+                Some(sender) => (sender, true),
+                None => (open_connection(route, target, false).await?, false),
+            };
+            if let Err(source) = sender.ready().await {
+                if reused {
+                    continue;
+                }
+                return Err(upstream_error(target, source));
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let mut response = response.map(|body| {
+                        PooledBody::new(
+                            body,
+                            self.pool.clone(),
+                            target.sandbox_id.clone(),
+                            target.port,
+                            sender,
+                        )
+                        .map_err(BoxError::from)
+                        .boxed_unsync()
+                    });
+                    remove_hop_by_hop_headers(response.headers_mut());
+                    return Ok(response);
+                }
+                Err(mut failed) => match failed.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(upstream_error(target, failed.into_error())),
                 },
-                io::ErrorKind::NotFound => ProxyError::SandboxNotFound {
-                    sandbox_id: target.sandbox_id.clone(),
-                },
-                _ => ProxyError::Connect {
-                    sandbox_id: target.sandbox_id.clone(),
-                    source,
-                },
-            })?;
-        // Nagle would hold back the small frames of Connect streams.
-        stream.set_nodelay(true).ok();
+            }
+        }
+    }
 
-        let upstream_error = |source| ProxyError::Upstream {
-            sandbox_id: target.sandbox_id.clone(),
-            source,
-        };
-        let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
-            .handshake(TokioIo::new(stream))
+    /// Sends an `Upgrade` request on a connection of its own and, on `101`, joins the
+    /// client's and the sandbox's upgraded connections into a byte tunnel.
+    async fn forward_upgrade(
+        &self,
+        request: Request<ProxyBody>,
+        client_upgrade: hyper::upgrade::OnUpgrade,
+        route: &Route,
+        target: &Target,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let mut sender = open_connection(route, target, true).await?;
+        let mut response = sender
+            .send_request(request)
             .await
-            .map_err(upstream_error)?;
+            .map_err(|source| upstream_error(target, source))?;
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            remove_hop_by_hop_headers(response.headers_mut());
+            return Ok(response.map(|body| body.map_err(BoxError::from).boxed_unsync()));
+        }
+        let upstream_upgrade = hyper::upgrade::on(&mut response);
         let sandbox_id = target.sandbox_id.clone();
         tokio::spawn(async move {
-            if let Err(error) = connection.with_upgrades().await {
-                tracing::debug!(%sandbox_id, %error, "sandbox connection ended with an error");
+            if let Err(error) = tunnel(client_upgrade, upstream_upgrade).await {
+                tracing::debug!(%sandbox_id, %error, "upgraded connection ended with an error");
             }
         });
-
-        let mut response = sender
-            .send_request(upstream_request)
-            .await
-            .map_err(upstream_error)?;
-
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(client_upgrade) = client_upgrade {
-                let upstream_upgrade = hyper::upgrade::on(&mut response);
-                let sandbox_id = target.sandbox_id.clone();
-                tokio::spawn(async move {
-                    if let Err(error) = tunnel(client_upgrade, upstream_upgrade).await {
-                        tracing::debug!(%sandbox_id, %error, "upgraded connection ended with an error");
-                    }
-                });
-                let (parts, _) = response.into_parts();
-                return Ok(Response::from_parts(parts, empty_body()));
-            }
-        } else {
-            remove_hop_by_hop_headers(response.headers_mut());
-        }
-        Ok(response.map(|body| body.map_err(BoxError::from).boxed_unsync()))
+        let (parts, _) = response.into_parts();
+        Ok(Response::from_parts(parts, empty_body()))
     }
+}
+
+fn upstream_error(target: &Target, source: hyper::Error) -> ProxyError {
+    ProxyError::Upstream {
+        sandbox_id: target.sandbox_id.clone(),
+        source,
+    }
+}
+
+/// Opens a new HTTP/1.1 connection to the target port through the route's connector.
+async fn open_connection(
+    route: &Route,
+    target: &Target,
+    with_upgrades: bool,
+) -> Result<Sender, ProxyError> {
+    let stream = route
+        .connector
+        .connect(target.port)
+        .await
+        .map_err(|source| match source.kind() {
+            io::ErrorKind::ConnectionRefused => ProxyError::PortNotOpen {
+                sandbox_id: target.sandbox_id.clone(),
+                port: target.port,
+            },
+            io::ErrorKind::NotFound => ProxyError::SandboxNotFound {
+                sandbox_id: target.sandbox_id.clone(),
+            },
+            _ => ProxyError::Connect {
+                sandbox_id: target.sandbox_id.clone(),
+                source,
+            },
+        })?;
+    // Nagle would hold back the small frames of Connect streams.
+    stream.set_nodelay(true).ok();
+    let (sender, connection) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|source| upstream_error(target, source))?;
+    let sandbox_id = target.sandbox_id.clone();
+    tokio::spawn(async move {
+        let result = if with_upgrades {
+            connection.with_upgrades().await
+        } else {
+            connection.await
+        };
+        if let Err(error) = result {
+            tracing::debug!(%sandbox_id, %error, "sandbox connection ended with an error");
+        }
+    });
+    Ok(sender)
 }
 
 fn empty_body() -> ProxyBody {

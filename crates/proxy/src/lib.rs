@@ -14,6 +14,7 @@
 //! `Some(_)` goes to [`Proxy::handle`] (or `forward`), `None` to the API.
 
 mod forward;
+mod pool;
 mod resolver;
 mod target;
 

@@ -387,3 +387,69 @@ async fn h2c_clients_are_forwarded_over_http1() {
     let rest = bounded(body.collect()).await.unwrap().to_bytes();
     assert_eq!(rest, Bytes::from_static(b"second"));
 }
+
+#[tokio::test]
+async fn sequential_requests_reuse_one_sandbox_connection() {
+    let harness = common::start().await;
+    let mut client = http1_client(harness.front).await;
+    for index in 0..10 {
+        let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::POST, "/echo")
+            .body(full_body(format!("request {index}")))
+            .unwrap();
+        let (status, echoed) = json_of(client.send_request(request).await.unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(echoed["body"], format!("request {index}"));
+    }
+    assert_eq!(harness.connects.load(Ordering::SeqCst), 1);
+
+    // Another port is another connection.
+    let request = to_sandbox(OPEN_SANDBOX.id, USER_PORT, Method::GET, "/echo")
+        .body(full_body(""))
+        .unwrap();
+    assert_eq!(
+        client.send_request(request).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(harness.connects.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn connections_the_sandbox_closes_are_not_reused() {
+    let harness = common::start().await;
+    let mut client = http1_client(harness.front).await;
+    for _ in 0..5 {
+        let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::GET, "/close")
+            .body(full_body(""))
+            .unwrap();
+        let response = client.send_request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, Bytes::from_static(b"closing"));
+    }
+    assert_eq!(harness.connects.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn a_body_abandoned_midway_does_not_poison_the_pool() {
+    let harness = common::start().await;
+    let mut client = http1_client(harness.front).await;
+    let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::GET, "/stream")
+        .body(full_body(""))
+        .unwrap();
+    let response = bounded(client.send_request(request)).await.unwrap();
+    let mut body = response.into_body();
+    let first = bounded(body.frame()).await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), Bytes::from_static(b"first"));
+    // The client goes away in the middle of the stream.
+    drop(body);
+    drop(client);
+
+    let mut client = http1_client(harness.front).await;
+    let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::POST, "/echo")
+        .body(full_body("after"))
+        .unwrap();
+    let (status, echoed) = json_of(bounded(client.send_request(request)).await.unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(echoed["body"], "after");
+    assert_eq!(harness.connects.load(Ordering::SeqCst), 2);
+}

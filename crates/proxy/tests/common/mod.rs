@@ -46,6 +46,8 @@ pub struct UpstreamState {
 pub struct Harness {
     pub front: SocketAddr,
     pub upstream: Arc<UpstreamState>,
+    /// Connections the proxy opened into the "sandbox".
+    pub connects: Arc<AtomicUsize>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -84,11 +86,13 @@ struct Dialer {
     ports: HashMap<u16, SocketAddr>,
     /// Address with no listener, so unmapped ports are refused by the kernel.
     closed: SocketAddr,
+    connects: Arc<AtomicUsize>,
 }
 
 impl PortConnector for Dialer {
     fn connect(&self, port: u16) -> BoxFuture<'_, io::Result<TcpStream>> {
         let address = self.ports.get(&port).copied().unwrap_or(self.closed);
+        self.connects.fetch_add(1, Ordering::SeqCst);
         Box::pin(TcpStream::connect(address))
     }
 }
@@ -127,6 +131,7 @@ pub async fn start() -> Harness {
         .route("/echo", any(echo))
         .route("/ws", get(websocket))
         .route("/init", any(internal))
+        .route("/close", get(closing))
         .with_state(upstream_state.clone());
     let upstream_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream_address = upstream_listener.local_addr().unwrap();
@@ -138,9 +143,11 @@ pub async fn start() -> Harness {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap()
     };
+    let connects = Arc::new(AtomicUsize::new(0));
     let dialer = Arc::new(Dialer {
         ports: HashMap::from([(ENVD_PORT, upstream_address), (USER_PORT, upstream_address)]),
         closed,
+        connects: connects.clone(),
     });
     let resolver = Resolver {
         sandboxes: vec![OPEN_SANDBOX, SECURE_SANDBOX],
@@ -175,6 +182,7 @@ pub async fn start() -> Harness {
     Harness {
         front,
         upstream: upstream_state,
+        connects,
         tasks: vec![upstream_task, front_task],
     }
 }
@@ -248,6 +256,11 @@ async fn websocket(upgrade: WebSocketUpgrade) -> Response {
             }
         }
     })
+}
+
+/// Answers and asks for the connection to be closed, as HTTP/1.0-style servers do.
+async fn closing() -> Response {
+    ([(http::header::CONNECTION, "close")], "closing").into_response()
 }
 
 async fn internal(State(state): State<Arc<UpstreamState>>) -> &'static str {
