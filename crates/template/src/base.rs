@@ -22,6 +22,9 @@ pub const BASE_TEMPLATE_ID: &str = "base";
 /// changes the resulting rootfs, so existing layers are not reused.
 const BUILDER_VERSION: u32 = 1;
 
+/// dpkg config file that exists only while the build installs packages.
+const DPKG_UNSAFE_IO: &str = "/etc/dpkg/dpkg.cfg.d/berth-build-unsafe-io";
+
 /// Lines of tool output kept for error messages.
 const OUTPUT_TAIL_LINES: usize = 30;
 
@@ -84,6 +87,9 @@ impl Default for BaseRecipe {
             "sudo",
             "procps",
             "iproute2",
+            // Resolves whatever hostname the runtime gives a sandbox, so `sudo` does not
+            // warn "unable to resolve host" (E2B's images resolve their hostname too).
+            "libnss-myhostname",
         ];
         BaseRecipe {
             template_id: BASE_TEMPLATE_ID.into(),
@@ -101,9 +107,13 @@ impl Default for BaseRecipe {
                     ),
                     0o644,
                 ),
+                // The finished layer is synced as a whole before it is published, so dpkg's
+                // per-file fsyncs only slow the build down.
+                write(DPKG_UNSAFE_IO, "force-unsafe-io\n", 0o644),
                 SetupStep::AptInstall {
                     packages: packages.iter().map(|p| p.to_string()).collect(),
                 },
+                run(&["rm", "-f", DPKG_UNSAFE_IO]),
                 run(&["groupadd", "--gid", "1000", "user"]),
                 run(&[
                     "useradd",

@@ -101,6 +101,17 @@ fn base_template_is_built_once_and_looks_like_e2b_base() {
     );
     assert!(run_in(rootfs, &["node", "--version"]).starts_with('v'));
 
+    let nsswitch = std::fs::read_to_string(rootfs.join("etc/nsswitch.conf")).unwrap();
+    assert!(
+        nsswitch
+            .lines()
+            .any(|l| l.starts_with("hosts:") && l.contains("myhostname")),
+        "hostname not resolvable: {nsswitch}"
+    );
+    assert!(!rootfs
+        .join("etc/dpkg/dpkg.cfg.d/berth-build-unsafe-io")
+        .exists());
+
     let policy = std::fs::metadata(rootfs.join("usr/sbin/policy-rc.d")).unwrap();
     assert_eq!(policy.permissions().mode() & 0o777, 0o755);
     assert_eq!(
