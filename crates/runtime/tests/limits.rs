@@ -1,0 +1,141 @@
+//! Limits hold inside the sandbox and nowhere else. Privileged: run as root.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use berth_runtime::Runtime;
+use common::TestRuntime;
+
+fn pids_file(id: &str, parent_of: &TestRuntime, file: &str) -> Option<String> {
+    let parent = parent_of.state.file_name()?.to_str()?.to_owned();
+    ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"]
+        .iter()
+        .find_map(|root| std::fs::read_to_string(format!("{root}/{parent}/{id}/{file}")).ok())
+}
+
+#[test]
+fn fork_bomb_stops_at_the_pids_limit() {
+    let t = TestRuntime::new();
+    let bomb = t.rt.create(&t.spec("bomb")).unwrap();
+    let neighbour = t.rt.create(&t.spec("calm")).unwrap();
+    let mut child =
+        t.rt.exec_command(
+            &bomb.id,
+            1000,
+            1000,
+            &["/bin/sh", "-c", "f() { f | f & }; f; sleep 30"],
+        )
+        .unwrap()
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the bomb has hit the limit at least once.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = pids_file(&bomb.id, &t, "pids.events").unwrap_or_default();
+        if events.split_whitespace().nth(1).is_some_and(|n| n != "0") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fork bomb never reached the pids limit: {events}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let current: u64 = pids_file(&bomb.id, &t, "pids.current")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        current <= t.rt.config().pids_max,
+        "pids.current {current} above the limit"
+    );
+    // The host and a neighbour still answer.
+    assert!(std::process::Command::new("true")
+        .status()
+        .unwrap()
+        .success());
+    assert_eq!(t.sh_ok(&neighbour.id, 0, "echo alive"), "alive");
+    t.rt.kill(&bomb.id)
+        .expect("kill a sandbox in the middle of a fork bomb");
+    let _ = child.wait();
+    assert_eq!(t.sh_ok(&neighbour.id, 0, "echo alive"), "alive");
+}
+
+#[test]
+fn memory_bomb_is_killed_inside() {
+    let t = TestRuntime::new();
+    let mut spec = t.spec("mem");
+    spec.memory_mb = 128;
+    let info = t.rt.create(&spec).unwrap();
+    let out = t.sh(
+        &info.id,
+        1000,
+        "python3 -c 'a = []\nwhile True: a.append(bytearray(8 << 20))'",
+    );
+    // sh reports a SIGKILLed child as 128 + 9: the OOM killer, not a MemoryError.
+    assert_eq!(out.status.code(), Some(137), "memory bomb: {out:?}");
+    // The bomb died, not the sandbox: its init and new commands still run.
+    assert_eq!(t.sh_ok(&info.id, 0, "cat /proc/1/comm"), "sleep");
+    let stats = t.rt.stats(&info.id).unwrap();
+    assert_eq!(stats.mem_total, 128 << 20);
+    assert!(stats.mem_used <= 128 << 20, "{stats:?}");
+}
+
+#[test]
+fn disk_fill_gives_enospc_and_host_use_stays_bounded() {
+    let t = TestRuntime::new();
+    let mut spec = t.spec("disk");
+    spec.disk_size_mb = 64;
+    let info = t.rt.create(&spec).unwrap();
+    let out = t.sh(
+        &info.id,
+        1000,
+        "dd if=/dev/urandom of=/home/user/fill bs=1M count=200 2>&1; sync",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("No space left on device"), "{text}");
+    let image = t.state.join("sandboxes").join(&info.id).join("disk.img");
+    let host_bytes = std::fs::metadata(&image).unwrap().blocks() * 512;
+    assert!(
+        host_bytes <= 64 << 20,
+        "host uses {host_bytes} bytes for a 64 MiB disk"
+    );
+    let stats = t.rt.stats(&info.id).unwrap();
+    assert!(
+        stats.disk_total <= 64 << 20 && stats.disk_used > 32 << 20,
+        "{stats:?}"
+    );
+    // Deleting frees the space again inside.
+    t.sh_ok(
+        &info.id,
+        1000,
+        "rm /home/user/fill && echo ok > /home/user/small",
+    );
+}
+
+#[test]
+fn cpu_count_sets_the_cfs_quota() {
+    let t = TestRuntime::new();
+    let mut spec = t.spec("cpu");
+    spec.cpu_count = 2;
+    let info = t.rt.create(&spec).unwrap();
+    let parent = t.state.file_name().unwrap().to_str().unwrap().to_owned();
+    let v1 = std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/cpu/{parent}/{}/cpu.cfs_quota_us",
+        info.id
+    ));
+    let v2 = std::fs::read_to_string(format!("/sys/fs/cgroup/{parent}/{}/cpu.max", info.id));
+    match (v1, v2) {
+        (Ok(quota), _) => assert_eq!(quota.trim(), "200000"),
+        (_, Ok(max)) => assert_eq!(max.trim(), "200000 100000"),
+        _ => panic!("no cpu controller file found"),
+    }
+    t.sh(&info.id, 0, "timeout 0.3 sh -c 'while :; do :; done'");
+    assert!(t.rt.stats(&info.id).unwrap().cpu_usage_ns > 0);
+}
