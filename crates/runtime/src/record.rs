@@ -43,12 +43,17 @@ impl Record {
     }
 }
 
-/// Start time (clock ticks since boot) of `pid`, or None if it does not exist.
+/// Start time (clock ticks since boot) of `pid`, or None if it does not exist or has
+/// already exited (a zombie waiting to be reaped).
 pub(crate) fn process_start_ticks(pid: i32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces; fields after it follow the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 #[cfg(test)]

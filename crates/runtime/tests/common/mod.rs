@@ -67,6 +67,15 @@ impl TestRuntime {
         }
     }
 
+    /// A second runtime on the same state, as a restarted daemon would make.
+    pub fn reopen(&self) -> LinuxRuntime {
+        LinuxRuntime::new(test_config(&self.state, &self.cgroup_parent)).expect("runtime")
+    }
+
+    pub fn cgroup_parent(&self) -> &str {
+        &self.cgroup_parent
+    }
+
     pub fn spec(&self, name: &str) -> SandboxSpec {
         SandboxSpec {
             id: unique(name),
