@@ -51,6 +51,15 @@ pub enum CriuError {
     Missing(PathBuf),
     #[error("apt-get and dpkg-deb are needed to provision CRIU ({0})")]
     NoApt(String),
+    #[error("criu {action} failed ({status}); log {log}: {errors}")]
+    Checkpoint {
+        action: &'static str,
+        status: String,
+        log: PathBuf,
+        errors: String,
+    },
+    #[error("criu restore left no usable pid in {0}")]
+    NoPid(PathBuf),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CriuError {
@@ -232,6 +241,121 @@ impl Criu {
     pub fn command(&self) -> Command {
         self.launch.command()
     }
+
+    /// Checkpoints the process tree rooted at `dump.pid` (with its namespaces) into
+    /// `dump.images`. Mounts bound in from the host are recorded as external, the
+    /// network is not locked (a sandbox's netns has no traffic CRIU must hold), and
+    /// established TCP connections are saved so their owners survive the dump.
+    pub fn dump(&self, dump: &Dump) -> Result<(), CriuError> {
+        let mut cmd = self.command();
+        cmd.arg("dump")
+            .arg("--tree")
+            .arg(dump.pid.to_string())
+            .arg("--images-dir")
+            .arg(&dump.images)
+            .args(["--log-file", DUMP_LOG, "--network-lock", "skip"])
+            .args(["--external", "mnt[]", "--tcp-established", "--file-locks"]);
+        if dump.leave_running {
+            cmd.arg("--leave-running");
+        }
+        self.run_logged(cmd, "dump", &dump.images.join(DUMP_LOG))
+    }
+
+    /// Restores a tree checkpointed by [`Criu::dump`], detached from CRIU, and returns the host pid of its root.
+    /// TCP connections saved by the dump are closed: their peers are gone.
+    pub fn restore(&self, restore: &Restore) -> Result<i32, CriuError> {
+        let pidfile = restore.work.join("restore.pid");
+        let log = restore.work.join(RESTORE_LOG);
+        let mut cmd = self.command();
+        cmd.arg("restore")
+            .arg("--restore-detached")
+            .arg("--images-dir")
+            .arg(&restore.images)
+            .arg("--work-dir")
+            .arg(&restore.work)
+            .arg("--log-file")
+            .arg(&log)
+            .arg("--pidfile")
+            .arg(&pidfile)
+            .args(["--external", "mnt[]", "--tcp-close", "--file-locks"]);
+        if let Some(root) = &restore.root {
+            cmd.arg("--root").arg(root);
+        }
+        if let Some(cgroup_root) = &restore.cgroup_root {
+            cmd.arg("--cgroup-root").arg(cgroup_root);
+        }
+        self.run_logged(cmd, "restore", &log)?;
+        fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .filter(|pid| *pid > 0)
+            .ok_or(CriuError::NoPid(pidfile))
+    }
+
+    fn run_logged(
+        &self,
+        mut cmd: Command,
+        action: &'static str,
+        log: &Path,
+    ) -> Result<(), CriuError> {
+        let status = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(io_err(format!("run criu {action}")))?;
+        if status.success() {
+            return Ok(());
+        }
+        Err(CriuError::Checkpoint {
+            action,
+            status: status.to_string(),
+            log: log.to_path_buf(),
+            errors: log_errors(log),
+        })
+    }
+}
+
+const DUMP_LOG: &str = "dump.log";
+const RESTORE_LOG: &str = "restore.log";
+
+/// What [`Criu::dump`] checkpoints.
+#[derive(Debug, Clone)]
+pub struct Dump {
+    /// Host pid of the tree's root (a sandbox's init).
+    pub pid: i32,
+    /// Existing, empty directory for the images.
+    pub images: PathBuf,
+    /// Keep the tree running after the dump (snapshots, fork) instead of killing it.
+    pub leave_running: bool,
+}
+
+/// What [`Criu::restore`] brings back.
+#[derive(Debug, Clone)]
+pub struct Restore {
+    /// Images written by [`Criu::dump`]; only read, so several restores may share them.
+    pub images: PathBuf,
+    /// Writable directory of this restore (log, pidfile).
+    pub work: PathBuf,
+    /// The root filesystem to restore onto, already mounted, for a tree that had its
+    /// own mount namespace; `None` restores into the caller's mount namespace.
+    pub root: Option<PathBuf>,
+    /// Put the tree's cgroups under this path instead of the dumped one (forks).
+    pub cgroup_root: Option<String>,
+}
+
+/// The error lines of a CRIU log, minus the harmless ones this host always prints.
+fn log_errors(log: &Path) -> String {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Error"))
+        // CAP_SYS_RESOURCE is missing in this environment; CRIU carries on without it.
+        .filter(|l| !l.contains("RLIMIT_NOFILE"))
+        // CRIU probes for iptables tools; a sandbox netns has no rules that need them.
+        .filter(|l| !l.contains("tables"))
+        .collect();
+    tail(&lines.join("\n"), 4000)
 }
 
 impl Launch {

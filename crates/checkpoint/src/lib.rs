@@ -9,4 +9,4 @@
 
 pub mod criu;
 
-pub use criu::{Criu, CriuError, CriuVersion};
+pub use criu::{Criu, CriuError, CriuVersion, Dump, Restore};

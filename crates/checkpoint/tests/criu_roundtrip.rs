@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use berth_checkpoint::Criu;
+use berth_checkpoint::{Criu, Dump, Restore};
 
 fn state_dir() -> PathBuf {
     std::env::var_os("BERTH_STATE_DIR")
@@ -40,12 +40,6 @@ fn wait_for(path: &Path) -> String {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn log(images: &Path, name: &str) -> String {
-    let text = fs::read_to_string(images.join(name)).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| l.contains("Error")).collect();
-    lines.join("\n")
 }
 
 #[test]
@@ -85,38 +79,28 @@ fn dump_and_restore_keep_memory() {
     let before = wait_for(&out);
     fs::remove_file(&out).unwrap();
 
-    let status = criu
-        .command()
-        .args(["dump", "-o", "dump.log", "-t", &pid.to_string(), "-D"])
-        .arg(&images)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(
-        status.success(),
-        "criu dump failed: {status}: {}",
-        log(&images, "dump.log")
-    );
-    drop(child); // reaped below by waitpid through std would block on a dead pid; let it go
-                 // SAFETY: waitpid on our own child collects the dumped (killed) process.
+    criu.dump(&Dump {
+        pid,
+        images: images.clone(),
+        leave_running: false,
+    })
+    .expect("criu dump");
+    // The dump killed the process; collect it so the pid is free for the restore.
+    drop(child);
+    // SAFETY: waitpid on our own child; no memory is shared.
     unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
 
-    let status = criu
-        .command()
-        .args(["restore", "-o", "restore.log", "-d", "-D"])
-        .arg(&images)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(
-        status.success(),
-        "criu restore failed: {status}: {}",
-        log(&images, "restore.log")
-    );
+    let work = dir.path().join("work");
+    fs::create_dir(&work).unwrap();
+    let restored = criu
+        .restore(&Restore {
+            images: images.clone(),
+            work,
+            root: None,
+            cgroup_root: None,
+        })
+        .expect("criu restore");
+    assert_eq!(restored, pid, "CRIU restores the tree under its old pid");
     // SAFETY: signal to the restored process, which CRIU gives the same pid.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
     let after = wait_for(&out);
