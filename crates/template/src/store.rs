@@ -168,6 +168,47 @@ impl TemplateStore {
         }
     }
 
+    /// Delete layers that no template names and that are not in `in_use` (layers of
+    /// running sandboxes, which the caller knows). Returns the removed ids. Old `base`
+    /// layers left behind by a recipe change go this way.
+    pub fn remove_unreferenced_layers(
+        &self,
+        in_use: &[LayerId],
+    ) -> Result<Vec<LayerId>, TemplateError> {
+        let mut referenced: std::collections::BTreeSet<LayerId> = in_use.iter().cloned().collect();
+        let manifests = self.root.join("manifests");
+        for entry in fs::read_dir(&manifests).ctx("read dir", &manifests)? {
+            let path = entry.ctx("read dir", &manifests)?.path();
+            let hidden = path
+                .file_name()
+                .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+            if path.extension().is_some_and(|e| e == "json") && !hidden {
+                referenced.extend(TemplateManifest::read(&path)?.layers);
+            }
+        }
+        let layers = self.root.join("layers");
+        let mut removed = Vec::new();
+        for entry in fs::read_dir(&layers).ctx("read dir", &layers)? {
+            let entry = entry.ctx("read dir", &layers)?;
+            let Ok(id) = LayerId::try_from(entry.file_name().to_string_lossy().into_owned()) else {
+                continue;
+            };
+            if referenced.contains(&id) {
+                continue;
+            }
+            let _lock = FileLock::acquire(&self.lock_path(&id))?;
+            // Rename first so a half-deleted layer never looks complete.
+            let doomed = self
+                .root
+                .join("staging")
+                .join(format!("{id}.{}", std::process::id()));
+            fs::rename(entry.path(), &doomed).ctx("move layer out", entry.path())?;
+            fs::remove_dir_all(&doomed).ctx("remove layer", &doomed)?;
+            removed.push(id);
+        }
+        Ok(removed)
+    }
+
     /// An empty layer to fill, e.g. with a copy of a sandbox's overlay upper dir.
     pub fn stage_layer(&self) -> Result<StagedLayer, TemplateError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -606,6 +647,30 @@ mod tests {
         let again = store.stage_layer().unwrap();
         write_file(&again.rootfs(), "b", "2").unwrap();
         assert_eq!(store.commit_layer(again).unwrap(), top);
+        assert_eq!(
+            fs::read_dir(store.root().join("staging")).unwrap().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn unreferenced_layers_are_removed_and_referenced_ones_kept() {
+        let state = StateDir::new("gc");
+        let store = TemplateStore::open(&state.0).unwrap();
+        let [named, running, orphan] = ["named", "running", "orphan"].map(|seed| {
+            let id = LayerId::of_bytes(seed.as_bytes());
+            store
+                .ensure_layer(&id, "test", &mut |_| {}, |r, _| write_file(r, "f", "x"))
+                .unwrap();
+            id
+        });
+        store.put("t", vec![named.clone()], config("user")).unwrap();
+        let removed = store
+            .remove_unreferenced_layers(std::slice::from_ref(&running))
+            .unwrap();
+        assert_eq!(removed, vec![orphan.clone()]);
+        assert!(store.has_layer(&named) && store.has_layer(&running));
+        assert!(!store.has_layer(&orphan));
         assert_eq!(
             fs::read_dir(store.root().join("staging")).unwrap().count(),
             0
