@@ -20,4 +20,8 @@ pub struct Defaults {
 #[derive(Debug, Default)]
 pub struct EnvdState {
     pub defaults: RwLock<Defaults>,
+    /// Users and groups of the sandbox (`/etc/passwd`, `/etc/group`).
+    pub users: crate::users::UserDb,
+    /// Previous CPU sample, for `/metrics`' CPU percentage.
+    pub cpu_sampler: crate::files::metrics::CpuSampler,
 }
