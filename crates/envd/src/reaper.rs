@@ -1,0 +1,122 @@
+//! The one place envd waits for child processes.
+//!
+//! A single SIGCHLD listener reaps exited children and hands each status to whoever
+//! spawned that pid through [`Reaper::spawn`]. Spawning and reaping take the same
+//! lock, so a child that exits at once is still registered before any reap pass can
+//! see it, and `std`'s own wait after a failed `exec` cannot lose its child to us.
+//!
+//! When envd is PID 1 it also reaps every orphan re-parented to it (`waitpid(-1)`),
+//! discarding their statuses; otherwise it only waits for the pids it registered, so
+//! nothing else in the process can lose a child to it. Either way: every child envd
+//! starts must be spawned through [`Reaper::spawn`]; never use `tokio::process` or
+//! `Child::wait` in envd.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::oneshot;
+
+/// Dispatches child exit statuses by pid.
+#[derive(Debug)]
+pub struct Reaper {
+    waiters: Mutex<HashMap<i32, oneshot::Sender<ExitStatus>>>,
+    reap_orphans: bool,
+}
+
+impl Reaper {
+    /// Starts listening for SIGCHLD; call inside the tokio runtime before spawning.
+    /// `reap_orphans` should be true when envd is PID 1.
+    pub fn start(reap_orphans: bool) -> io::Result<Arc<Self>> {
+        let reaper = Arc::new(Self {
+            waiters: Mutex::new(HashMap::new()),
+            reap_orphans,
+        });
+        let mut sigchld = signal(SignalKind::child())?;
+        let listener = Arc::clone(&reaper);
+        tokio::spawn(async move {
+            while sigchld.recv().await.is_some() {
+                listener.reap();
+            }
+        });
+        // Children that exited before the listener existed (e.g. inherited at exec).
+        reaper.reap();
+        Ok(reaper)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<i32, oneshot::Sender<ExitStatus>>> {
+        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Spawns `command` and returns the child with a receiver of its exit status.
+    pub fn spawn(
+        &self,
+        command: &mut Command,
+    ) -> io::Result<(Child, oneshot::Receiver<ExitStatus>)> {
+        let mut waiters = self.lock();
+        let child = command.spawn()?;
+        let (sender, receiver) = oneshot::channel();
+        let pid = i32::try_from(child.id()).expect("pids fit in i32");
+        waiters.insert(pid, sender);
+        Ok((child, receiver))
+    }
+
+    /// One reap pass: collects every exited child without blocking.
+    fn reap(&self) {
+        let mut waiters = self.lock();
+        if self.reap_orphans {
+            loop {
+                let mut status = 0;
+                // SAFETY: waitpid with a valid out-pointer; WNOHANG never blocks.
+                let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+                if pid <= 0 {
+                    break;
+                }
+                if let Some(sender) = waiters.remove(&pid) {
+                    // The spawner may have stopped caring; the status is then moot.
+                    let _ = sender.send(ExitStatus::from_raw(status));
+                }
+            }
+        } else {
+            let pids: Vec<i32> = waiters.keys().copied().collect();
+            for pid in pids {
+                let mut status = 0;
+                // SAFETY: waitpid on our own registered child; WNOHANG never blocks.
+                let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if reaped == pid {
+                    if let Some(sender) = waiters.remove(&pid) {
+                        let _ = sender.send(ExitStatus::from_raw(status));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn statuses_reach_their_spawners() {
+        let reaper = Reaper::start(false).unwrap();
+        let (_ok, ok_status) = reaper.spawn(Command::new("true").arg("")).unwrap();
+        let (_fail, fail_status) = reaper
+            .spawn(Command::new("sh").args(["-c", "exit 3"]))
+            .unwrap();
+        assert_eq!(ok_status.await.unwrap().code(), Some(0));
+        assert_eq!(fail_status.await.unwrap().code(), Some(3));
+    }
+
+    #[tokio::test]
+    async fn failed_exec_is_an_error_not_a_panic() {
+        let reaper = Reaper::start(false).unwrap();
+        let err = reaper
+            .spawn(&mut Command::new("/nonexistent/berth-test-binary"))
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+}
