@@ -19,6 +19,7 @@ use crate::state::EnvdState;
 pub fn router(state: Arc<EnvdState>, processes: &Arc<ProcessService>) -> Router {
     Router::new()
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
+        .merge(crate::files::router())
         .merge(processes.router().with_state(()))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
