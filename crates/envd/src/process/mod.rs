@@ -582,8 +582,8 @@ pub fn request_user(
 
 fn user_error(err: UserError) -> ConnectError {
     let code = match err {
-        UserError::UnknownUser(_) => Code::InvalidArgument,
-        UserError::InvalidAuthorization(_) => Code::Unauthenticated,
+        // E2B's envd: a user that does not exist cannot be authenticated as.
+        UserError::UnknownUser(_) | UserError::InvalidAuthorization(_) => Code::Unauthenticated,
         UserError::Read { .. } => Code::Internal,
     };
     ConnectError::new(code, err.to_string())
