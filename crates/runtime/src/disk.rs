@@ -5,14 +5,22 @@
 //! Formatting is done once per size: `disk-templates/ext4-<MB>M.img` is made with
 //! `mkfs.ext4` on first need (no journal, no reserved blocks, lazy inode tables), and each
 //! sandbox gets a sparse copy of it (only the few hundred KiB of metadata are copied).
+//!
+//! Attaching a loop device and mounting ext4 costs tens of milliseconds on a busy host, so
+//! a background thread keeps a few ready-mounted disks per size already asked for
+//! (`disk-pool/<pid>.<n>/<seq>/`); a create moves one into the sandbox's directory
+//! (`MS_MOVE` plus a rename, both cheap). Pools of dead daemons are removed at start-up.
 
+use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 
 use crate::sys::{check, cpath};
 
@@ -49,17 +57,158 @@ struct LoopConfig {
 }
 
 pub(crate) struct DiskStore {
-    templates_dir: PathBuf,
-    format_lock: Mutex<()>,
+    shared: Arc<Shared>,
+    refill: Option<JoinHandle<()>>,
 }
 
+struct Shared {
+    templates_dir: PathBuf,
+    /// This instance's pool directory.
+    pool_dir: PathBuf,
+    pool_target: usize,
+    format_lock: Mutex<()>,
+    pool: Mutex<Pool>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Pool {
+    /// Ready disks by size in MiB: directories holding `disk.img` and mounted `disk/`.
+    ready: HashMap<u64, Vec<PathBuf>>,
+    /// Sizes sandboxes have asked for, kept stocked.
+    wanted: BTreeSet<u64>,
+    next_entry: u64,
+    stop: bool,
+}
+
+static INSTANCE: AtomicU64 = AtomicU64::new(0);
+
 impl DiskStore {
-    pub(crate) fn new(templates_dir: PathBuf) -> io::Result<Self> {
+    /// `pool_target` ready disks are kept per size in use (0 turns the pool off).
+    pub(crate) fn new(state_dir: &Path, pool_target: usize) -> io::Result<Self> {
+        let templates_dir = state_dir.join("disk-templates");
         fs::create_dir_all(&templates_dir)?;
-        Ok(Self {
+        let pool_root = state_dir.join("disk-pool");
+        fs::create_dir_all(&pool_root)?;
+        remove_dead_pools(&pool_root);
+        let pool_dir = pool_root.join(format!(
+            "{}.{}",
+            std::process::id(),
+            INSTANCE.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&pool_dir)?;
+        let shared = Arc::new(Shared {
             templates_dir,
+            pool_dir,
+            pool_target,
             format_lock: Mutex::new(()),
-        })
+            pool: Mutex::new(Pool::default()),
+            wake: Condvar::new(),
+        });
+        let refill = if pool_target > 0 {
+            let shared = Arc::clone(&shared);
+            Some(
+                std::thread::Builder::new()
+                    .name("berth-disk-pool".into())
+                    .spawn(move || shared.refill_loop())?,
+            )
+        } else {
+            None
+        };
+        Ok(Self { shared, refill })
+    }
+
+    /// Gives the sandbox a disk of `size_mb` at `image`/`mountpoint` whose `upper` and
+    /// `work` directories are owned by `owner` (the sandbox's root on the host): a pooled
+    /// one if ready, else made on the spot.
+    pub(crate) fn create(
+        &self,
+        size_mb: u64,
+        image: &Path,
+        mountpoint: &Path,
+        owner: u32,
+    ) -> io::Result<()> {
+        let pooled = {
+            let mut pool = self.shared.lock_pool();
+            pool.wanted.insert(size_mb);
+            pool.ready.get_mut(&size_mb).and_then(Vec::pop)
+        };
+        self.shared.wake.notify_all();
+        let from_pool = pooled.is_some_and(|entry| match take_entry(&entry, image, mountpoint) {
+            Ok(()) => true,
+            Err(_) => {
+                discard_entry(&entry);
+                false
+            }
+        });
+        if !from_pool {
+            self.shared.make(size_mb, image, mountpoint)?;
+        }
+        for dir in ["upper", "work"] {
+            std::os::unix::fs::chown(mountpoint.join(dir), Some(owner), Some(owner))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DiskStore {
+    fn drop(&mut self) {
+        self.shared.lock_pool().stop = true;
+        self.shared.wake.notify_all();
+        if let Some(refill) = self.refill.take() {
+            let _ = refill.join();
+        }
+        let entries: Vec<PathBuf> = self
+            .shared
+            .lock_pool()
+            .ready
+            .drain()
+            .flat_map(|(_, v)| v)
+            .collect();
+        for entry in entries {
+            discard_entry(&entry);
+        }
+        let _ = fs::remove_dir(&self.shared.pool_dir);
+    }
+}
+
+impl Shared {
+    fn lock_pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn refill_loop(&self) {
+        let mut pool = self.lock_pool();
+        loop {
+            if pool.stop {
+                return;
+            }
+            let short = pool
+                .wanted
+                .iter()
+                .copied()
+                .find(|size| pool.ready.get(size).map_or(0, Vec::len) < self.pool_target);
+            let Some(size) = short else {
+                pool = self.wake.wait(pool).unwrap_or_else(|e| e.into_inner());
+                continue;
+            };
+            let entry = self.pool_dir.join(pool.next_entry.to_string());
+            pool.next_entry += 1;
+            drop(pool);
+            let made = fs::create_dir(&entry)
+                .and_then(|()| self.make(size, &entry.join("disk.img"), &entry.join("disk")));
+            pool = self.lock_pool();
+            match made {
+                Ok(()) if !pool.stop => pool.ready.entry(size).or_default().push(entry),
+                Ok(()) => discard_entry(&entry),
+                Err(e) => {
+                    // Creates still work without the pool; stop stocking this size.
+                    tracing::warn!("disk pool: cannot prepare a {size} MiB disk: {e}");
+                    pool.wanted.remove(&size);
+                    discard_entry(&entry);
+                }
+            }
+        }
     }
 
     /// The pre-formatted image for `size_mb`, formatting it on first need.
@@ -101,26 +250,69 @@ impl DiskStore {
         Ok(image)
     }
 
-    /// Creates `image` (a sparse copy of the template for `size_mb`), attaches it to a
-    /// loop device and mounts it at `mountpoint`, then makes `upper` and `work` in it owned
-    /// by `owner` (the sandbox's root on the host).
-    pub(crate) fn create(
-        &self,
-        size_mb: u64,
-        image: &Path,
-        mountpoint: &Path,
-        owner: u32,
-    ) -> io::Result<()> {
+    /// Makes a fresh disk: a sparse copy of the template image for `size_mb` at `image`,
+    /// on a loop device, mounted at `mountpoint`, with empty `upper` and `work` dirs.
+    fn make(&self, size_mb: u64, image: &Path, mountpoint: &Path) -> io::Result<()> {
         let template = self.template_image(size_mb)?;
         copy_sparse(&template, image)?;
         fs::create_dir_all(mountpoint)?;
         mount_image(image, mountpoint)?;
         for dir in ["upper", "work"] {
-            let path = mountpoint.join(dir);
-            fs::create_dir(&path)?;
-            std::os::unix::fs::chown(&path, Some(owner), Some(owner))?;
+            fs::create_dir(mountpoint.join(dir))?;
         }
         Ok(())
+    }
+}
+
+/// Moves pooled disk `entry` to `image`/`mountpoint`.
+fn take_entry(entry: &Path, image: &Path, mountpoint: &Path) -> io::Result<()> {
+    fs::create_dir_all(mountpoint)?;
+    let source = cpath(&entry.join("disk"))?;
+    let target = cpath(mountpoint)?;
+    // SAFETY: valid NUL-terminated paths; MS_MOVE takes no fstype or data.
+    let ret = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_MOVE,
+            std::ptr::null(),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    fs::rename(entry.join("disk.img"), image)?;
+    let _ = fs::remove_dir(entry.join("disk"));
+    let _ = fs::remove_dir(entry);
+    Ok(())
+}
+
+/// Unmounts and deletes a pooled disk.
+fn discard_entry(entry: &Path) {
+    if unmount(&entry.join("disk")).is_ok() {
+        let _ = fs::remove_dir_all(entry);
+    }
+}
+
+/// Removes the pools of daemons that are gone (`<pid>.<n>` with no such pid).
+fn remove_dead_pools(pool_root: &Path) {
+    let Ok(pools) = fs::read_dir(pool_root) else {
+        return;
+    };
+    for pool in pools.flatten() {
+        let name = pool.file_name().to_string_lossy().into_owned();
+        let pid = name.split('.').next().and_then(|p| p.parse::<u32>().ok());
+        let alive = pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists());
+        if alive {
+            continue;
+        }
+        if let Ok(entries) = fs::read_dir(pool.path()) {
+            for entry in entries.flatten() {
+                discard_entry(&entry.path());
+            }
+        }
+        let _ = fs::remove_dir(pool.path());
     }
 }
 

@@ -6,7 +6,7 @@
 //! only switches to the namespaced root uid and execs this program (`berth-launch init`,
 //! control socket on fd 3). Everything else happens here, single-threaded:
 //!
-//! 1. receive the [`LaunchConfig`] and the idmapped template layer mounts (SCM_RIGHTS);
+//! 1. receive the launch config and the idmapped template layer mounts (SCM_RIGHTS);
 //! 2. mount the overlay root (inside the user namespace, so `userxattr`, and so writes
 //!    through it are charged to namespaced root, which cannot bypass the disk limit);
 //! 3. populate `/proc`, `/sys` (read-only), a minimal `/dev`, `/tmp`, `/run`, and bind the

@@ -5,6 +5,78 @@
 //! on-disk record of what was created, and the template store. It knows nothing of HTTP
 //! or of the E2B API; the server drives it through the [`Runtime`] trait so another
 //! backend (a microVM where real KVM exists) can slot in behind the same seam.
+//!
+//! # The Linux backend ([`LinuxRuntime`])
+//!
+//! **Process model.** The daemon is multi-threaded, so it never does setup work in a
+//! forked copy of itself. `create` clones the sandbox's init with `clone3(CLONE_PIDFD)`
+//! straight into new user, pid, mount, uts, ipc and network namespaces; the child only
+//! waits for a go byte, switches to namespaced root and execs `berth-launch init` (a
+//! binary of this crate, found next to the daemon's executable unless configured). While
+//! the child waits, the daemon writes its uid/gid maps, moves it into its cgroups and
+//! prepares the idmapped template layers. `berth-launch` then does all mount work
+//! single-threaded (see [`launch`]), enters a new cgroup namespace and execs `berth-envd`
+//! as PID 1 and session leader of the sandbox's pid namespace. The init is the daemon's
+//! child (reaped on `kill`); after a daemon restart it belongs to the host's init.
+//!
+//! **User ids: one range per sandbox.** Sandbox slot `n` maps its uids/gids 0–65535 to
+//! host `uid_base + n * 65536` onwards; berth owns the host ids from `uid_base` (default
+//! 2^30 = 1073741824) for `max_sandboxes` (default 10,000) slots, a region no distribution
+//! tool allocates from (it is not in /etc/subuid; change `uid_base` if a host uses it).
+//! A shared range would be simpler and would let all sandboxes share one idmapped layer
+//! mount, but the kernel keeps some per-uid accounting across user namespaces (e.g. pipe
+//! buffer pages per user), so one sandbox could exhaust it for all others, and a process
+//! that ever escaped its mount namespace would own every other sandbox's files. A private
+//! range costs one idmapped mount per layer per create (well under a millisecond).
+//!
+//! **Root filesystem.** Template layers stay owned by host uid 0 as debootstrap made
+//! them; the daemon clones each (`open_tree(OPEN_TREE_CLONE)`) and idmaps it to the
+//! sandbox's range (`mount_setattr(MOUNT_ATTR_IDMAP)`), passes the detached mounts over
+//! SCM_RIGHTS, and the launcher attaches them in its own mount namespace and mounts the
+//! overlay there, with `userxattr`. Mounting inside the user namespace is deliberate: the
+//! overlay then writes its upper layer with namespaced root's credentials, which hold no
+//! host capability (no CAP_SYS_RESOURCE to dig into reserved blocks, no way to change
+//! project ids). Then a fresh `/proc` (kcore, keys, timer_list, sched_debug, … masked;
+//! sys, bus, fs, irq read-only), read-only `/sys` (firmware, powercap masked), a `/dev`
+//! tmpfs with only null, zero, full, random, urandom, tty bound from the host plus a
+//! private devpts, shm and the usual symlinks (userns mounts are nodev, so no other host
+//! device is reachable), tmpfs `/tmp` and `/run` (sized at half the memory limit, charged
+//! to the sandbox's memory cgroup), and the init binary bound read-only at
+//! `/run/berth/<name>`; then `pivot_root` and the old root is detached. The init's stdout
+//! and stderr go to `/run/berth/init.log` inside the sandbox.
+//!
+//! **Disk.** The upper and work dirs live on a per-sandbox ext4 image on a loop device
+//! (see `disk`): a full disk is a real ENOSPC, and host disk use is bounded by
+//! `disk_size_mb`. A background pool keeps a few ready-mounted disks per size.
+//!
+//! **Limits.** cgroup v1 (one group per controller, absolute paths under
+//! `/sys/fs/cgroup/<ctrl>/berth/<id>`) or v2 (`/sys/fs/cgroup/berth/<id>`), detected at
+//! run time: CFS quota = `cpu_count` CPUs, memory limit (the OOM killer acts inside the
+//! group only), a pids limit, freezer for freeze/thaw.
+//!
+//! **Hardening.** A capability bounding set of Docker's defaults minus NET_RAW and MKNOD,
+//! and a seccomp filter refusing everything Docker's default profile refuses and more
+//! (see `seccomp`), installed without NO_NEW_PRIVS so setuid `sudo` still works: root
+//! inside is namespaced root.
+//!
+//! **Network.** Each sandbox has its own network namespace with only loopback, up.
+//! [`Runtime::connect`] makes the TCP connection from a thread that has entered the
+//! sandbox's namespace through the init's pidfd, so no port is exposed anywhere. Egress
+//! will add a veth pair moved into the namespace by pidfd plus per-sandbox NAT and filter
+//! rules on the host side; the launcher needs no change for it.
+//!
+//! **Recovery.** Each sandbox has `<state>/sandboxes/<id>/record.json` (see `record`);
+//! `recover` reattaches sandboxes whose init is still the same process (pid plus start
+//! time) and removes everything of the others, plus cgroups without a record.
+//!
+//! **For checkpointing (CRIU).** The init is PID 1 and session leader of its own pid
+//! namespace and holds no fd from outside its mount namespace (stdio is `/dev/null` and
+//! the log file inside). External mounts a dump must name: the device binds under
+//! `/dev`, the init binary bind, the overlay's lower layers and its upper disk.
+//!
+//! **Known scaling cost.** Sandbox disks are mounted in the host's mount namespace, so
+//! each new sandbox's mount namespace starts as a copy including every other sandbox's
+//! disk mount until `pivot_root` detaches them: O(live sandboxes) work per create.
 
 mod cgroup;
 mod disk;

@@ -46,6 +46,8 @@ pub struct LinuxRuntimeConfig {
     pub cgroup_mount: PathBuf,
     /// Name of berth's parent group under each hierarchy.
     pub cgroup_parent: String,
+    /// Ready-mounted disks kept per disk size in use (0: make each disk on demand).
+    pub disk_pool_size: usize,
 }
 
 impl LinuxRuntimeConfig {
@@ -65,6 +67,7 @@ impl LinuxRuntimeConfig {
             pids_max: 4096,
             cgroup_mount: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: "berth".into(),
+            disk_pool_size: 4,
         }
     }
 }
@@ -113,7 +116,7 @@ impl LinuxRuntime {
         }
         let cgroups = Cgroups::detect(&config.cgroup_mount, &config.cgroup_parent)
             .map_err(io_err("set up cgroups"))?;
-        let disks = DiskStore::new(config.state_dir.join("disk-templates"))
+        let disks = DiskStore::new(&config.state_dir, config.disk_pool_size)
             .map_err(io_err("create disk template dir"))?;
         for (what, path) in [
             ("envd binary", &config.envd_binary),

@@ -8,20 +8,25 @@ use std::path::Path;
 use berth_runtime::Runtime;
 use common::TestRuntime;
 
+/// What the test process and the host hold; must be the same before and after.
 #[derive(Debug, PartialEq, Eq)]
 struct Footprint {
     mounts: usize,
-    cgroups: usize,
     net_namespaces: BTreeSet<String>,
     fds: usize,
     threads: String,
     loop_devices: usize,
-    state_bytes: u64,
     children: usize,
 }
 
 fn count_dir(path: &Path) -> usize {
     std::fs::read_dir(path).map(|d| d.count()).unwrap_or(0)
+}
+
+fn count_subdirs(path: &Path) -> usize {
+    std::fs::read_dir(path)
+        .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+        .unwrap_or(0)
 }
 
 fn dir_bytes(path: &Path) -> u64 {
@@ -41,11 +46,7 @@ fn dir_bytes(path: &Path) -> u64 {
     total
 }
 
-fn footprint(t: &TestRuntime) -> Footprint {
-    let cgroups = ["cpu", "cpuacct", "memory", "pids", "freezer", ""]
-        .iter()
-        .map(|c| count_dir(&Path::new("/sys/fs/cgroup").join(c).join(t.cgroup_parent())))
-        .sum();
+fn footprint() -> Footprint {
     let net_namespaces = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -74,7 +75,6 @@ fn footprint(t: &TestRuntime) -> Footprint {
             .unwrap()
             .lines()
             .count(),
-        cgroups,
         net_namespaces,
         fds: count_dir(Path::new("/proc/self/fd")),
         threads: status
@@ -83,18 +83,14 @@ fn footprint(t: &TestRuntime) -> Footprint {
             .unwrap()
             .to_owned(),
         loop_devices,
-        state_bytes: dir_bytes(&t.state.join("sandboxes")),
         children,
     }
 }
 
 #[test]
 fn five_hundred_create_kill_cycles_leak_nothing() {
+    let before = footprint();
     let t = TestRuntime::new();
-    // Warm up once so lazily made things (the formatted disk image) exist before the count.
-    let warm = t.rt.create(&t.spec("warm")).unwrap();
-    t.rt.kill(&warm.id).unwrap();
-    let before = footprint(&t);
     for i in 0..500 {
         let info = t.rt.create(&t.spec("cycle")).unwrap();
         if i % 50 == 0 {
@@ -102,14 +98,28 @@ fn five_hundred_create_kill_cycles_leak_nothing() {
         }
         t.rt.kill(&info.id).unwrap();
     }
-    // Lazily detached disks and exiting namespaces settle asynchronously; give them time.
-    let mut after = footprint(&t);
+    // Nothing of any sandbox is left while the runtime still runs...
+    let groups: usize = ["cpu", "cpuacct", "memory", "pids", "freezer", ""]
+        .iter()
+        .map(|c| count_subdirs(&Path::new("/sys/fs/cgroup").join(c).join(t.cgroup_parent())))
+        .sum();
+    assert_eq!(groups, 0, "sandbox cgroups left");
+    assert_eq!(
+        count_dir(&t.state.join("sandboxes")),
+        0,
+        "sandbox dirs left"
+    );
+    assert_eq!(dir_bytes(&t.state.join("sandboxes")), 0);
+    // ...and once it is gone (with its pool of ready disks), the process and host are
+    // as before. Lazily detached disks and dying namespaces settle asynchronously.
+    drop(t);
+    let mut after = footprint();
     for _ in 0..100 {
         if after == before {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
-        after = footprint(&t);
+        after = footprint();
     }
     assert_eq!(before, after);
 }
