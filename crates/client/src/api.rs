@@ -160,8 +160,8 @@ fn sandbox_path(sandbox_id: &str, suffix: &str) -> String {
     format!("/sandboxes/{}{suffix}", encode_segment(sandbox_id))
 }
 
-/// Percent-encodes one path segment so an id can never add path components.
-pub(crate) fn encode_segment(segment: &str) -> String {
+/// Percent-encodes one URL path segment so an id can never add path components.
+pub fn encode_segment(segment: &str) -> String {
     let mut encoded = String::with_capacity(segment.len());
     for byte in segment.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {

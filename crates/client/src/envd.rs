@@ -63,7 +63,7 @@ pub struct ExecOutput {
 }
 
 /// Receives a command's output as it arrives.
-pub trait OutputSink {
+pub trait OutputSink: Send {
     fn stdout(&mut self, chunk: &[u8]);
     fn stderr(&mut self, chunk: &[u8]);
 }

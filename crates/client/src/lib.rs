@@ -11,6 +11,6 @@ mod api;
 mod envd;
 mod error;
 
-pub use api::{ApiClient, ApiResponse};
+pub use api::{encode_segment, ApiClient, ApiResponse};
 pub use envd::{EnvdClient, EnvdEndpoint, ExecOutput, ExecRequest, OutputSink};
 pub use error::ClientError;

@@ -1,0 +1,298 @@
+//! Envelope encryption: each record gets a random 256-bit data key (AES-256-GCM); the data
+//! key is itself encrypted ("wrapped") with a versioned key-encryption key (KEK).
+//!
+//! KEKs come from `BERTH_KEK` (`<version>:<base64 32 bytes>` entries separated by commas;
+//! a bare base64 value is version 1) or else from `<state_dir>/mcp/kek` (one
+//! `<version>:<base64>` per line, created with a fresh version 1 on first use, mode 0600).
+//! The highest version encrypts; older versions only decrypt until rotation re-encrypts
+//! every record under the newest one.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use aes_gcm::aead::{Aead, Payload};
+use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
+use base64::Engine;
+use rand::RngCore;
+
+use crate::error::McpError;
+
+pub const KEK_ENV: &str = "BERTH_KEK";
+const KEY_LEN: usize = 32;
+const NONCE_LEN: usize = 12;
+
+/// One encrypted record as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedRecord {
+    pub kek_version: u32,
+    /// nonce || AES-GCM(KEK, data key)
+    pub wrapped_key: Vec<u8>,
+    /// nonce || AES-GCM(data key, plaintext)
+    pub ciphertext: Vec<u8>,
+}
+
+/// Where the KEKs came from; only a key file can grow a new version by itself.
+#[derive(Debug, Clone)]
+enum KekSource {
+    Env,
+    File(PathBuf),
+}
+
+pub struct Vault {
+    keks: BTreeMap<u32, [u8; KEY_LEN]>,
+    source: KekSource,
+}
+
+impl std::fmt::Debug for Vault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vault")
+            .field("versions", &self.keks.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Vault {
+    /// Loads KEKs from `BERTH_KEK` if set, else from (or creating) `key_file`.
+    pub fn load(key_file: &Path) -> Result<Self, McpError> {
+        match std::env::var(KEK_ENV) {
+            Ok(value) if !value.trim().is_empty() => Ok(Self {
+                keks: parse_keks(&value, ',')?,
+                source: KekSource::Env,
+            }),
+            _ => Self::load_file(key_file),
+        }
+    }
+
+    /// Loads KEKs from `key_file` only, creating it with a random version 1 if missing.
+    pub fn load_file(key_file: &Path) -> Result<Self, McpError> {
+        if !key_file.exists() {
+            write_key_file(key_file, &BTreeMap::from([(1, random_key())]))?;
+        }
+        let text = std::fs::read_to_string(key_file)
+            .map_err(|error| McpError::io("reading the key-encryption key file", error))?;
+        Ok(Self {
+            keks: parse_keks(&text, '\n')?,
+            source: KekSource::File(key_file.to_owned()),
+        })
+    }
+
+    /// From explicit keys.
+    #[cfg(test)]
+    pub fn from_keys(keks: BTreeMap<u32, [u8; KEY_LEN]>) -> Result<Self, McpError> {
+        if keks.is_empty() {
+            return Err(McpError::Vault("no key-encryption key".into()));
+        }
+        Ok(Self {
+            keks,
+            source: KekSource::Env,
+        })
+    }
+
+    pub fn current_version(&self) -> u32 {
+        *self.keks.keys().next_back().expect("a vault always holds a key")
+    }
+
+    /// Adds a new random KEK version to the key file and makes it current. With keys from
+    /// `BERTH_KEK` the operator adds the version to the variable instead.
+    pub fn add_version(&mut self) -> Result<u32, McpError> {
+        let KekSource::File(path) = &self.source else {
+            return Err(McpError::Vault(format!(
+                "keys come from {KEK_ENV}: add a new `<version>:<key>` entry there and rotate again"
+            )));
+        };
+        let version = self.current_version() + 1;
+        let mut keks = self.keks.clone();
+        keks.insert(version, random_key());
+        write_key_file(path, &keks)?;
+        self.keks = keks;
+        Ok(version)
+    }
+
+    /// Encrypts `plaintext` under a fresh data key; `context` (e.g. the record's table and
+    /// id) is bound as associated data so a record cannot be moved to another row.
+    pub fn seal(&self, context: &str, plaintext: &[u8]) -> Result<SealedRecord, McpError> {
+        let version = self.current_version();
+        let data_key = random_key();
+        let wrapped_key = encrypt(&self.keks[&version], &data_key, context.as_bytes())?;
+        let ciphertext = encrypt(&data_key, plaintext, context.as_bytes())?;
+        Ok(SealedRecord {
+            kek_version: version,
+            wrapped_key,
+            ciphertext,
+        })
+    }
+
+    pub fn open(&self, context: &str, record: &SealedRecord) -> Result<Vec<u8>, McpError> {
+        let kek = self.keks.get(&record.kek_version).ok_or_else(|| {
+            McpError::Vault(format!(
+                "key-encryption key version {} is not loaded",
+                record.kek_version
+            ))
+        })?;
+        let data_key = decrypt(kek, &record.wrapped_key, context.as_bytes())?;
+        let data_key: [u8; KEY_LEN] = data_key
+            .try_into()
+            .map_err(|_| McpError::Vault("wrapped data key has the wrong length".into()))?;
+        decrypt(&data_key, &record.ciphertext, context.as_bytes())
+    }
+}
+
+fn random_key() -> [u8; KEY_LEN] {
+    let mut key = [0u8; KEY_LEN];
+    rand::rng().fill_bytes(&mut key);
+    key
+}
+
+fn encrypt(key: &[u8; KEY_LEN], plaintext: &[u8], aad: &[u8]) -> Result<Vec<u8>, McpError> {
+    let cipher = Aes256Gcm::new(key.into());
+    let mut nonce = [0u8; NONCE_LEN];
+    rand::rng().fill_bytes(&mut nonce);
+    let sealed = cipher
+        .encrypt(
+            Nonce::from_slice(&nonce),
+            Payload {
+                msg: plaintext,
+                aad,
+            },
+        )
+        .map_err(|_| McpError::Vault("encryption failed".into()))?;
+    let mut output = nonce.to_vec();
+    output.extend(sealed);
+    Ok(output)
+}
+
+fn decrypt(key: &[u8; KEY_LEN], sealed: &[u8], aad: &[u8]) -> Result<Vec<u8>, McpError> {
+    if sealed.len() < NONCE_LEN {
+        return Err(McpError::Vault("sealed value too short".into()));
+    }
+    let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
+    Aes256Gcm::new(key.into())
+        .decrypt(
+            Nonce::from_slice(nonce),
+            Payload {
+                msg: ciphertext,
+                aad,
+            },
+        )
+        .map_err(|_| McpError::Vault("decryption failed (wrong key or tampered record)".into()))
+}
+
+fn parse_keks(text: &str, separator: char) -> Result<BTreeMap<u32, [u8; KEY_LEN]>, McpError> {
+    let mut keks = BTreeMap::new();
+    for entry in text.split(separator).map(str::trim).filter(|e| !e.is_empty()) {
+        let (version, encoded) = match entry.split_once(':') {
+            Some((version, encoded)) => (
+                version
+                    .trim()
+                    .trim_start_matches('v')
+                    .parse::<u32>()
+                    .map_err(|_| McpError::Vault("bad key-encryption key version".into()))?,
+                encoded.trim(),
+            ),
+            None => (1, entry),
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map_err(|_| McpError::Vault("key-encryption key is not base64".into()))?;
+        let key: [u8; KEY_LEN] = bytes
+            .try_into()
+            .map_err(|_| McpError::Vault("key-encryption key must be 32 bytes".into()))?;
+        keks.insert(version, key);
+    }
+    if keks.is_empty() {
+        return Err(McpError::Vault("no key-encryption key found".into()));
+    }
+    Ok(keks)
+}
+
+fn write_key_file(path: &Path, keks: &BTreeMap<u32, [u8; KEY_LEN]>) -> Result<(), McpError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|error| McpError::io("creating the key directory", error))?;
+    }
+    let text: String = keks
+        .iter()
+        .map(|(version, key)| {
+            format!(
+                "{version}:{}\n",
+                base64::engine::general_purpose::STANDARD.encode(key)
+            )
+        })
+        .collect();
+    // Write a sibling file and rename, so a crash never leaves a half-written key file.
+    let temporary = path.with_extension("tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .map_err(|error| McpError::io("writing the key file", error))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|error| McpError::io("writing the key file", error))?;
+    std::fs::rename(&temporary, path).map_err(|error| McpError::io("writing the key file", error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seal_open_round_trip_and_fresh_data_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let vault = Vault::load_file(&dir.path().join("kek")).unwrap();
+        let first = vault.seal("connection/alice", b"e2b_0123").unwrap();
+        let second = vault.seal("connection/alice", b"e2b_0123").unwrap();
+        assert_ne!(first.wrapped_key, second.wrapped_key);
+        assert_ne!(first.ciphertext, second.ciphertext);
+        assert!(!first
+            .ciphertext
+            .windows(8)
+            .any(|window| window == b"e2b_0123"));
+        assert_eq!(vault.open("connection/alice", &first).unwrap(), b"e2b_0123");
+    }
+
+    #[test]
+    fn context_binds_record_to_its_row() {
+        let vault = Vault::from_keys(BTreeMap::from([(1, [7u8; 32])])).unwrap();
+        let sealed = vault.seal("connection/alice", b"secret").unwrap();
+        assert!(vault.open("connection/bob", &sealed).is_err());
+    }
+
+    #[test]
+    fn tampering_is_detected() {
+        let vault = Vault::from_keys(BTreeMap::from([(1, [7u8; 32])])).unwrap();
+        let mut sealed = vault.seal("x", b"secret").unwrap();
+        let last = sealed.ciphertext.len() - 1;
+        sealed.ciphertext[last] ^= 1;
+        assert!(vault.open("x", &sealed).is_err());
+    }
+
+    #[test]
+    fn new_version_encrypts_and_old_records_still_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("kek");
+        let mut vault = Vault::load_file(&key_file).unwrap();
+        let old = vault.seal("r", b"value").unwrap();
+        assert_eq!(old.kek_version, 1);
+        assert_eq!(vault.add_version().unwrap(), 2);
+        let new = vault.seal("r", b"value").unwrap();
+        assert_eq!(new.kek_version, 2);
+        let reloaded = Vault::load_file(&key_file).unwrap();
+        assert_eq!(reloaded.current_version(), 2);
+        assert_eq!(reloaded.open("r", &old).unwrap(), b"value");
+        assert_eq!(reloaded.open("r", &new).unwrap(), b"value");
+    }
+
+    #[test]
+    fn env_style_key_list_parses_versions() {
+        let key = base64::engine::general_purpose::STANDARD.encode([1u8; 32]);
+        let keks = parse_keks(&format!("1:{key}, v3:{key}"), ',').unwrap();
+        assert_eq!(keks.keys().copied().collect::<Vec<_>>(), vec![1, 3]);
+        assert_eq!(parse_keks(&key, ',').unwrap().keys().next(), Some(&1));
+        assert!(parse_keks("1:c2hvcnQ=", ',').is_err());
+    }
+}

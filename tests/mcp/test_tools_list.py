@@ -1,0 +1,116 @@
+"""tools/list over stdio matches the seed documents, table-driven from the seed files.
+
+Checks for every tool set: the tool names; for each tool its description (connector: the
+long description; session: the document's sentence), title, parameter names, JSON types,
+required flags, parameter descriptions, enums and defaults; connector annotations from the
+labels. In `all`, the two shared names carry the superset of both documents' parameters.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import seeds
+from conftest import stdio_session
+
+SHARED = {"e2b_create_sandbox", "e2b_list_sandboxes"}
+
+
+def list_tools(state_dir, toolset):
+    async def run():
+        async with stdio_session(state_dir, "--toolset", toolset) as session:
+            result = await session.list_tools()
+            return {tool.name: tool for tool in result.tools}
+
+    return anyio.run(run)
+
+
+def check_params(tool, seed_tool, *, exact_required=True):
+    schema = tool.input_schema
+    properties = schema.get("properties", {})
+    required = set(schema.get("required", []))
+    for param in seed_tool.params:
+        assert param.name in properties, f"{tool.name}: missing {param.name}"
+        prop = properties[param.name]
+        assert prop["type"] == param.type, (tool.name, param.name)
+        assert prop["description"] == param.description, (tool.name, param.name)
+        if param.enum:
+            assert prop["enum"] == param.enum, (tool.name, param.name)
+        if param.default is not None:
+            assert prop["default"] == param.default, (tool.name, param.name)
+        else:
+            assert "default" not in prop, (tool.name, param.name)
+        if exact_required:
+            assert (param.name in required) == param.required, (tool.name, param.name)
+        if param.type == "array":
+            assert "items" in prop, (tool.name, param.name)
+
+
+def check_annotations(tool, seed_tool):
+    annotations = tool.annotations
+    assert annotations is not None, tool.name
+    if seed_tool.label == "Read-only":
+        assert annotations.read_only_hint is True
+    elif seed_tool.label == "Write":
+        assert annotations.read_only_hint is False
+        assert annotations.destructive_hint is False
+    else:
+        assert annotations.destructive_hint is True
+    if seed_tool.idempotent:
+        assert annotations.idempotent_hint is True
+    else:
+        assert annotations.idempotent_hint is not True
+
+
+def test_session_toolset(state_dir):
+    tools = list_tools(state_dir, "session")
+    seed = seeds.session_tools()
+    assert sorted(tools) == sorted(t.name for t in seed)
+    for seed_tool in seed:
+        tool = tools[seed_tool.name]
+        assert tool.description == seed_tool.description
+        check_params(tool, seed_tool)
+        assert set(tool.input_schema["properties"]) == {p.name for p in seed_tool.params}
+
+
+@pytest.mark.parametrize("seed_tool", seeds.connector_tools(), ids=lambda t: t.name)
+def test_connector_tool(seed_tool, connector_tools):
+    tool = connector_tools[seed_tool.name]
+    assert tool.description == seed_tool.description
+    assert tool.title == seed_tool.title
+    check_params(tool, seed_tool)
+    assert set(tool.input_schema["properties"]) == {p.name for p in seed_tool.params}
+    check_annotations(tool, seed_tool)
+
+
+@pytest.fixture(scope="module")
+def connector_tools(tmp_path_factory):
+    return list_tools(tmp_path_factory.mktemp("connector"), "connector")
+
+
+def test_connector_toolset_names(connector_tools):
+    seed = seeds.connector_tools()
+    assert len(seed) == 38
+    assert sorted(connector_tools) == sorted(t.name for t in seed)
+
+
+def test_all_toolset(state_dir):
+    tools = list_tools(state_dir, "all")
+    session = {t.name: t for t in seeds.session_tools()}
+    connector = {t.name: t for t in seeds.connector_tools()}
+    assert sorted(tools) == sorted(set(session) | set(connector))
+    for name, tool in tools.items():
+        if name in SHARED:
+            check_params(tool, session[name], exact_required=False)
+            check_params(tool, connector[name], exact_required=False)
+            assert not tool.input_schema.get("required")
+            assert tool.description.startswith(connector[name].description)
+            check_annotations(tool, connector[name])
+        elif name in connector:
+            check_params(tool, connector[name])
+            check_annotations(tool, connector[name])
+            assert tool.description == connector[name].description
+        else:
+            check_params(tool, session[name])
+            assert tool.description == session[name].description
