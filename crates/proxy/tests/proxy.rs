@@ -68,7 +68,7 @@ async fn upload_is_streamed_in_lock_step() {
     let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::POST, "/upload")
         .body(body)
         .unwrap();
-    let response = tokio::spawn(client.send_request(request));
+    let response = tokio::spawn(async move { client.send_request(request).await });
 
     let chunk = Bytes::from(vec![7u8; CHUNK]);
     for sent_chunks in 1..=CHUNKS {

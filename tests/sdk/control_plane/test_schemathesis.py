@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import Berth, _issued_keys, kill_all_sandboxes
+from conftest import REPO_ROOT, Berth, _issued_keys, kill_all_sandboxes
 
 # Where berth may serve its document; the first that answers with an OpenAPI object wins.
 SCHEMA_PATHS = ["/openapi.json", "/openapi.yaml", "/openapi.yml", "/docs/openapi.json", "/api/openapi.json"]
@@ -30,13 +30,18 @@ def served_schema_url(berth: Berth) -> str:
 
 
 def schemathesis_binary() -> str:
-    beside_python = Path(sys.executable).parent / "schemathesis"
-    if beside_python.exists():
-        return str(beside_python)
-    found = shutil.which("schemathesis")
-    if found is None:
-        pytest.fail("schemathesis is not installed (tests/sdk/requirements.txt pins it)")
-    return found
+    """$BERTH_SCHEMATHESIS, else <repo>/.venv-schemathesis (see requirements-schemathesis.txt),
+    else one beside this Python, else on PATH."""
+    candidates = [
+        os.environ.get("BERTH_SCHEMATHESIS", ""),
+        str(REPO_ROOT / ".venv-schemathesis" / "bin" / "schemathesis"),
+        str(Path(sys.executable).parent / "schemathesis"),
+        shutil.which("schemathesis") or "",
+    ]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("schemathesis is not installed: see tests/sdk/control_plane/requirements-schemathesis.txt")
 
 
 def test_no_server_errors_on_generated_requests(berth: Berth) -> None:

@@ -268,12 +268,26 @@ async fn internal(State(state): State<Arc<UpstreamState>>) -> &'static str {
     "internal route reached"
 }
 
+type TestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, berth_proxy::BoxError>;
+
 /// An HTTP/1.1 client connection to the front server.
-pub async fn http1_client(
-    front: SocketAddr,
-) -> hyper::client::conn::http1::SendRequest<
-    http_body_util::combinators::UnsyncBoxBody<Bytes, berth_proxy::BoxError>,
-> {
+pub struct Http1Client {
+    sender: hyper::client::conn::http1::SendRequest<TestBody>,
+}
+
+impl Http1Client {
+    /// Sends once the connection can take a request (the previous response may
+    /// still be finishing inside hyper even after its body was read).
+    pub async fn send_request(
+        &mut self,
+        request: http::Request<TestBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper::Error> {
+        self.sender.ready().await?;
+        self.sender.send_request(request).await
+    }
+}
+
+pub async fn http1_client(front: SocketAddr) -> Http1Client {
     let stream = TcpStream::connect(front).await.unwrap();
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -281,7 +295,7 @@ pub async fn http1_client(
     tokio::spawn(async move {
         let _ = connection.await;
     });
-    sender
+    Http1Client { sender }
 }
 
 /// A request body from a fixed byte string.
