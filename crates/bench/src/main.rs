@@ -210,10 +210,10 @@ fn print_report(args: &RuntimeArgs, rows: &[Row], density: Option<&sandboxes::De
         "Samples per cell: {}; latencies in ms; each cell is p50 / p99.\n",
         args.samples
     );
-    let mut header = String::from("| system | timed | ");
+    let mut header = String::from("| system | timed |");
     let mut rule = String::from("|---|---|");
     for c in &args.concurrency {
-        header.push_str(&format!("c={c} p50 / p99 | "));
+        header.push_str(&format!(" c={c} p50 / p99 |"));
         rule.push_str("---|");
     }
     println!("{}\n{rule}", header.trim_end());
@@ -245,7 +245,7 @@ fn print_report(args: &RuntimeArgs, rows: &[Row], density: Option<&sandboxes::De
         println!("\nRatios, berth create→/health ÷ peer (p50 / p99 at each concurrency):\n");
         println!(
             "{header}\n{rule}",
-            header = header.replace("| timed ", ""),
+            header = header.replace("| timed ", "").trim_end(),
             rule = rule.replacen("---|", "", 1)
         );
         for peer in rows.iter().filter(|r| !r.name.starts_with("berth")) {
@@ -268,7 +268,7 @@ fn print_report(args: &RuntimeArgs, rows: &[Row], density: Option<&sandboxes::De
     }
 
     if let Some(d) = density {
-        let per = |bytes: u64| {
+        let per = |bytes: i64| {
             if d.created == 0 {
                 "—".to_string()
             } else {
@@ -283,21 +283,15 @@ fn print_report(args: &RuntimeArgs, rows: &[Row], density: Option<&sandboxes::De
             d.created, d.stopped_by
         );
         println!(
-            "- host MemAvailable drop per sandbox: {}",
-            per(d.mem_available_delta)
+            "- host MemAvailable per sandbox: {} drop while creating, {} back after killing",
+            per(d.mem_drop_on_create),
+            per(d.mem_rise_on_kill)
         );
         println!(
-            "- cgroup memory (usage) per sandbox: {}",
-            per(d.cgroup_memory)
+            "- sandbox memory cgroups (usage) per sandbox: {}",
+            per(d.cgroup_memory as i64)
         );
-        println!(
-            "- kernel slab change per sandbox: {:.2} MiB",
-            if d.created == 0 {
-                0.0
-            } else {
-                d.slab_delta as f64 / d.created as f64 / (1 << 20) as f64
-            }
-        );
+        println!("- kernel slab growth per sandbox: {}", per(d.slab_growth));
         println!("- killing all of them: {:.2} s", d.kill_all.as_secs_f64());
     }
 }
@@ -345,9 +339,12 @@ fn host_summary() -> String {
                 .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
         })
         .unwrap_or(0);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
     format!(
-        "kernel {}, {cpus} CPUs, {:.0} GiB RAM",
+        "kernel {}, {cpus} CPUs, {:.0} GiB RAM, load average at start {}",
         kernel.trim(),
-        mem_kib as f64 / (1 << 20) as f64
+        mem_kib as f64 / (1 << 20) as f64,
+        load.join(" ")
     )
 }

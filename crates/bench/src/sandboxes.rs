@@ -16,6 +16,9 @@ const HEALTH_DEADLINE: Duration = Duration::from_secs(30);
 /// Pause between connection attempts while envd is starting.
 const HEALTH_RETRY: Duration = Duration::from_micros(250);
 
+/// cgroup parent of the bench's sandboxes (a berth server uses "berth").
+const CGROUP_PARENT: &str = "berth-bench";
+
 /// Sizes of a benchmark sandbox (E2B's defaults for the base template).
 const CPU_COUNT: u32 = 2;
 const MEMORY_MB: u64 = 512;
@@ -27,7 +30,28 @@ pub struct SandboxBench {
     runtime: LinuxRuntime,
     layers: Vec<PathBuf>,
     live: Mutex<Vec<String>>,
+    /// Declared after `runtime`: fields drop in order, and the runtime must be gone
+    /// (its pool of ready disks unmounted) before the state dir can be removed.
+    _state: StateCleanup,
+}
+
+/// Removes the bench's state dir and cgroup parents once the runtime is dropped.
+struct StateCleanup {
     state_dir: PathBuf,
+}
+
+impl Drop for StateCleanup {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.state_dir) {
+            eprintln!("cleanup: remove {}: {e}", self.state_dir.display());
+        }
+        // The runtime made a parent group under each controller; it is empty now.
+        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+            for controller in controllers.flatten() {
+                let _ = std::fs::remove_dir(controller.path().join(CGROUP_PARENT));
+            }
+        }
+    }
 }
 
 /// One sandbox's start: create returned, then envd answered.
@@ -42,9 +66,15 @@ pub struct StartTimes {
 pub struct Density {
     pub created: usize,
     pub stopped_by: String,
-    pub mem_available_delta: u64,
+    /// MemAvailable before creating minus MemAvailable with all of them up (bytes).
+    pub mem_drop_on_create: i64,
+    /// MemAvailable after killing them all minus MemAvailable with all of them up: the
+    /// same cost seen from the other side, a check against noise from other processes.
+    pub mem_rise_on_kill: i64,
+    /// Sum of the sandboxes' memory cgroup usage (bytes).
     pub cgroup_memory: u64,
-    pub slab_delta: i64,
+    /// Kernel slab with all of them up minus before (bytes).
+    pub slab_growth: i64,
     pub kill_all: Duration,
 }
 
@@ -58,7 +88,7 @@ impl SandboxBench {
     ) -> anyhow::Result<SandboxBench> {
         let mut config = LinuxRuntimeConfig::new(state_dir, envd);
         config.launcher_binary = launcher.to_path_buf();
-        config.cgroup_parent = "berth-bench".into();
+        config.cgroup_parent = CGROUP_PARENT.into();
         // A uid range of its own, away from a berth server's default one.
         config.uid_base = 3 << 29;
         config.max_sandboxes = max_sandboxes;
@@ -74,7 +104,9 @@ impl SandboxBench {
             runtime,
             layers,
             live: Mutex::new(Vec::new()),
-            state_dir: state_dir.to_path_buf(),
+            _state: StateCleanup {
+                state_dir: state_dir.to_path_buf(),
+            },
         })
     }
 
@@ -180,13 +212,17 @@ impl SandboxBench {
         for id in &ids {
             self.kill(id)?;
         }
+        let kill_all = kill_started.elapsed();
+        settle();
+        let released = MemInfo::read()?;
         Ok(Density {
             created: ids.len(),
             stopped_by,
-            mem_available_delta: before.available.saturating_sub(after.available),
+            mem_drop_on_create: before.available as i64 - after.available as i64,
+            mem_rise_on_kill: released.available as i64 - after.available as i64,
             cgroup_memory,
-            slab_delta: after.slab as i64 - before.slab as i64,
-            kill_all: kill_started.elapsed(),
+            slab_growth: after.slab as i64 - before.slab as i64,
+            kill_all,
         })
     }
 }
@@ -197,15 +233,6 @@ impl Drop for SandboxBench {
         for id in live {
             if let Err(e) = self.runtime.kill(&id) {
                 eprintln!("cleanup: kill {id}: {e}");
-            }
-        }
-        if let Err(e) = std::fs::remove_dir_all(&self.state_dir) {
-            eprintln!("cleanup: remove {}: {e}", self.state_dir.display());
-        }
-        // The runtime made a parent group under each controller; it is empty now.
-        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
-            for controller in controllers.flatten() {
-                let _ = std::fs::remove_dir(controller.path().join("berth-bench"));
             }
         }
     }
