@@ -170,12 +170,24 @@ pub struct SandboxDetail {
     pub state: SandboxState,
 }
 
-/// Body of `POST /sandboxes/{id}/connect` and `/v2/sandboxes/{id}/connect`.
+/// Body of `POST /sandboxes/{id}/connect`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ConnectSandbox {
     /// Seconds from now after which the sandbox expires; connect only extends.
     #[schema(minimum = 0, maximum = 2147483647)]
     pub timeout: i64,
+}
+
+/// Body of `POST /v2/sandboxes/{id}/connect` (what SDK 2.63 sends).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ConnectSandboxV2 {
+    /// Seconds from now after which the sandbox expires (default 300); only extends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 2147483647)]
+    pub timeout: Option<i64>,
+    /// Resume with memory (only meaningful for paused sandboxes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
 }
 
 /// Body of `POST /sandboxes/{id}/timeout`.

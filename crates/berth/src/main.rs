@@ -1,1 +1,328 @@
-fn main() {}
+//! berth: the one binary.
+//!
+//! `berth up` runs the E2B-compatible API, the sandbox proxy and the Linux runtime on
+//! one listener, with state under a state directory; `berth keys …` manages API keys in
+//! the same state directory, also while `berth up` runs. This crate only wires the
+//! library crates together and renders output; the behaviour lives in them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use berth_runtime::{LinuxRuntime, LinuxRuntimeConfig};
+use berth_server::{Server, ServerConfig};
+use berth_store::Store;
+use berth_template::{BuildProgress, TemplateStore};
+use clap::{Args, Parser, Subcommand};
+
+/// Name of the team and key made on first run.
+const DEFAULT_TEAM: &str = "default";
+/// How long `berth up` waits for open connections after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Parser)]
+#[command(
+    name = "berth",
+    version,
+    about = "Self-hosted, E2B-compatible sandboxes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct StateDirArg {
+    /// Where berth keeps its database, templates and sandboxes.
+    #[arg(long, env = "BERTH_STATE_DIR", default_value = "/var/lib/berth")]
+    state_dir: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the API, the sandbox proxy and the runtime on one machine.
+    Up(UpArgs),
+    /// Manage API keys.
+    Keys {
+        #[command(flatten)]
+        state: StateDirArg,
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Args)]
+struct UpArgs {
+    #[command(flatten)]
+    state: StateDirArg,
+    /// Address of the one listener serving both the API and the sandbox proxy.
+    #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// Domain of `<port>-<sandboxId>.<domain>` sandbox hosts (needs wildcard DNS).
+    #[arg(long, env = "BERTH_DOMAIN")]
+    domain: Option<String>,
+    /// The berth-envd binary run as every sandbox's init (default: next to this binary).
+    #[arg(long, env = "BERTH_ENVD_BINARY")]
+    envd_binary: Option<PathBuf>,
+    /// Do not build the `base` template at start (it must then already exist or
+    /// sandboxes must use other installed templates).
+    #[arg(long, env = "BERTH_SKIP_BASE")]
+    skip_base: bool,
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create an API key; the key is printed once, as the last line.
+    Create {
+        /// Team of the key; created if it does not exist (default: the default team).
+        #[arg(long)]
+        team: Option<String>,
+        /// Name of the key.
+        #[arg(long, default_value = "cli")]
+        name: String,
+    },
+    /// List API keys (masked) of every team.
+    List,
+    /// Delete an API key by id.
+    Revoke {
+        /// Key id, as shown by `berth keys list`.
+        id: String,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Up(args) => up(args),
+        Command::Keys { state, command } => keys(&state.state_dir, command),
+    }
+}
+
+fn open_store(state_dir: &Path) -> Result<Store> {
+    Store::open(state_dir).with_context(|| format!("opening state in {}", state_dir.display()))
+}
+
+/// The default team, created on first use. Returns the team and, when the team was
+/// just created, its first key (raw, to be shown once).
+fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, Option<String>)> {
+    if let Some(team) = store.default_team()? {
+        return Ok((team, None));
+    }
+    let team = match store.create_team(DEFAULT_TEAM) {
+        Ok(team) => team,
+        // Another berth process made it between our check and our insert.
+        Err(berth_store::StoreError::Conflict(_)) => store
+            .team_by_name(DEFAULT_TEAM)?
+            .context("default team vanished")?,
+        Err(err) => return Err(err.into()),
+    };
+    let (_, raw) = store.create_api_key(&team.id, "default")?;
+    Ok((team, Some(raw)))
+}
+
+fn keys(state_dir: &Path, command: KeysCommand) -> Result<()> {
+    let store = open_store(state_dir)?;
+    match command {
+        KeysCommand::Create { team, name } => {
+            let team = match team {
+                None => ensure_default_team(&store)?.0,
+                Some(team_name) => match store.team_by_name(&team_name)? {
+                    Some(team) => team,
+                    None => match store.create_team(&team_name) {
+                        Ok(team) => {
+                            eprintln!("created team {team_name} ({})", team.id);
+                            team
+                        }
+                        Err(berth_store::StoreError::Conflict(_)) => {
+                            store.team_by_name(&team_name)?.context("team vanished")?
+                        }
+                        Err(err) => return Err(err.into()),
+                    },
+                },
+            };
+            let (record, raw) = store.create_api_key(&team.id, &name)?;
+            eprintln!("created key {} for team {}", record.id, team.name);
+            println!("{raw}");
+        }
+        KeysCommand::List => {
+            println!(
+                "{:<36}  {:<16}  {:<16}  {:<14}  CREATED",
+                "ID", "TEAM", "NAME", "KEY"
+            );
+            for (team, key) in store.list_all_api_keys()? {
+                let created = key
+                    .created_at
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap_or_default();
+                println!(
+                    "{:<36}  {:<16}  {:<16}  {:<14}  {created}",
+                    key.id,
+                    team,
+                    key.name,
+                    key.mask.display()
+                );
+            }
+        }
+        KeysCommand::Revoke { id } => match store.revoke_api_key(&id) {
+            Ok(()) => println!("revoked {id}"),
+            Err(berth_store::StoreError::NotFound(_)) => bail!("no API key with id {id}"),
+            Err(err) => return Err(err.into()),
+        },
+    }
+    Ok(())
+}
+
+/// Build (or find) the `base` template, rendering progress on stderr.
+fn provision_base(templates: &TemplateStore) -> Result<()> {
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} template base: {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    spinner.set_message("checking");
+    let result = templates.ensure_base(|event| match event {
+        BuildProgress::WaitingForBuilder { .. } => {
+            spinner.set_message("waiting for another berth process building it")
+        }
+        BuildProgress::Stage { name, detail } => spinner.set_message(format!("{name}: {detail}")),
+        BuildProgress::Output { line } => spinner.set_message(line.trim().to_string()),
+        BuildProgress::PackageRetrieved { count, name } => {
+            spinner.set_message(format!("retrieved {count} packages ({name})"))
+        }
+        BuildProgress::LayerReady {
+            elapsed,
+            size_bytes,
+            ..
+        } => spinner.println(format!(
+            "template base: layer built in {:.1}s, {} MiB",
+            elapsed.as_secs_f64(),
+            size_bytes / (1024 * 1024)
+        )),
+    });
+    match result {
+        Ok(_) => {
+            spinner.finish_with_message("ready");
+            Ok(())
+        }
+        Err(err) => {
+            spinner.abandon_with_message("failed");
+            Err(err).context("provisioning the base template")
+        }
+    }
+}
+
+fn default_envd_binary() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("berth-envd")))
+        .unwrap_or_else(|| PathBuf::from("berth-envd"))
+}
+
+/// The URL clients use for `listen` (a wildcard address is reached over loopback).
+fn client_url(listen: SocketAddr) -> String {
+    let host = match listen.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
+        ip if ip.is_unspecified() => "[::1]".to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    format!("http://{host}:{}", listen.port())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(stream) => stream,
+        Err(err) => {
+            tracing::error!(%err, "cannot listen for SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+fn up(args: UpArgs) -> Result<()> {
+    let state_dir = args.state.state_dir.clone();
+    let store = Arc::new(open_store(&state_dir)?);
+    let (_, first_key) = ensure_default_team(&store)?;
+    let templates = TemplateStore::open(&state_dir).context("opening the template store")?;
+    if !args.skip_base {
+        provision_base(&templates)?;
+    }
+    let envd_binary = args.envd_binary.unwrap_or_else(default_envd_binary);
+    let runtime = LinuxRuntime::new(LinuxRuntimeConfig::new(&state_dir, &envd_binary))
+        .context("starting the runtime")?;
+
+    let tokio = tokio::runtime::Runtime::new().context("starting tokio")?;
+    tokio.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        let config = ServerConfig {
+            domain: args.domain.clone(),
+            ..Default::default()
+        };
+        let server = Server::start(store, Arc::new(runtime), templates, config)
+            .await
+            .context("starting the control plane")?;
+        let url = client_url(listener.local_addr()?);
+        println!("E2B_API_URL={url}");
+        println!("E2B_SANDBOX_URL={url}");
+        match first_key {
+            Some(key) => println!("E2B_API_KEY={key}"),
+            None => println!(
+                "# E2B_API_KEY was printed on first run; make another with: berth keys create --state-dir {}",
+                state_dir.display()
+            ),
+        }
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.serve(listener, async move {
+            let _ = stop_rx.await;
+        }));
+        shutdown_signal().await;
+        eprintln!("shutting down");
+        let _ = stop_tx.send(());
+        // Long-lived proxied streams must not hold the shutdown forever.
+        match tokio::time::timeout(SHUTDOWN_GRACE, serving).await {
+            Ok(Ok(result)) => result.context("serving")?,
+            Ok(Err(join)) => bail!("server task failed: {join}"),
+            Err(_) => eprintln!("closing connections still open after {SHUTDOWN_GRACE:?}"),
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_listen_addresses_are_reached_over_loopback() {
+        assert_eq!(
+            client_url("0.0.0.0:3000".parse().unwrap()),
+            "http://127.0.0.1:3000"
+        );
+        assert_eq!(
+            client_url("127.0.0.1:80".parse().unwrap()),
+            "http://127.0.0.1:80"
+        );
+        assert_eq!(
+            client_url("[::]:3000".parse().unwrap()),
+            "http://[::1]:3000"
+        );
+    }
+}

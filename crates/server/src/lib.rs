@@ -1,1 +1,194 @@
-//! berth-server
+//! berth-server: the control plane.
+//!
+//! Owns the E2B REST API (handlers, API-key auth, team scoping), the sandbox lifecycle
+//! (template → runtime → envd `/init` → record → events), the background tasks (reaper,
+//! webhook delivery, metric sampling), recovery at start, and mounting the sandbox proxy
+//! on the same listener as the API. It drives isolation only through the
+//! [`berth_runtime::Runtime`] trait and keeps state only through [`berth_store::Store`];
+//! it never touches namespaces, mounts or the database file directly.
+//!
+//! Entry points: [`Server::start`] (recover, spawn background tasks) and
+//! [`Server::serve`] (one listener for the API and the proxy).
+
+mod auth;
+mod envd;
+mod events;
+mod extract;
+mod handlers;
+mod lifecycle;
+mod metrics;
+mod openapi;
+mod reaper;
+mod resolver;
+mod webhooks;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use berth_runtime::Runtime;
+use berth_store::Store;
+use berth_template::TemplateStore;
+use tokio::sync::Notify;
+
+pub use openapi::openapi_document;
+pub use resolver::StoreResolver;
+
+/// envd version berth's sandboxes report to SDKs (they gate features on it): the version
+/// of the envd berth ships.
+pub use berth_envd::ENVD_VERSION;
+
+/// Request bodies of the API (not the proxy) larger than this are refused with 413.
+pub const MAX_API_BODY_BYTES: usize = 1024 * 1024;
+
+/// Resources given to every sandbox until templates carry their own.
+#[derive(Debug, Clone, Copy)]
+pub struct SandboxResources {
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_size_mb: u64,
+}
+
+impl Default for SandboxResources {
+    fn default() -> Self {
+        SandboxResources {
+            cpu_count: 2,
+            memory_mb: 512,
+            disk_size_mb: 1024,
+        }
+    }
+}
+
+/// How the server is set up.
+#[derive(Debug, Clone, Default)]
+pub struct ServerConfig {
+    /// Domain of `<port>-<id>.<domain>` sandbox hosts, reported to SDKs as `domain`.
+    pub domain: Option<String>,
+    pub resources: SandboxResources,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("store: {0}")]
+    Store(#[from] berth_store::StoreError),
+    #[error("runtime: {0}")]
+    Runtime(#[from] berth_runtime::RuntimeError),
+    #[error("serving: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Everything the handlers and background tasks share.
+pub(crate) struct AppState {
+    pub store: Arc<Store>,
+    pub runtime: Arc<dyn Runtime>,
+    pub templates: TemplateStore,
+    pub config: ServerConfig,
+    /// Woken when an end time changes, so the reaper re-plans its sleep.
+    pub reaper_wakeup: Notify,
+    /// Woken when an event may have queued webhook deliveries.
+    pub delivery_wakeup: Notify,
+    /// Previous CPU reading per sandbox, to turn cumulative CPU time into a percentage.
+    pub cpu_readings: Mutex<HashMap<String, metrics::CpuReading>>,
+    /// Serializes creates that share an idempotency key.
+    pub idempotency_locks: Mutex<HashMap<IdempotencyScope, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+pub(crate) type SharedState = Arc<AppState>;
+
+/// (team id, idempotency key).
+pub(crate) type IdempotencyScope = (String, String);
+
+/// A running control plane: state plus its background tasks.
+pub struct Server {
+    state: SharedState,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Reconcile the store with what the runtime recovered, then start the reaper,
+    /// webhook delivery and metric sampling. Must run inside a tokio runtime.
+    pub async fn start(
+        store: Arc<Store>,
+        runtime: Arc<dyn Runtime>,
+        templates: TemplateStore,
+        config: ServerConfig,
+    ) -> Result<Server, ServerError> {
+        let state = Arc::new(AppState {
+            store,
+            runtime,
+            templates,
+            config,
+            reaper_wakeup: Notify::new(),
+            delivery_wakeup: Notify::new(),
+            cpu_readings: Mutex::new(HashMap::new()),
+            idempotency_locks: Mutex::new(HashMap::new()),
+        });
+        lifecycle::recover(&state).await?;
+        let tasks = vec![
+            tokio::spawn(reaper::run(state.clone())),
+            tokio::spawn(webhooks::run(state.clone())),
+            tokio::spawn(metrics::run(state.clone())),
+        ];
+        Ok(Server { state, tasks })
+    }
+
+    /// The API router with the sandbox proxy in front of it: requests addressed to a
+    /// sandbox (headers, `<port>-<id>.` host, `/proxy/<id>/<port>/` path) are forwarded,
+    /// everything else is the API.
+    pub fn router(&self) -> axum::Router {
+        let proxy = berth_proxy::Proxy::new(
+            Arc::new(StoreResolver::new(
+                self.state.store.clone(),
+                self.state.runtime.clone(),
+            )),
+            berth_proxy::RoutingConfig {
+                domain: self.state.config.domain.clone(),
+            },
+        );
+        handlers::router(self.state.clone()).layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let proxy = proxy.clone();
+                async move {
+                    match proxy.classify(&request) {
+                        Some(Ok(target)) => proxy
+                            .forward(request, target)
+                            .await
+                            .map(axum::body::Body::new),
+                        Some(Err(error)) => berth_proxy::ProxyError::from(error)
+                            .into_response()
+                            .map(axum::body::Body::new),
+                        None => next.run(request).await,
+                    }
+                }
+            },
+        ))
+    }
+
+    /// Serve the API and the proxy on `listener` until `shutdown` resolves, then stop
+    /// the background tasks. Sandboxes keep running (a restart reattaches to them).
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let app = self.router();
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await?;
+        for task in &self.tasks {
+            task.abort();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Talking to a sandbox's envd from the host, over a connection the runtime opens in the
+//! sandbox's network namespace: wait for `/health`, then `POST /init`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_runtime::{Runtime, RuntimeError};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// envd's port inside every sandbox.
+pub const ENVD_PORT: u16 = 49983;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnvdError {
+    #[error("envd did not become healthy within {0:?}")]
+    NotReady(Duration),
+    #[error("opening a connection to envd: {0}")]
+    Connect(#[from] RuntimeError),
+    #[error("talking to envd: {0}")]
+    Http(String),
+    #[error("envd answered {status} to {route}: {body}")]
+    Status {
+        route: &'static str,
+        status: u16,
+        body: String,
+    },
+}
+
+/// Body of envd's internal `POST /init`.
+#[derive(Debug, Serialize)]
+pub struct InitRequest {
+    #[serde(rename = "envVars")]
+    pub env_vars: berth_api::StringMap,
+    #[serde(rename = "accessToken", skip_serializing_if = "Option::is_none")]
+    pub access_token: Option<String>,
+    #[serde(rename = "defaultUser")]
+    pub default_user: String,
+    #[serde(rename = "defaultWorkdir")]
+    pub default_workdir: String,
+    /// RFC 3339 host time, so envd can sync the clock as E2B's does.
+    pub timestamp: String,
+}
+
+async fn request(
+    runtime: &Arc<dyn Runtime>,
+    sandbox_id: &str,
+    request: Request<Full<Bytes>>,
+) -> Result<(u16, Bytes), EnvdError> {
+    let runtime = runtime.clone();
+    let id = sandbox_id.to_string();
+    let stream = tokio::task::spawn_blocking(move || runtime.connect(&id, ENVD_PORT))
+        .await
+        .map_err(|err| EnvdError::Http(format!("connect task failed: {err}")))??;
+    stream
+        .set_nonblocking(true)
+        .map_err(|err| EnvdError::Http(err.to_string()))?;
+    let stream =
+        tokio::net::TcpStream::from_std(stream).map_err(|err| EnvdError::Http(err.to_string()))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|err| EnvdError::Http(err.to_string()))?;
+    let driver = tokio::spawn(connection);
+    let result = async {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|err| EnvdError::Http(err.to_string()))?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|err| EnvdError::Http(err.to_string()))?
+            .to_bytes();
+        Ok((status, body))
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+/// Poll envd's `/health` until it answers 204, or give up after `limit`.
+pub async fn wait_healthy(
+    runtime: &Arc<dyn Runtime>,
+    sandbox_id: &str,
+    limit: Duration,
+) -> Result<(), EnvdError> {
+    let deadline = Instant::now() + limit;
+    // Short first waits: envd usually listens within milliseconds of the init exec.
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let health = Request::get("/health")
+            .header("host", "localhost")
+            .body(Full::new(Bytes::new()))
+            .map_err(|err| EnvdError::Http(err.to_string()))?;
+        match request(runtime, sandbox_id, health).await {
+            Ok((204, _)) => return Ok(()),
+            // The sandbox itself is gone: no point waiting.
+            Err(EnvdError::Connect(RuntimeError::NotFound(id))) => {
+                return Err(EnvdError::Connect(RuntimeError::NotFound(id)))
+            }
+            Ok(_) | Err(_) => {}
+        }
+        if Instant::now() + pause > deadline {
+            return Err(EnvdError::NotReady(limit));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Hand envd its access token, environment and default user/workdir.
+pub async fn init(
+    runtime: &Arc<dyn Runtime>,
+    sandbox_id: &str,
+    body: &InitRequest,
+) -> Result<(), EnvdError> {
+    let json = serde_json::to_vec(body).map_err(|err| EnvdError::Http(err.to_string()))?;
+    let mut builder = Request::post("/init")
+        .header("host", "localhost")
+        .header("content-type", "application/json");
+    // A secured envd already started with a token would want it; a fresh one has none.
+    if let Some(token) = &body.access_token {
+        builder = builder.header("x-access-token", token);
+    }
+    let init = builder
+        .body(Full::new(Bytes::from(json)))
+        .map_err(|err| EnvdError::Http(err.to_string()))?;
+    let (status, reply) = request(runtime, sandbox_id, init).await?;
+    if !(200..300).contains(&status) {
+        return Err(EnvdError::Status {
+            route: "/init",
+            status,
+            body: String::from_utf8_lossy(&reply).into_owned(),
+        });
+    }
+    Ok(())
+}

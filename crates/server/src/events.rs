@@ -1,0 +1,56 @@
+//! Recording lifecycle events: stored per team, and queued for the team's webhooks in the
+//! same transaction.
+
+use berth_api::SandboxEvent;
+use berth_store::{EventRecord, SandboxRecord};
+use time::OffsetDateTime;
+
+use crate::AppState;
+
+pub const CREATED: &str = "sandbox.lifecycle.created";
+pub const KILLED: &str = "sandbox.lifecycle.killed";
+pub const UPDATED: &str = "sandbox.lifecycle.updated";
+
+/// The wire form of a stored event (also the webhook delivery body).
+pub fn to_api(event: &EventRecord) -> SandboxEvent {
+    SandboxEvent {
+        version: "v1".into(),
+        id: event.id.clone(),
+        event_type: event.event_type.clone(),
+        event_data: event.data.clone(),
+        sandbox_build_id: event.build_id.clone(),
+        // One execution per sandbox until pause/resume exists.
+        sandbox_execution_id: event.sandbox_id.clone(),
+        sandbox_id: event.sandbox_id.clone(),
+        sandbox_team_id: event.team_id.clone(),
+        sandbox_template_id: event.template_id.clone(),
+        timestamp: event.timestamp,
+    }
+}
+
+/// Record `event_type` for `sandbox`. Failures are logged, never fail the API call: the
+/// sandbox operation itself already happened.
+pub fn record(
+    state: &AppState,
+    sandbox: &SandboxRecord,
+    event_type: &str,
+    data: Option<serde_json::Value>,
+) {
+    let event = EventRecord {
+        id: uuid::Uuid::new_v4().to_string(),
+        team_id: sandbox.team_id.clone(),
+        sandbox_id: sandbox.id.clone(),
+        template_id: sandbox.template_id.clone(),
+        build_id: sandbox.build_id.clone(),
+        event_type: event_type.to_string(),
+        data,
+        timestamp: OffsetDateTime::now_utc(),
+    };
+    let render = |event: &EventRecord| {
+        serde_json::to_string(&to_api(event)).unwrap_or_else(|_| String::from("{}"))
+    };
+    match state.store.record_event(&event, render) {
+        Ok(()) => state.delivery_wakeup.notify_one(),
+        Err(err) => tracing::error!(sandbox = %sandbox.id, %err, "recording {event_type} event"),
+    }
+}

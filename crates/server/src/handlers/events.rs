@@ -1,0 +1,297 @@
+//! Lifecycle events and webhooks (E2B's events API, served on the API host).
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use berth_api::{
+    ApiError, EventsQuery, NewWebhook, SandboxEvent, Webhook, WebhookUpdate, EVENT_TYPES,
+};
+use berth_store::{WebhookChanges, WebhookRecord};
+use time::OffsetDateTime;
+
+use super::store_error;
+use crate::auth::Caller;
+use crate::extract::{ApiJson, ApiQuery};
+use crate::SharedState;
+
+struct Page {
+    offset: u64,
+    limit: u64,
+    ascending: bool,
+    types: Vec<String>,
+}
+
+fn page(query: &EventsQuery) -> Result<Page, ApiError> {
+    let offset = query.offset.unwrap_or(0);
+    if offset < 0 {
+        return Err(ApiError::BadRequest("offset must not be negative".into()));
+    }
+    let limit = query.limit.unwrap_or(10);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be between 1 and 100, got {limit}"
+        )));
+    }
+    let types = match &query.types {
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| check_event_type(t).map(|()| t.to_string()))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
+    Ok(Page {
+        offset: offset as u64,
+        limit: limit as u64,
+        ascending: query.order_asc.unwrap_or(false),
+        types,
+    })
+}
+
+fn check_event_type(event_type: &str) -> Result<(), ApiError> {
+    if EVENT_TYPES.contains(&event_type) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "unknown event type \"{event_type}\" (one of {})",
+            EVENT_TYPES.join(", ")
+        )))
+    }
+}
+
+fn list(
+    state: &SharedState,
+    caller: &Caller,
+    sandbox_id: Option<&str>,
+    query: &EventsQuery,
+) -> Result<Json<Vec<SandboxEvent>>, ApiError> {
+    let page = page(query)?;
+    let events = state
+        .store
+        .events(
+            &caller.team.id,
+            sandbox_id,
+            &page.types,
+            page.ascending,
+            page.offset,
+            page.limit,
+        )
+        .map_err(store_error)?;
+    Ok(Json(events.iter().map(crate::events::to_api).collect()))
+}
+
+/// Lifecycle events of the caller's team.
+#[utoipa::path(get, path = "/events/sandboxes", tag = "events", params(EventsQuery),
+    responses(
+        (status = 200, body = Vec<SandboxEvent>, description = "Events, newest first unless orderAsc"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn team_events(
+    State(state): State<SharedState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<Json<Vec<SandboxEvent>>, ApiError> {
+    list(&state, &caller, None, &query)
+}
+
+/// Lifecycle events of one sandbox of the caller's team.
+#[utoipa::path(get, path = "/events/sandboxes/{sandboxID}", tag = "events",
+    params(("sandboxID" = String, Path, description = "Sandbox id"), EventsQuery),
+    responses(
+        (status = 200, body = Vec<SandboxEvent>, description = "Events, newest first unless orderAsc"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn sandbox_events(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<Json<Vec<SandboxEvent>>, ApiError> {
+    if state
+        .store
+        .sandbox(&caller.team.id, &id)
+        .map_err(store_error)?
+        .is_none()
+    {
+        return Err(ApiError::sandbox_not_found(&id));
+    }
+    list(&state, &caller, Some(&id), &query)
+}
+
+fn to_api(hook: &WebhookRecord) -> Webhook {
+    Webhook {
+        id: hook.id.clone(),
+        team_id: hook.team_id.clone(),
+        name: hook.name.clone(),
+        url: hook.url.clone(),
+        enabled: hook.enabled,
+        events: hook.events.clone(),
+        created_at: hook.created_at,
+    }
+}
+
+fn check_url(url: &str) -> Result<(), ApiError> {
+    let uri: axum::http::Uri = url
+        .parse()
+        .map_err(|_| ApiError::BadRequest(format!("url \"{url}\" is not a valid URL")))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
+        return Err(ApiError::BadRequest(format!(
+            "url \"{url}\" must be an http:// URL with a host (berth does not deliver over TLS yet)"
+        )));
+    }
+    Ok(())
+}
+
+fn check_events(events: &[String]) -> Result<(), ApiError> {
+    events.iter().try_for_each(|e| check_event_type(e))
+}
+
+fn check_text(field: &str, value: &str) -> Result<(), ApiError> {
+    if value.trim().is_empty() || value.len() > 1024 {
+        return Err(ApiError::BadRequest(format!(
+            "{field} must be 1 to 1024 characters and not blank"
+        )));
+    }
+    Ok(())
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::NotFound(format!("webhook \"{id}\" not found"))
+}
+
+/// Register a webhook for the caller's team.
+#[utoipa::path(post, path = "/events/webhooks", tag = "events", request_body = NewWebhook,
+    responses(
+        (status = 201, body = Webhook, description = "The webhook"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn create_webhook(
+    State(state): State<SharedState>,
+    caller: Caller,
+    ApiJson(body): ApiJson<NewWebhook>,
+) -> Result<(StatusCode, Json<Webhook>), ApiError> {
+    check_text("name", &body.name)?;
+    check_text("signatureSecret", &body.signature_secret)?;
+    check_url(&body.url)?;
+    check_events(&body.events)?;
+    let hook = WebhookRecord {
+        id: uuid::Uuid::new_v4().to_string(),
+        team_id: caller.team.id.clone(),
+        name: body.name,
+        url: body.url,
+        enabled: body.enabled,
+        events: body.events,
+        secret: body.signature_secret,
+        created_at: OffsetDateTime::now_utc(),
+    };
+    state.store.create_webhook(&hook).map_err(store_error)?;
+    Ok((StatusCode::CREATED, Json(to_api(&hook))))
+}
+
+/// Webhooks of the caller's team.
+#[utoipa::path(get, path = "/events/webhooks", tag = "events",
+    responses(
+        (status = 200, body = Vec<Webhook>, description = "The webhooks"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn list_webhooks(
+    State(state): State<SharedState>,
+    caller: Caller,
+) -> Result<Json<Vec<Webhook>>, ApiError> {
+    let hooks = state.store.webhooks(&caller.team.id).map_err(store_error)?;
+    Ok(Json(hooks.iter().map(to_api).collect()))
+}
+
+/// One webhook of the caller's team.
+#[utoipa::path(get, path = "/events/webhooks/{webhookID}", tag = "events",
+    params(("webhookID" = String, Path, description = "Webhook id")),
+    responses(
+        (status = 200, body = Webhook, description = "The webhook"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such webhook"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn get_webhook(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Webhook>, ApiError> {
+    let hook = state
+        .store
+        .webhook(&caller.team.id, &id)
+        .map_err(store_error)?
+        .ok_or_else(|| not_found(&id))?;
+    Ok(Json(to_api(&hook)))
+}
+
+/// Change a webhook; absent fields stay as they are.
+#[utoipa::path(patch, path = "/events/webhooks/{webhookID}", tag = "events",
+    params(("webhookID" = String, Path, description = "Webhook id")),
+    request_body = WebhookUpdate,
+    responses(
+        (status = 200, body = Webhook, description = "The updated webhook"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such webhook"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn update_webhook(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<WebhookUpdate>,
+) -> Result<Json<Webhook>, ApiError> {
+    if let Some(name) = &body.name {
+        check_text("name", name)?;
+    }
+    if let Some(secret) = &body.signature_secret {
+        check_text("signatureSecret", secret)?;
+    }
+    if let Some(url) = &body.url {
+        check_url(url)?;
+    }
+    if let Some(events) = &body.events {
+        check_events(events)?;
+    }
+    let changes = WebhookChanges {
+        name: body.name,
+        url: body.url,
+        enabled: body.enabled,
+        events: body.events,
+        secret: body.signature_secret,
+    };
+    let hook = state
+        .store
+        .update_webhook(&caller.team.id, &id, &changes)
+        .map_err(|err| match err {
+            berth_store::StoreError::NotFound(_) => not_found(&id),
+            other => store_error(other),
+        })?;
+    Ok(Json(to_api(&hook)))
+}
+
+/// Remove a webhook (and its pending deliveries).
+#[utoipa::path(delete, path = "/events/webhooks/{webhookID}", tag = "events",
+    params(("webhookID" = String, Path, description = "Webhook id")),
+    responses(
+        (status = 204, description = "The webhook was removed"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such webhook"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn delete_webhook(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .store
+        .delete_webhook(&caller.team.id, &id)
+        .map_err(|err| match err {
+            berth_store::StoreError::NotFound(_) => not_found(&id),
+            other => store_error(other),
+        })?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,129 @@
+//! The REST routes. Every handler takes a [`Caller`] (except `/health` and the OpenAPI
+//! document) and only ever sees its caller's team's objects: another team's object is
+//! answered exactly like a missing one.
+
+mod events;
+mod keys;
+mod sandboxes;
+mod teams;
+mod templates;
+mod unimplemented;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::Router;
+use berth_api::ApiError;
+use berth_store::StoreError;
+
+use crate::SharedState;
+
+pub use events::*;
+pub use keys::*;
+pub use sandboxes::*;
+pub use teams::*;
+pub use templates::*;
+
+/// Map a store failure to the API error the caller sees.
+pub(crate) fn store_error(err: StoreError) -> ApiError {
+    match err {
+        StoreError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
+        StoreError::Conflict(message) => ApiError::Conflict(message),
+        other => ApiError::Internal(other.to_string()),
+    }
+}
+
+/// Health check (no auth).
+#[utoipa::path(get, path = "/health", tag = "health",
+    responses((status = 204, description = "The service is healthy")))]
+pub async fn health() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(crate::openapi::openapi_document())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}
+
+async fn method_not_allowed() -> (StatusCode, axum::Json<berth_api::Error>) {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        axum::Json(berth_api::Error {
+            code: 405,
+            message: "method not allowed on this route".into(),
+        }),
+    )
+}
+
+pub fn router(state: SharedState) -> Router {
+    let api = Router::new()
+        .route("/health", get(health))
+        .route("/openapi.json", get(openapi_json))
+        .route(
+            "/sandboxes",
+            get(sandboxes::list_sandboxes_v1).post(sandboxes::create_sandbox_v1),
+        )
+        .route(
+            "/v2/sandboxes",
+            get(sandboxes::list_sandboxes_v2).post(sandboxes::create_sandbox_v2),
+        )
+        .route("/sandboxes/metrics", get(sandboxes::sandboxes_metrics))
+        .route(
+            "/sandboxes/{sandboxID}",
+            get(sandboxes::get_sandbox).delete(sandboxes::kill_sandbox),
+        )
+        .route(
+            "/sandboxes/{sandboxID}/timeout",
+            post(sandboxes::set_timeout),
+        )
+        .route("/sandboxes/{sandboxID}/refreshes", post(sandboxes::refresh))
+        .route(
+            "/sandboxes/{sandboxID}/connect",
+            post(sandboxes::connect_v1),
+        )
+        .route(
+            "/v2/sandboxes/{sandboxID}/connect",
+            post(sandboxes::connect_v2),
+        )
+        .route("/sandboxes/{sandboxID}/logs", get(sandboxes::logs_v1))
+        .route("/v2/sandboxes/{sandboxID}/logs", get(sandboxes::logs_v2))
+        .route(
+            "/sandboxes/{sandboxID}/metrics",
+            get(sandboxes::sandbox_metrics),
+        )
+        .route("/teams", get(teams::list_teams))
+        .route("/teams/{teamID}/metrics", get(teams::team_metrics))
+        .route("/teams/{teamID}/metrics/max", get(teams::team_metrics_max))
+        .route("/api-keys", get(keys::list_keys).post(keys::create_key))
+        .route(
+            "/api-keys/{apiKeyID}",
+            axum::routing::patch(keys::update_key).delete(keys::delete_key),
+        )
+        .route("/v2/templates", get(templates::list_templates_v2))
+        .route("/templates", get(templates::list_templates_v1))
+        .route("/templates/{templateID}", get(templates::get_template))
+        .route(
+            "/templates/aliases/{alias}",
+            get(templates::get_template_alias),
+        )
+        .route("/events/sandboxes", get(events::team_events))
+        .route("/events/sandboxes/{sandboxID}", get(events::sandbox_events))
+        .route(
+            "/events/webhooks",
+            get(events::list_webhooks).post(events::create_webhook),
+        )
+        .route(
+            "/events/webhooks/{webhookID}",
+            get(events::get_webhook)
+                .patch(events::update_webhook)
+                .delete(events::delete_webhook),
+        );
+    unimplemented::add_routes(api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(crate::MAX_API_BODY_BYTES))
+        .with_state(state)
+}

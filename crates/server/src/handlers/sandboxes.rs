@@ -1,0 +1,918 @@
+//! Sandbox routes: create, list, get, kill, timeout, refresh, connect, logs, metrics.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use berth_api::{
+    ApiError, ConnectSandbox, ConnectSandboxV2, ListedSandbox, LogLevel, NewSandbox, Sandbox,
+    SandboxDetail, SandboxLog, SandboxLogEntry, SandboxLogs, SandboxLogsV2Response, SandboxMetric,
+    SandboxRefreshRequest, SandboxState, SandboxTimeoutRequest, SandboxesWithMetrics, StringMap,
+    CLIENT_ID,
+};
+use berth_store::{MetricSample, SandboxFilter, SandboxRecord};
+use serde::Deserialize;
+use time::OffsetDateTime;
+use utoipa::IntoParams;
+
+use super::store_error;
+use crate::auth::Caller;
+use crate::extract::{ApiJson, ApiQuery, OptionalJson};
+use crate::lifecycle::{self, CreateRequest};
+use crate::{events, SharedState};
+
+/// Default time to live of `POST /sandboxes` (E2B's server default).
+const DEFAULT_TIMEOUT_V1: i64 = 15;
+/// Default time to live of `POST /v2/sandboxes` (what SDK 2.63 documents).
+const DEFAULT_TIMEOUT_V2: i64 = 300;
+/// Default of `POST /sandboxes/{id}/refreshes` without a duration.
+const DEFAULT_REFRESH_SECS: i64 = 15;
+const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+fn sandbox_response(state: &SharedState, record: &SandboxRecord) -> Sandbox {
+    Sandbox {
+        template_id: record.template_id.clone(),
+        sandbox_id: record.id.clone(),
+        alias: record.alias.clone(),
+        client_id: CLIENT_ID.into(),
+        envd_version: record.envd_version.clone(),
+        envd_access_token: record.envd_access_token.clone(),
+        traffic_access_token: None,
+        domain: state.config.domain.clone(),
+    }
+}
+
+fn listed(record: &SandboxRecord) -> ListedSandbox {
+    ListedSandbox {
+        template_id: record.template_id.clone(),
+        alias: record.alias.clone(),
+        sandbox_id: record.id.clone(),
+        client_id: CLIENT_ID.into(),
+        started_at: record.started_at,
+        end_at: record.end_at,
+        cpu_count: record.cpu_count,
+        memory_mb: record.memory_mb,
+        disk_size_mb: record.disk_size_mb,
+        metadata: record.metadata.clone(),
+        state: SandboxState::Running,
+        envd_version: record.envd_version.clone(),
+    }
+}
+
+fn running(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRecord, ApiError> {
+    state
+        .store
+        .running_sandbox(&caller.team.id, id)
+        .map_err(store_error)?
+        .ok_or_else(|| ApiError::sandbox_not_found(id))
+}
+
+fn any_state(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRecord, ApiError> {
+    state
+        .store
+        .sandbox(&caller.team.id, id)
+        .map_err(store_error)?
+        .ok_or_else(|| ApiError::sandbox_not_found(id))
+}
+
+/// Refuse request fields for features berth does not have yet, naming them.
+fn refuse_unsupported(body: &NewSandbox) -> Result<(), ApiError> {
+    if body.auto_pause == Some(true) {
+        return Err(ApiError::NotImplemented(
+            "autoPause (pausing sandboxes on timeout)".into(),
+        ));
+    }
+    if body
+        .auto_resume
+        .as_ref()
+        .is_some_and(|v| !v.is_null() && v.get("enabled") != Some(&serde_json::Value::Bool(false)))
+    {
+        return Err(ApiError::NotImplemented("autoResume".into()));
+    }
+    if body.allow_internet_access == Some(false) {
+        return Err(ApiError::NotImplemented(
+            "allow_internet_access=false (egress network policy)".into(),
+        ));
+    }
+    if body.network.as_ref().is_some_and(|v| !is_empty_json(v)) {
+        return Err(ApiError::NotImplemented(
+            "network (egress network policy)".into(),
+        ));
+    }
+    if body.mcp.as_ref().is_some_and(|v| !is_empty_json(v)) {
+        return Err(ApiError::NotImplemented("mcp (MCP gateway)".into()));
+    }
+    if body.iam.as_ref().is_some_and(|v| !is_empty_json(v)) {
+        return Err(ApiError::NotImplemented("iam (workload tokens)".into()));
+    }
+    if body.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(ApiError::NotImplemented("volumeMounts (volumes)".into()));
+    }
+    Ok(())
+}
+
+fn is_empty_json(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Null => true,
+        serde_json::Value::Object(map) => map.is_empty(),
+        serde_json::Value::Array(items) => items.is_empty(),
+        _ => false,
+    }
+}
+
+async fn create(
+    state: SharedState,
+    caller: Caller,
+    headers: HeaderMap,
+    body: NewSandbox,
+    default_timeout: i64,
+    always_secure: bool,
+) -> Result<Response, ApiError> {
+    if body.template_id.trim().is_empty() {
+        return Err(ApiError::BadRequest("templateID is required".into()));
+    }
+    refuse_unsupported(&body)?;
+    let timeout_secs = lifecycle::validate_timeout(body.timeout.unwrap_or(default_timeout))?;
+    let idempotency_key = headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_string);
+    // Requests sharing a key run one at a time, so a retry sees the first one's sandbox.
+    let key_lock = idempotency_key.as_ref().map(|key| {
+        let mut locks = state
+            .idempotency_locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks
+            .entry((caller.team.id.clone(), key.clone()))
+            .or_default()
+            .clone()
+    });
+    let _guard = match &key_lock {
+        Some(lock) => Some(lock.lock().await),
+        None => None,
+    };
+    if let Some(key) = &idempotency_key {
+        if let Some(existing) = state
+            .store
+            .idempotent_sandbox(&caller.team.id, key)
+            .map_err(store_error)?
+        {
+            if let Some(record) = state
+                .store
+                .running_sandbox(&caller.team.id, &existing)
+                .map_err(store_error)?
+            {
+                return Ok(
+                    (StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response(),
+                );
+            }
+        }
+    }
+    let request = CreateRequest {
+        team_id: caller.team.id.clone(),
+        template: body.template_id.clone(),
+        timeout_secs,
+        secure: always_secure || body.secure == Some(true),
+        metadata: body.metadata.unwrap_or_default(),
+        env_vars: body.env_vars.unwrap_or_default(),
+        allow_internet_access: body.allow_internet_access,
+    };
+    let created = lifecycle::create(&state, request).await;
+    if let Some(key) = &idempotency_key {
+        if let Ok(record) = &created {
+            state
+                .store
+                .remember_idempotency_key(&caller.team.id, key, &record.id)
+                .map_err(store_error)?;
+        }
+        // Drop the key's lock once nobody else waits on it (the map and this request
+        // hold the only references).
+        let mut locks = state
+            .idempotency_locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let scope = (caller.team.id.clone(), key.clone());
+        if locks
+            .get(&scope)
+            .is_some_and(|lock| Arc::strong_count(lock) <= 2)
+        {
+            locks.remove(&scope);
+        }
+    }
+    let record = created?;
+    Ok((StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response())
+}
+
+/// Create a sandbox (legacy; honours `secure`).
+#[utoipa::path(post, path = "/sandboxes", tag = "sandboxes", request_body = NewSandbox,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Retries with the same key return the same sandbox")),
+    responses(
+        (status = 201, body = Sandbox, description = "The sandbox was created"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "Unknown template"),
+        (status = 413, body = berth_api::Error, description = "Body too large"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn create_sandbox_v1(
+    State(state): State<SharedState>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<NewSandbox>,
+) -> Result<Response, ApiError> {
+    create(state, caller, headers, body, DEFAULT_TIMEOUT_V1, false).await
+}
+
+/// Create a sandbox (what SDK 2.63 calls; envd access is always secured).
+#[utoipa::path(post, path = "/v2/sandboxes", tag = "sandboxes", request_body = NewSandbox,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Retries with the same key return the same sandbox")),
+    responses(
+        (status = 201, body = Sandbox, description = "The sandbox was created"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "Unknown template"),
+        (status = 413, body = berth_api::Error, description = "Body too large"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn create_sandbox_v2(
+    State(state): State<SharedState>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<NewSandbox>,
+) -> Result<Response, ApiError> {
+    create(state, caller, headers, body, DEFAULT_TIMEOUT_V2, true).await
+}
+
+/// Parse E2B's metadata filter: `k1=v1&k2=v2`, keys and values URL-encoded (once more
+/// than the query string itself).
+fn parse_metadata_filter(raw: &str) -> Result<Vec<(String, String)>, ApiError> {
+    let mut pairs = Vec::new();
+    for part in raw.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = part.split_once('=').ok_or_else(|| {
+            ApiError::BadRequest(format!("metadata filter \"{part}\" is not key=value"))
+        })?;
+        pairs.push((percent_decode(key)?, percent_decode(value)?));
+    }
+    Ok(pairs)
+}
+
+fn percent_decode(text: &str) -> Result<String, ApiError> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = text
+                    .get(i + 1..i + 3)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| {
+                        ApiError::BadRequest(format!("bad percent-encoding in \"{text}\""))
+                    })?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            byte => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| ApiError::BadRequest(format!("\"{text}\" is not UTF-8")))
+}
+
+/// Query of `GET /sandboxes`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListV1Query {
+    /// Metadata filter, e.g. `user=abc&app=prod` (keys and values URL-encoded).
+    metadata: Option<String>,
+}
+
+/// List running sandboxes (legacy).
+#[utoipa::path(get, path = "/sandboxes", tag = "sandboxes", params(ListV1Query),
+    responses(
+        (status = 200, body = Vec<ListedSandbox>, description = "Running sandboxes"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn list_sandboxes_v1(
+    State(state): State<SharedState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<ListV1Query>,
+) -> Result<Json<Vec<ListedSandbox>>, ApiError> {
+    let filter = SandboxFilter {
+        metadata: parse_metadata_filter(query.metadata.as_deref().unwrap_or(""))?,
+        ..Default::default()
+    };
+    let page = state
+        .store
+        .list_running_sandboxes(&caller.team.id, &filter, usize::MAX, None)
+        .map_err(store_error)?;
+    Ok(Json(page.sandboxes.iter().map(listed).collect()))
+}
+
+/// Query of `GET /v2/sandboxes`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListV2Query {
+    /// Metadata filter, e.g. `user=abc&app=prod` (keys and values URL-encoded).
+    metadata: Option<String>,
+    /// Comma-separated states: `running`, `paused`.
+    state: Option<String>,
+    /// `asc` or `desc` by start time (default `desc`).
+    order: Option<String>,
+    /// RFC 3339 time; only sandboxes started at or after it.
+    #[serde(rename = "startedAfter")]
+    started_after: Option<String>,
+    /// Template id or alias.
+    template: Option<String>,
+    /// Cursor from a previous page's `X-Next-Token`.
+    #[serde(rename = "nextToken")]
+    next_token: Option<String>,
+    /// Page size, 1..=100 (default 100).
+    #[param(minimum = 1, maximum = 100)]
+    limit: Option<i64>,
+}
+
+/// List sandboxes, filtered and paged.
+#[utoipa::path(get, path = "/v2/sandboxes", tag = "sandboxes", params(ListV2Query),
+    responses(
+        (status = 200, body = Vec<ListedSandbox>, description = "Matching sandboxes",
+            headers(("X-Next-Token" = String, description = "Cursor of the next page, when there is one"),
+                    ("X-Total-Running" = i32, description = "Running sandboxes matching the filters"))),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn list_sandboxes_v2(
+    State(state): State<SharedState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<ListV2Query>,
+) -> Result<Response, ApiError> {
+    let mut want_running = true;
+    if let Some(states) = &query.state {
+        want_running = false;
+        for item in states.split(',').filter(|s| !s.is_empty()) {
+            match item {
+                "running" => want_running = true,
+                "paused" => {}
+                other => {
+                    return Err(ApiError::BadRequest(format!(
+                        "unknown sandbox state \"{other}\" (running, paused)"
+                    )))
+                }
+            }
+        }
+    }
+    let ascending = match query.order.as_deref() {
+        None | Some("desc") => false,
+        Some("asc") => true,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "order must be asc or desc, got \"{other}\""
+            )))
+        }
+    };
+    let started_after = query
+        .started_after
+        .as_deref()
+        .map(|text| {
+            OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).map_err(
+                |_| ApiError::BadRequest(format!("startedAfter \"{text}\" is not RFC 3339")),
+            )
+        })
+        .transpose()?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be between 1 and 100, got {limit}"
+        )));
+    }
+    let filter = SandboxFilter {
+        metadata: parse_metadata_filter(query.metadata.as_deref().unwrap_or(""))?,
+        template: query.template.clone(),
+        started_after,
+        ascending,
+    };
+    let mut headers = HeaderMap::new();
+    // No sandbox is ever paused until pause exists, so a paused-only listing is empty.
+    let body = if want_running {
+        let page = state
+            .store
+            .list_running_sandboxes(
+                &caller.team.id,
+                &filter,
+                limit as usize,
+                query.next_token.as_deref(),
+            )
+            .map_err(store_error)?;
+        headers.insert("x-total-running", HeaderValue::from(page.total));
+        if let Some(token) = page.next_token {
+            if let Ok(value) = HeaderValue::from_str(&token) {
+                headers.insert("x-next-token", value);
+            }
+        }
+        page.sandboxes.iter().map(listed).collect()
+    } else {
+        Vec::new()
+    };
+    Ok((headers, Json(body)).into_response())
+}
+
+/// Get one sandbox.
+#[utoipa::path(get, path = "/sandboxes/{sandboxID}", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, body = SandboxDetail, description = "The sandbox"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn get_sandbox(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxDetail>, ApiError> {
+    let record = running(&state, &caller, &id)?;
+    Ok(Json(SandboxDetail {
+        template_id: record.template_id.clone(),
+        alias: record.alias.clone(),
+        sandbox_id: record.id.clone(),
+        client_id: CLIENT_ID.into(),
+        started_at: record.started_at,
+        end_at: record.end_at,
+        envd_version: record.envd_version.clone(),
+        envd_access_token: record.envd_access_token.clone(),
+        allow_internet_access: record.allow_internet_access,
+        domain: state.config.domain.clone(),
+        cpu_count: record.cpu_count,
+        memory_mb: record.memory_mb,
+        disk_size_mb: record.disk_size_mb,
+        metadata: record.metadata.clone(),
+        state: SandboxState::Running,
+    }))
+}
+
+/// Kill a sandbox.
+#[utoipa::path(delete, path = "/sandboxes/{sandboxID}", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 204, description = "The sandbox was killed"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn kill_sandbox(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let record = running(&state, &caller, &id)?;
+    if lifecycle::kill(&state, &record, "killed by request").await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::sandbox_not_found(&id))
+    }
+}
+
+fn rfc3339(t: OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn set_end(
+    state: &SharedState,
+    record: &SandboxRecord,
+    end_at: OffsetDateTime,
+) -> Result<(), ApiError> {
+    state
+        .store
+        .set_end_at(&record.team_id, &record.id, end_at)
+        .map_err(store_error)?;
+    state.reaper_wakeup.notify_one();
+    events::record(
+        state,
+        record,
+        events::UPDATED,
+        Some(serde_json::json!({ "set_timeout": rfc3339(end_at) })),
+    );
+    Ok(())
+}
+
+/// Set the time to live: the sandbox expires `timeout` seconds from now.
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/timeout", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    request_body = SandboxTimeoutRequest,
+    responses(
+        (status = 204, description = "The end time was set"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn set_timeout(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<SandboxTimeoutRequest>,
+) -> Result<StatusCode, ApiError> {
+    let seconds = lifecycle::validate_timeout(body.timeout)?;
+    let record = running(&state, &caller, &id)?;
+    set_end(
+        &state,
+        &record,
+        OffsetDateTime::now_utc() + time::Duration::seconds(seconds),
+    )?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Keep the sandbox alive for at least `duration` more seconds.
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/refreshes", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    request_body(content = Option<SandboxRefreshRequest>),
+    responses(
+        (status = 204, description = "The sandbox was refreshed"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn refresh(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<SandboxRefreshRequest>,
+) -> Result<StatusCode, ApiError> {
+    let seconds = body.duration.unwrap_or(DEFAULT_REFRESH_SECS);
+    if !(0..=3600).contains(&seconds) {
+        return Err(ApiError::BadRequest(format!(
+            "duration must be between 0 and 3600 seconds, got {seconds}"
+        )));
+    }
+    let record = running(&state, &caller, &id)?;
+    let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(seconds);
+    if wanted > record.end_at {
+        set_end(&state, &record, wanted)?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn connect(
+    state: SharedState,
+    caller: Caller,
+    id: String,
+    timeout: i64,
+) -> Result<Response, ApiError> {
+    let seconds = lifecycle::validate_timeout(timeout)?;
+    let mut record = running(&state, &caller, &id)?;
+    // Connect only ever extends the end time.
+    let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(seconds);
+    if wanted > record.end_at {
+        set_end(&state, &record, wanted)?;
+        record.end_at = wanted;
+    }
+    Ok((StatusCode::OK, Json(sandbox_response(&state, &record))).into_response())
+}
+
+/// Connect to a running sandbox, extending (never shortening) its end time.
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/connect", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    request_body = ConnectSandbox,
+    responses(
+        (status = 200, body = Sandbox, description = "The sandbox was already running"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn connect_v1(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ConnectSandbox>,
+) -> Result<Response, ApiError> {
+    connect(state, caller, id, body.timeout).await
+}
+
+/// Connect to a running sandbox (SDK 2.63), extending (never shortening) its end time.
+#[utoipa::path(post, path = "/v2/sandboxes/{sandboxID}/connect", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    request_body = ConnectSandboxV2,
+    responses(
+        (status = 200, body = Sandbox, description = "The sandbox was already running"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn connect_v2(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ConnectSandboxV2>,
+) -> Result<Response, ApiError> {
+    connect(
+        state,
+        caller,
+        id,
+        body.timeout.unwrap_or(DEFAULT_TIMEOUT_V2),
+    )
+    .await
+}
+
+/// Query of `GET /sandboxes/{id}/logs`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LogsV1Query {
+    /// Start of the logs, in milliseconds since the epoch.
+    #[param(minimum = 0)]
+    start: Option<i64>,
+    /// Most lines to return (default 1000).
+    #[param(minimum = 0, maximum = 10000)]
+    limit: Option<i64>,
+}
+
+fn check_limit(limit: Option<i64>, max: i64) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(1000);
+    if !(0..=max).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be between 0 and {max}, got {limit}"
+        )));
+    }
+    Ok(limit as usize)
+}
+
+fn ms_to_time(ms: i64) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
+/// Sandbox logs (legacy shape).
+#[utoipa::path(get, path = "/sandboxes/{sandboxID}/logs", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id"), LogsV1Query),
+    responses(
+        (status = 200, body = SandboxLogs, description = "The logs"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn logs_v1(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<LogsV1Query>,
+) -> Result<Json<SandboxLogs>, ApiError> {
+    let limit = check_limit(query.limit, 10_000)?;
+    if query.start.is_some_and(|s| s < 0) {
+        return Err(ApiError::BadRequest("start must not be negative".into()));
+    }
+    let record = any_state(&state, &caller, &id)?;
+    let lines = state
+        .store
+        .logs(&record.id, query.start, true, LogLevel::Debug, None, limit)
+        .map_err(store_error)?;
+    Ok(Json(SandboxLogs {
+        logs: lines
+            .iter()
+            .map(|l| SandboxLog {
+                timestamp: ms_to_time(l.timestamp_ms),
+                line: l.message.clone(),
+            })
+            .collect(),
+        log_entries: lines.iter().map(entry).collect(),
+    }))
+}
+
+fn entry(line: &berth_store::LogRecord) -> SandboxLogEntry {
+    SandboxLogEntry {
+        timestamp: ms_to_time(line.timestamp_ms),
+        message: line.message.clone(),
+        level: line.level,
+        fields: StringMap::new(),
+    }
+}
+
+/// Query of `GET /v2/sandboxes/{id}/logs`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LogsV2Query {
+    /// Start (forward) or end (backward) of the logs, in milliseconds since the epoch.
+    #[param(minimum = 0)]
+    cursor: Option<i64>,
+    /// Most entries to return, 0..=1000 (default 1000).
+    #[param(minimum = 0, maximum = 1000)]
+    limit: Option<i64>,
+    /// `forward` or `backward` (default `forward`).
+    direction: Option<String>,
+    /// Lowest level to return: debug, info, warn, error.
+    level: Option<String>,
+    /// Case-sensitive substring the message must contain.
+    #[param(max_length = 256)]
+    search: Option<String>,
+}
+
+/// Sandbox logs, structured.
+#[utoipa::path(get, path = "/v2/sandboxes/{sandboxID}/logs", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id"), LogsV2Query),
+    responses(
+        (status = 200, body = SandboxLogsV2Response, description = "The logs"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn logs_v2(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<LogsV2Query>,
+) -> Result<Json<SandboxLogsV2Response>, ApiError> {
+    let limit = check_limit(query.limit, 1000)?;
+    if query.cursor.is_some_and(|c| c < 0) {
+        return Err(ApiError::BadRequest("cursor must not be negative".into()));
+    }
+    let forward = match query.direction.as_deref() {
+        None | Some("forward") => true,
+        Some("backward") => false,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "direction must be forward or backward, got \"{other}\""
+            )))
+        }
+    };
+    let level = match query.level.as_deref() {
+        None => LogLevel::Debug,
+        Some(text) => LogLevel::parse(text).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "level must be debug, info, warn or error, got \"{text}\""
+            ))
+        })?,
+    };
+    if query
+        .search
+        .as_ref()
+        .is_some_and(|s| s.chars().count() > 256)
+    {
+        return Err(ApiError::BadRequest(
+            "search is longer than 256 characters".into(),
+        ));
+    }
+    let record = any_state(&state, &caller, &id)?;
+    let lines = state
+        .store
+        .logs(
+            &record.id,
+            query.cursor,
+            forward,
+            level,
+            query.search.as_deref(),
+            limit,
+        )
+        .map_err(store_error)?;
+    Ok(Json(SandboxLogsV2Response {
+        logs: lines.iter().map(entry).collect(),
+    }))
+}
+
+/// Query of the metrics routes.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MetricsQuery {
+    /// Start of the interval, unix seconds.
+    #[param(minimum = 0)]
+    start: Option<i64>,
+    /// End of the interval, unix seconds.
+    #[param(minimum = 0)]
+    end: Option<i64>,
+}
+
+pub(crate) fn metric(sample: &MetricSample) -> SandboxMetric {
+    SandboxMetric {
+        timestamp: OffsetDateTime::from_unix_timestamp(sample.timestamp_unix)
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH),
+        timestamp_unix: sample.timestamp_unix,
+        cpu_count: sample.cpu_count,
+        cpu_used_pct: sample.cpu_used_pct,
+        mem_used: sample.mem_used,
+        mem_total: sample.mem_total,
+        mem_cache: sample.mem_cache,
+        disk_used: sample.disk_used,
+        disk_total: sample.disk_total,
+    }
+}
+
+/// Resource usage of a sandbox over time (sampled every 5 s).
+#[utoipa::path(get, path = "/sandboxes/{sandboxID}/metrics", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id"), MetricsQuery),
+    responses(
+        (status = 200, body = Vec<SandboxMetric>, description = "The samples, oldest first"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn sandbox_metrics(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<MetricsQuery>,
+) -> Result<Json<Vec<SandboxMetric>>, ApiError> {
+    if query.start.is_some_and(|s| s < 0) || query.end.is_some_and(|e| e < 0) {
+        return Err(ApiError::BadRequest(
+            "start and end must not be negative".into(),
+        ));
+    }
+    let record = any_state(&state, &caller, &id)?;
+    let start = query
+        .start
+        .unwrap_or(record.started_at.unix_timestamp() - 1);
+    let end = query.end.unwrap_or(i64::MAX);
+    let samples = state
+        .store
+        .metrics(&record.id, start, end)
+        .map_err(store_error)?;
+    Ok(Json(samples.iter().map(metric).collect()))
+}
+
+/// Query of `GET /sandboxes/metrics`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ManyMetricsQuery {
+    /// Comma-separated sandbox ids (at most 100).
+    sandbox_ids: String,
+}
+
+/// Latest sample of each of several running sandboxes.
+#[utoipa::path(get, path = "/sandboxes/metrics", tag = "sandboxes", params(ManyMetricsQuery),
+    responses(
+        (status = 200, body = SandboxesWithMetrics, description = "Latest sample per sandbox"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn sandboxes_metrics(
+    State(state): State<SharedState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<ManyMetricsQuery>,
+) -> Result<Json<SandboxesWithMetrics>, ApiError> {
+    let ids: Vec<&str> = query
+        .sandbox_ids
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .collect();
+    if ids.len() > 100 {
+        return Err(ApiError::BadRequest("at most 100 sandbox_ids".into()));
+    }
+    let mut sandboxes = BTreeMap::new();
+    for id in ids {
+        let Some(record) = state
+            .store
+            .running_sandbox(&caller.team.id, id)
+            .map_err(store_error)?
+        else {
+            continue;
+        };
+        if let Some(sample) = state.store.latest_metric(&record.id).map_err(store_error)? {
+            sandboxes.insert(record.id.clone(), metric(&sample));
+        }
+    }
+    Ok(Json(SandboxesWithMetrics { sandboxes }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_filter_decodes_keys_and_values() {
+        let pairs = parse_metadata_filter("user%20name=al%3Dice&app=prod").unwrap();
+        assert_eq!(
+            pairs,
+            [
+                ("user name".to_string(), "al=ice".to_string()),
+                ("app".to_string(), "prod".to_string())
+            ]
+        );
+        assert!(parse_metadata_filter("novalue").is_err());
+        assert!(parse_metadata_filter("a=%zz").is_err());
+        assert!(parse_metadata_filter("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn unsupported_features_are_named() {
+        let body = NewSandbox {
+            template_id: "base".into(),
+            auto_pause: Some(true),
+            ..Default::default()
+        };
+        let err = refuse_unsupported(&body).unwrap_err();
+        assert_eq!(err.status(), 501);
+        assert!(err.to_string().contains("autoPause"));
+        let defaults = NewSandbox {
+            template_id: "base".into(),
+            auto_pause: Some(false),
+            auto_pause_memory: Some(true),
+            allow_internet_access: Some(true),
+            ..Default::default()
+        };
+        assert!(refuse_unsupported(&defaults).is_ok());
+    }
+}

@@ -1,0 +1,87 @@
+//! The OpenAPI document of what berth implements, generated from the handlers' and
+//! models' annotations so it cannot drift from the code. Routes that answer 501 are
+//! deliberately absent.
+
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::handlers;
+
+struct ApiKeyScheme;
+
+impl Modify for ApiKeyScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "ApiKeyAuth",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "berth", description = "E2B-compatible control plane served by berth."),
+    modifiers(&ApiKeyScheme),
+    paths(
+        handlers::health,
+        handlers::create_sandbox_v1,
+        handlers::create_sandbox_v2,
+        handlers::list_sandboxes_v1,
+        handlers::list_sandboxes_v2,
+        handlers::get_sandbox,
+        handlers::kill_sandbox,
+        handlers::set_timeout,
+        handlers::refresh,
+        handlers::connect_v1,
+        handlers::connect_v2,
+        handlers::logs_v1,
+        handlers::logs_v2,
+        handlers::sandbox_metrics,
+        handlers::sandboxes_metrics,
+        handlers::list_teams,
+        handlers::team_metrics,
+        handlers::team_metrics_max,
+        handlers::list_keys,
+        handlers::create_key,
+        handlers::update_key,
+        handlers::delete_key,
+        handlers::list_templates_v2,
+        handlers::list_templates_v1,
+        handlers::get_template,
+        handlers::get_template_alias,
+        handlers::team_events,
+        handlers::sandbox_events,
+        handlers::create_webhook,
+        handlers::list_webhooks,
+        handlers::get_webhook,
+        handlers::update_webhook,
+        handlers::delete_webhook,
+    )
+)]
+struct BerthApi;
+
+/// The document served at `GET /openapi.json`.
+pub fn openapi_document() -> utoipa::openapi::OpenApi {
+    BerthApi::openapi()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn document_lists_implemented_routes_only() {
+        let doc = serde_json::to_value(openapi_document()).unwrap();
+        let paths = doc["paths"].as_object().unwrap();
+        assert!(paths.contains_key("/v2/sandboxes"));
+        assert!(paths.contains_key("/events/webhooks/{webhookID}"));
+        assert!(!paths.contains_key("/sandboxes/{sandboxID}/pause"));
+        let sandbox = &doc["components"]["schemas"]["Sandbox"]["properties"];
+        assert!(sandbox.get("sandboxID").is_some());
+        assert!(sandbox.get("envdAccessToken").is_some());
+        // Fields berth refuses are not advertised.
+        let new_sandbox = &doc["components"]["schemas"]["NewSandbox"]["properties"];
+        assert!(new_sandbox.get("autoPause").is_none());
+    }
+}

@@ -1,0 +1,147 @@
+//! Webhook delivery: a background task POSTs queued events, signed with
+//! `e2b-signature = base64url-no-pad(sha256(secret + body))`, retrying failures with
+//! exponential backoff. API calls only queue deliveries; they never wait for them.
+
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+
+use crate::SharedState;
+
+/// Header carrying the delivery signature.
+pub const SIGNATURE_HEADER: &str = "e2b-signature";
+
+/// Deliveries are abandoned after this many failed attempts.
+const MAX_ATTEMPTS: u32 = 10;
+/// Backoff after the first failure; doubles per attempt.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(600);
+/// One delivery may take this long before it counts as failed.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_SLEEP: Duration = Duration::from_secs(5);
+
+/// The signature of `body` under `secret`.
+pub fn sign(secret: &str, body: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(secret.as_bytes());
+    hasher.update(body);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(hasher.finalize())
+}
+
+/// Delay before retry number `attempt` (0-based).
+fn backoff(attempt: u32) -> Duration {
+    FIRST_RETRY
+        .checked_mul(1u32 << attempt.min(20))
+        .unwrap_or(MAX_RETRY)
+        .min(MAX_RETRY)
+}
+
+pub async fn run(state: SharedState) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    loop {
+        match state.store.due_deliveries(OffsetDateTime::now_utc(), 32) {
+            Ok(due) => {
+                let attempts = due.into_iter().map(|delivery| {
+                    let client = client.clone();
+                    let state = state.clone();
+                    async move {
+                        let outcome = deliver(&client, &delivery.url, &delivery.secret, &delivery.body).await;
+                        let stored = match outcome {
+                            Ok(()) => state.store.finish_delivery(delivery.id),
+                            Err(err) if delivery.attempts + 1 >= MAX_ATTEMPTS => {
+                                tracing::warn!(webhook = %delivery.webhook_id, %err, "giving up on webhook delivery");
+                                state.store.finish_delivery(delivery.id)
+                            }
+                            Err(err) => {
+                                tracing::debug!(webhook = %delivery.webhook_id, %err, "webhook delivery failed; will retry");
+                                let next = OffsetDateTime::now_utc() + backoff(delivery.attempts);
+                                state.store.retry_delivery(delivery.id, next)
+                            }
+                        };
+                        if let Err(err) = stored {
+                            tracing::error!(%err, "updating webhook delivery");
+                        }
+                    }
+                });
+                futures_join_all(attempts).await;
+            }
+            Err(err) => tracing::error!(%err, "listing webhook deliveries"),
+        }
+        let sleep = match state.store.next_delivery_at() {
+            Ok(Some(next)) => Duration::try_from(next - OffsetDateTime::now_utc())
+                .unwrap_or(Duration::ZERO)
+                .min(MAX_SLEEP),
+            Ok(None) | Err(_) => MAX_SLEEP,
+        };
+        tokio::select! {
+            () = tokio::time::sleep(sleep) => {}
+            () = state.delivery_wakeup.notified() => {}
+        }
+    }
+}
+
+async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
+    futures: impl Iterator<Item = F>,
+) {
+    let mut set = tokio::task::JoinSet::new();
+    for future in futures {
+        set.spawn(future);
+    }
+    while set.join_next().await.is_some() {}
+}
+
+async fn deliver<C>(
+    client: &Client<C, Full<Bytes>>,
+    url: &str,
+    secret: &str,
+    body: &str,
+) -> Result<(), String>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    let request = hyper::Request::post(url)
+        .header("content-type", "application/json")
+        .header(SIGNATURE_HEADER, sign(secret, body.as_bytes()))
+        .header("user-agent", "berth-webhooks")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .map_err(|err| err.to_string())?;
+    let response = tokio::time::timeout(DELIVERY_TIMEOUT, client.request(request))
+        .await
+        .map_err(|_| format!("no answer within {DELIVERY_TIMEOUT:?}"))?
+        .map_err(|err| err.to_string())?;
+    let status = response.status();
+    // Drain the body so the connection can be reused.
+    let _ = response.into_body().collect().await;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("receiver answered {status}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_is_base64url_sha256_of_secret_then_body() {
+        // sha256("abc") = ba7816bf…, base64url without padding.
+        assert_eq!(
+            sign("a", b"bc"),
+            "ungWv48Bz-pBQUDeXa4iI7ADYaOWF3qctBD_YfIAFa0"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        assert_eq!(backoff(0), Duration::from_secs(1));
+        assert_eq!(backoff(3), Duration::from_secs(8));
+        assert_eq!(backoff(30), MAX_RETRY);
+    }
+}
