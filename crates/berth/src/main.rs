@@ -29,15 +29,16 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
     about = "Self-hosted, E2B-compatible sandboxes"
 )]
 struct Cli {
+    /// Where berth keeps its database, templates and sandboxes.
+    #[arg(
+        long,
+        env = "BERTH_STATE_DIR",
+        default_value = "/var/lib/berth",
+        global = true
+    )]
+    state_dir: PathBuf,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Args, Clone)]
-struct StateDirArg {
-    /// Where berth keeps its database, templates and sandboxes.
-    #[arg(long, env = "BERTH_STATE_DIR", default_value = "/var/lib/berth")]
-    state_dir: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -46,8 +47,6 @@ enum Command {
     Up(UpArgs),
     /// Manage API keys.
     Keys {
-        #[command(flatten)]
-        state: StateDirArg,
         #[command(subcommand)]
         command: KeysCommand,
     },
@@ -55,8 +54,6 @@ enum Command {
 
 #[derive(Args)]
 struct UpArgs {
-    #[command(flatten)]
-    state: StateDirArg,
     /// Address of the one listener serving both the API and the sandbox proxy.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
@@ -95,15 +92,15 @@ enum KeysCommand {
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
+            tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up(args) => up(args),
-        Command::Keys { state, command } => keys(&state.state_dir, command),
+        Command::Up(args) => up(&cli.state_dir, args),
+        Command::Keys { command } => keys(&cli.state_dir, command),
     }
 }
 
@@ -255,8 +252,8 @@ async fn shutdown_signal() {
     }
 }
 
-fn up(args: UpArgs) -> Result<()> {
-    let state_dir = args.state.state_dir.clone();
+fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
+    let state_dir = state_dir.to_path_buf();
     let store = Arc::new(open_store(&state_dir)?);
     let (_, first_key) = ensure_default_team(&store)?;
     let templates = TemplateStore::open(&state_dir).context("opening the template store")?;
