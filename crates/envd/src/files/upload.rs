@@ -91,6 +91,11 @@ pub async fn post_files(
             written: Vec::new(),
         };
         read_multipart(body, &boundary, &mut sink).await?;
+        if sink.written.is_empty() {
+            return Err(HttpError::bad_request(
+                "the multipart body has no part named 'file'",
+            ));
+        }
         sink.written.iter().map(|p| ctx.entry(p)).collect()
     } else {
         return Err(HttpError::bad_request(format!(
@@ -567,6 +572,12 @@ mod tests {
             err["message"].as_str().unwrap().contains("multipart"),
             "{err}"
         );
+        let no_file = multipart("/files", multipart_body(&[("other", Some("o"), b"x")]));
+        let err = json(&sb, no_file, StatusCode::BAD_REQUEST).await;
+        assert!(err["message"]
+            .as_str()
+            .unwrap()
+            .contains("no part named 'file'"));
         let no_name = multipart("/files", multipart_body(&[("file", None, b"x")]));
         let err = json(&sb, no_name, StatusCode::BAD_REQUEST).await;
         assert!(err["message"].as_str().unwrap().contains("no filename"));
