@@ -9,8 +9,11 @@ mod teams;
 mod templates;
 mod unimplemented;
 
-use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use berth_api::ApiError;
@@ -56,6 +59,31 @@ async fn method_not_allowed() -> (StatusCode, axum::Json<berth_api::Error>) {
             message: "method not allowed on this route".into(),
         }),
     )
+}
+
+/// Read every API request body completely before routing (bodies are small: at most
+/// [`crate::MAX_API_BODY_BYTES`]). A handler or extractor that refuses a request early
+/// (401, 404, 501 …) would otherwise leave an unread body on a keep-alive connection,
+/// which makes hyper drop the connection under the client's next request.
+async fn buffer_body(request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    match axum::body::to_bytes(body, crate::MAX_API_BODY_BYTES).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(_) => {
+            let mut response = ApiError::PayloadTooLarge {
+                limit: crate::MAX_API_BODY_BYTES,
+            }
+            .into_response();
+            // The rest of the body is still in flight: this connection cannot be reused.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    }
 }
 
 pub fn router(state: SharedState) -> Router {
@@ -125,5 +153,6 @@ pub fn router(state: SharedState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(crate::MAX_API_BODY_BYTES))
+        .layer(middleware::from_fn(buffer_body))
         .with_state(state)
 }
