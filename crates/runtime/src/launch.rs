@@ -144,6 +144,23 @@ fn recv_config(sock: BorrowedFd<'_>) -> io::Result<(LaunchConfig, Vec<OwnedFd>)>
     Ok((config, fds))
 }
 
+/// The name the launcher is always invoked under (argv[0]).
+pub const LAUNCHER_ARGV0: &str = "berth-launch";
+
+/// For a daemon that is its own launcher (`launcher_binary` = its own executable): call
+/// first thing in `main`; when the process was started as the launcher it runs it and
+/// never returns, otherwise it returns at once.
+pub fn run_if_launcher() {
+    let invoked_as = std::env::args_os().next();
+    let name = invoked_as
+        .as_deref()
+        .map(Path::new)
+        .and_then(Path::file_name);
+    if name == Some(OsStr::new(LAUNCHER_ARGV0)) {
+        launcher_main()
+    }
+}
+
 /// Entry point of the `berth-launch` binary.
 pub fn launcher_main() -> ! {
     let args: Vec<String> = std::env::args().collect();

@@ -33,7 +33,9 @@ pub struct LinuxRuntimeConfig {
     pub envd_binary: PathBuf,
     /// Arguments passed to the init.
     pub envd_args: Vec<String>,
-    /// Host path of the `berth-launch` binary built by this crate.
+    /// Host path of the `berth-launch` binary built by this crate (`cargo build -p
+    /// berth-runtime --bin berth-launch`), or of a daemon executable that calls
+    /// [`crate::launch::run_if_launcher`] first thing in `main`.
     pub launcher_binary: PathBuf,
     /// First host uid/gid of berth's range; sandbox slot `n` maps its uid 0..65536 to
     /// `uid_base + n * 65536`.
@@ -192,6 +194,7 @@ impl LinuxRuntime {
     ) -> Result<std::process::Command, RuntimeError> {
         let sandbox = self.get(id)?;
         let mut cmd = std::process::Command::new(&self.config.launcher_binary);
+        std::os::unix::process::CommandExt::arg0(&mut cmd, launch::LAUNCHER_ARGV0);
         cmd.arg("exec")
             .arg("--pid")
             .arg(sandbox.info.init_pid.to_string());

@@ -43,7 +43,10 @@ const ALLOWED_PERSONALITIES: [u32; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff
 const SYS_CREATE_MODULE: i64 = 174;
 const SYS_GET_KERNEL_SYMS: i64 = 177;
 const SYS_QUERY_MODULE: i64 = 178;
+const SYS_MEMFD_SECRET: i64 = 447;
+const SYS_PROCESS_MRELEASE: i64 = 448;
 const SYS_STATMOUNT: i64 = 457;
+const SYS_LSM_SET_SELF_ATTR: i64 = 460;
 const SYS_LISTMOUNT: i64 = 458;
 const SYS_OPEN_TREE_ATTR: i64 = 467;
 
@@ -117,8 +120,11 @@ const DENIED: &[i64] = &[
     libc::SYS_vserver,
     libc::SYS_getpmsg,
     libc::SYS_putpmsg,
+    SYS_MEMFD_SECRET,
+    SYS_PROCESS_MRELEASE,
     SYS_STATMOUNT,
     SYS_LISTMOUNT,
+    SYS_LSM_SET_SELF_ATTR,
     SYS_OPEN_TREE_ATTR,
 ];
 

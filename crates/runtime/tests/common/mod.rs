@@ -54,12 +54,52 @@ pub fn test_config(state: &Path, cgroup_parent: &str) -> LinuxRuntimeConfig {
     config
 }
 
+/// The berth-envd binary: `BERTH_ENVD_BIN`, else the workspace build (built if missing).
+pub fn envd_binary() -> PathBuf {
+    static ENVD: OnceLock<PathBuf> = OnceLock::new();
+    ENVD.get_or_init(|| {
+        if let Some(path) = std::env::var_os("BERTH_ENVD_BIN") {
+            return PathBuf::from(path);
+        }
+        let launcher = Path::new(env!("CARGO_BIN_EXE_berth-launch"));
+        let built = launcher.with_file_name("berth-envd");
+        if !built.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "-p", "berth-envd", "--bin", "berth-envd"])
+                .status()
+                .expect("run cargo build -p berth-envd");
+            assert!(status.success(), "building berth-envd failed");
+        }
+        built
+    })
+    .clone()
+}
+
 impl TestRuntime {
     pub fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    /// A runtime whose init is the real berth-envd.
+    pub fn with_envd() -> Self {
+        let envd = envd_binary();
+        Self::with(move |config| {
+            config.envd_binary = envd;
+            config.envd_args = berth_runtime::DEFAULT_ENVD_ARGS
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        })
+    }
+
+    pub fn with(adjust: impl FnOnce(&mut LinuxRuntimeConfig)) -> Self {
         let name = unique("berth-test");
         let state = PathBuf::from("/var/lib/berth-test").join(&name);
         std::fs::create_dir_all(&state).unwrap();
-        let rt = LinuxRuntime::new(test_config(&state, &name)).expect("runtime");
+        let mut config = test_config(&state, &name);
+        adjust(&mut config);
+        let rt = LinuxRuntime::new(config).expect("runtime");
         Self {
             rt,
             state,
@@ -70,6 +110,32 @@ impl TestRuntime {
     /// A second runtime on the same state, as a restarted daemon would make.
     pub fn reopen(&self) -> LinuxRuntime {
         LinuxRuntime::new(test_config(&self.state, &self.cgroup_parent)).expect("runtime")
+    }
+
+    /// GET `path` from envd inside sandbox `id` through [`Runtime::connect`]; the raw response.
+    pub fn envd_get(&self, id: &str, path: &str) -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let mut stream = self.rt.connect(id, 49983).map_err(std::io::Error::other)?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
+    }
+
+    /// Polls envd's /health until it answers; the status line.
+    pub fn wait_envd_health(&self, id: &str) -> String {
+        for _ in 0..2000 {
+            if let Ok(response) = self.envd_get(id, "/health") {
+                if let Some(status) = response.lines().next() {
+                    return status.to_owned();
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("envd in {id} never answered /health");
     }
 
     pub fn cgroup_parent(&self) -> &str {
