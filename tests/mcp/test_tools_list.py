@@ -26,7 +26,9 @@ def list_tools(state_dir, toolset):
     return anyio.run(run)
 
 
-def check_params(tool, seed_tool, *, exact_required=True):
+def check_params(tool, seed_tool, *, exact_required=True, other_descriptions=None):
+    """`other_descriptions` (superset tools): a parameter both documents define may carry
+    either document's description."""
     schema = tool.input_schema
     properties = schema.get("properties", {})
     required = set(schema.get("required", []))
@@ -34,7 +36,8 @@ def check_params(tool, seed_tool, *, exact_required=True):
         assert param.name in properties, f"{tool.name}: missing {param.name}"
         prop = properties[param.name]
         assert prop["type"] == param.type, (tool.name, param.name)
-        assert prop["description"] == param.description, (tool.name, param.name)
+        allowed = {param.description} | (other_descriptions or {}).get(param.name, set())
+        assert prop["description"] in allowed, (tool.name, param.name)
         if param.enum:
             assert prop["enum"] == param.enum, (tool.name, param.name)
         if param.default is not None:
@@ -102,8 +105,16 @@ def test_all_toolset(state_dir):
     assert sorted(tools) == sorted(set(session) | set(connector))
     for name, tool in tools.items():
         if name in SHARED:
-            check_params(tool, session[name], exact_required=False)
-            check_params(tool, connector[name], exact_required=False)
+            descriptions = {}
+            for param in session[name].params + connector[name].params:
+                descriptions.setdefault(param.name, set()).add(param.description)
+            for seed_tool in (session[name], connector[name]):
+                check_params(
+                    tool, seed_tool, exact_required=False, other_descriptions=descriptions
+                )
+            assert set(tool.input_schema["properties"]) == set(descriptions) | (
+                {"scope"} if name == "e2b_list_sandboxes" else set()
+            )
             assert not tool.input_schema.get("required")
             assert tool.description.startswith(connector[name].description)
             check_annotations(tool, connector[name])
