@@ -24,3 +24,43 @@ fn create_exec_kill() {
     assert!(t.rt.list().is_empty());
     assert!(!t.state.join("sandboxes").join(&info.id).exists());
 }
+
+#[test]
+fn concurrent_creates_and_kills() {
+    let t = TestRuntime::new();
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                for _ in 0..3 {
+                    let spec = t.spec("conc");
+                    let info = t.rt.create(&spec).expect("create");
+                    assert_eq!(t.sh_ok(&info.id, 0, "hostname"), spec.id);
+                    t.rt.kill(&info.id).expect("kill");
+                }
+            });
+        }
+    });
+    assert!(t.rt.list().is_empty());
+    assert_eq!(
+        std::fs::read_dir(t.state.join("sandboxes"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn killing_an_unknown_or_dead_sandbox() {
+    let t = TestRuntime::new();
+    assert!(matches!(
+        t.rt.kill("nope"),
+        Err(berth_runtime::RuntimeError::NotFound(_))
+    ));
+    let info = t.rt.create(&t.spec("dies")).unwrap();
+    // The init dies on its own (as a crashed envd would); kill still cleans up.
+    // SAFETY: plain kill(2) of a pid we created.
+    assert_eq!(unsafe { libc::kill(info.init_pid, libc::SIGKILL) }, 0);
+    t.rt.kill(&info.id).expect("kill after the init died");
+    assert!(!t.state.join("sandboxes").join(&info.id).exists());
+    assert!(t.rt.create(&t.spec("bad/id")).is_err());
+}
