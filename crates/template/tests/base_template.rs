@@ -135,3 +135,48 @@ fn base_template_is_built_once_and_looks_like_e2b_base() {
         .count();
     assert_eq!(debs, 0);
 }
+
+/// A scratch state dir removed on drop, even when the test fails.
+struct ScratchState(PathBuf);
+
+impl Drop for ScratchState {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn unreachable_mirror_is_a_network_error_and_leaves_nothing() {
+    let state = ScratchState(
+        std::env::temp_dir().join(format!("berth-template-netfail-{}", std::process::id())),
+    );
+    let store = TemplateStore::open(&state.0).expect("open store");
+    let mut recipe = berth_template::BaseRecipe::default();
+    recipe.template_id = "unreachable".into();
+    // Nothing listens on loopback port 9, so every fetch is refused at once.
+    recipe.mirror = "http://127.0.0.1:9/debian".into();
+    let mut stages = Vec::new();
+    let err = store
+        .ensure_recipe(&recipe, |e| {
+            if let BuildProgress::Stage { name, .. } = e {
+                stages.push(name)
+            }
+        })
+        .expect_err("a build from a refused mirror cannot succeed");
+    eprintln!("{err}");
+    assert!(
+        matches!(err, berth_template::TemplateError::Network { .. }),
+        "not a network error: {err}"
+    );
+    assert!(err.to_string().contains("127.0.0.1:9"), "{err}");
+    assert_eq!(stages, vec!["debootstrap".to_string()]);
+    assert!(!store.has_layer(&recipe.layer_id()));
+    assert!(matches!(
+        store.get("unreachable"),
+        Err(berth_template::TemplateError::NotFound(_))
+    ));
+    let staging = std::fs::read_dir(store.root().join("staging"))
+        .unwrap()
+        .count();
+    assert_eq!(staging, 0, "a failed build left staging behind");
+}
