@@ -62,10 +62,20 @@ pub enum SetupStep {
     AptInstall { packages: Vec<String> },
 }
 
+/// Where `base` comes from unless a mirror is given.
+pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+
 impl Default for BaseRecipe {
     /// E2B-like base: Debian bookworm minbase plus the tools agents expect.
     fn default() -> BaseRecipe {
-        let mirror = "http://deb.debian.org/debian".to_string();
+        BaseRecipe::with_mirror(DEFAULT_MIRROR)
+    }
+}
+
+impl BaseRecipe {
+    /// The `base` recipe fetching from `mirror` (debootstrap and the image's apt sources).
+    pub fn with_mirror(mirror: &str) -> BaseRecipe {
+        let mirror = mirror.to_string();
         let write = |path: &str, contents: &str, mode: u32| SetupStep::WriteFile {
             path: path.into(),
             contents: contents.into(),
@@ -164,9 +174,7 @@ impl Default for BaseRecipe {
             },
         }
     }
-}
 
-impl BaseRecipe {
     /// The id of the layer this recipe builds: a hash of the recipe and builder version.
     pub fn layer_id(&self) -> LayerId {
         #[derive(Serialize)]

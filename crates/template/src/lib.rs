@@ -25,7 +25,7 @@ mod lock;
 mod manifest;
 mod store;
 
-pub use base::{BaseRecipe, SetupStep, BASE_TEMPLATE_ID};
+pub use base::{BaseRecipe, SetupStep, BASE_TEMPLATE_ID, DEFAULT_MIRROR};
 pub use error::TemplateError;
 pub use layer::{LayerId, StagedLayer};
 pub use manifest::{TemplateConfig, TemplateManifest};

@@ -151,10 +151,11 @@ fn unreachable_mirror_is_a_network_error_and_leaves_nothing() {
         std::env::temp_dir().join(format!("berth-template-netfail-{}", std::process::id())),
     );
     let store = TemplateStore::open(&state.0).expect("open store");
-    let mut recipe = berth_template::BaseRecipe::default();
-    recipe.template_id = "unreachable".into();
     // Nothing listens on loopback port 9, so every fetch is refused at once.
-    recipe.mirror = "http://127.0.0.1:9/debian".into();
+    let recipe = berth_template::BaseRecipe {
+        template_id: "unreachable".into(),
+        ..berth_template::BaseRecipe::with_mirror("http://127.0.0.1:9/debian")
+    };
     let mut stages = Vec::new();
     let err = store
         .ensure_recipe(&recipe, |e| {
