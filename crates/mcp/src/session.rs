@@ -281,6 +281,8 @@ impl Mcp {
     }
 
     pub(crate) fn list_session_sandboxes(&self, context: &CallContext) -> ToolResult {
+        // Every E2B operation needs the user's own connection, even one answered locally.
+        self.require_connection(&context.identity)?;
         let rows = self
             .inner
             .store
