@@ -61,7 +61,7 @@ struct UpArgs {
     #[arg(long, env = "BERTH_DOMAIN")]
     domain: Option<String>,
     /// The berth-envd binary run as every sandbox's init (default: next to this binary).
-    #[arg(long, env = "BERTH_ENVD_BINARY")]
+    #[arg(long, env = "BERTH_ENVD_BIN")]
     envd_binary: Option<PathBuf>,
     /// Do not build the `base` template at start (it must then already exist or
     /// sandboxes must use other installed templates).
