@@ -239,7 +239,10 @@ impl FrameDecoder {
 
 fn end_stream_error(payload: &[u8]) -> Option<String> {
     let error = body_json(payload).get("error")?.clone();
-    let code = error.get("code").and_then(Value::as_str).unwrap_or("unknown");
+    let code = error
+        .get("code")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
     let message = error.get("message").and_then(Value::as_str).unwrap_or("");
     Some(format!("{code}: {message}"))
 }
@@ -347,9 +350,8 @@ mod tests {
 
     #[test]
     fn end_stream_error_is_reported() {
-        let error = end_stream_error(
-            br#"{"error":{"code":"deadline_exceeded","message":"too slow"}}"#,
-        );
+        let error =
+            end_stream_error(br#"{"error":{"code":"deadline_exceeded","message":"too slow"}}"#);
         assert_eq!(error.as_deref(), Some("deadline_exceeded: too slow"));
         assert_eq!(end_stream_error(b"{}"), None);
     }

@@ -21,11 +21,17 @@ fn main() -> anyhow::Result<()> {
     let command = args.next().context("missing command")?;
     let mut flags = HashMap::new();
     while let Some(flag) = args.next() {
-        let name = flag.strip_prefix("--").context("expected --flag")?.to_owned();
+        let name = flag
+            .strip_prefix("--")
+            .context("expected --flag")?
+            .to_owned();
         flags.insert(name, args.next().context("flag without value")?);
     }
     let state_dir = PathBuf::from(flags.get("state-dir").context("--state-dir is required")?);
-    let listen = flags.get("listen").cloned().unwrap_or_else(|| "127.0.0.1:0".into());
+    let listen = flags
+        .get("listen")
+        .cloned()
+        .unwrap_or_else(|| "127.0.0.1:0".into());
     let public_url = flags
         .get("public-url")
         .cloned()
@@ -67,7 +73,12 @@ fn main() -> anyhow::Result<()> {
                 std::io::stdin().read_to_string(&mut key)?;
                 let api_url = flags.get("api-url").context("--api-url is required")?;
                 Mcp::open(config)?
-                    .connect(&user, api_url, key.trim(), flags.get("sandbox-url").map(String::as_str))
+                    .connect(
+                        &user,
+                        api_url,
+                        key.trim(),
+                        flags.get("sandbox-url").map(String::as_str),
+                    )
                     .await?;
                 eprintln!("connected {user} to {api_url}");
                 Ok(())

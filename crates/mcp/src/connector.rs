@@ -182,7 +182,9 @@ impl Mcp {
     ) -> Result<(), ToolFailure> {
         let store = &self.inner.store;
         match tool {
-            "e2b_kill_sandbox" => store.set_status(&context.identity, sandbox_id, "deleted", true)?,
+            "e2b_kill_sandbox" => {
+                store.set_status(&context.identity, sandbox_id, "deleted", true)?
+            }
             "e2b_pause_sandbox" => {
                 store.set_status(&context.identity, sandbox_id, "paused", false)?
             }
@@ -255,9 +257,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(request.path, "/events/sandboxes/..%2Fx");
-        assert!(request.query.contains(&("types".to_owned(), "a".to_owned())));
-        assert!(request.query.contains(&("types".to_owned(), "b".to_owned())));
-        assert!(request.query.contains(&("orderAsc".to_owned(), "false".to_owned())));
+        assert!(request
+            .query
+            .contains(&("types".to_owned(), "a".to_owned())));
+        assert!(request
+            .query
+            .contains(&("types".to_owned(), "b".to_owned())));
+        assert!(request
+            .query
+            .contains(&("orderAsc".to_owned(), "false".to_owned())));
     }
 
     #[test]

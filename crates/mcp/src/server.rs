@@ -267,7 +267,9 @@ impl Mcp {
     ) -> Result<(), McpError> {
         let api_url = api_url.trim().trim_end_matches('/');
         if !(api_url.starts_with("http://") || api_url.starts_with("https://")) {
-            return Err(McpError::Invalid("the API URL must start with http:// or https://".into()));
+            return Err(McpError::Invalid(
+                "the API URL must start with http:// or https://".into(),
+            ));
         }
         let api = ApiClient::with_http(self.inner.http.clone(), api_url, api_key.trim());
         let query = [("limit".to_owned(), "1".to_owned())];
@@ -337,7 +339,10 @@ impl Mcp {
             identity,
             unix_now() + CONNECT_LINK_SECONDS,
         )?;
-        Ok(format!("{}/mcp/connect/{token}", self.inner.config.public_url))
+        Ok(format!(
+            "{}/mcp/connect/{token}",
+            self.inner.config.public_url
+        ))
     }
 
     /// Adds a new key-encryption key version (key file) and re-encrypts every sealed
@@ -368,7 +373,11 @@ impl Mcp {
         })
     }
 
-    fn handler(&self, identity: Option<String>, resolver: Option<Arc<dyn IdentityResolver>>) -> Handler {
+    fn handler(
+        &self,
+        identity: Option<String>,
+        resolver: Option<Arc<dyn IdentityResolver>>,
+    ) -> Handler {
         Handler {
             mcp: self.clone(),
             session_id: uuid::Uuid::new_v4().to_string(),
@@ -382,8 +391,7 @@ impl Mcp {
     /// (`PUT /mcp/sessions/{session_id}/storage/{*path}`).
     pub fn http_router(&self, resolver: Arc<dyn IdentityResolver>) -> axum::Router {
         use rmcp::transport::streamable_http_server::{
-            session::local::LocalSessionManager, StreamableHttpServerConfig,
-            StreamableHttpService,
+            session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
         };
         let mcp = self.clone();
         let handler_resolver = resolver.clone();
@@ -397,7 +405,12 @@ impl Mcp {
         crate::web::routes(self.clone(), resolver).route_service("/mcp", service)
     }
 
-    pub(crate) async fn dispatch(&self, context: &CallContext, name: &str, args: Map<String, Value>) -> Option<ToolResult> {
+    pub(crate) async fn dispatch(
+        &self,
+        context: &CallContext,
+        name: &str,
+        args: Map<String, Value>,
+    ) -> Option<ToolResult> {
         let spec = self.inner.specs.get(name)?;
         let toolset = self.inner.config.toolset;
         let result = match (name, toolset) {
@@ -505,7 +518,12 @@ impl ServerHandler for Handler {
             ))
             .into());
         };
-        match self.mcp.inner.store.claim_session(&call.session_id, &call.identity) {
+        match self
+            .mcp
+            .inner
+            .store
+            .claim_session(&call.session_id, &call.identity)
+        {
             Ok(true) => {}
             Ok(false) => {
                 return Ok(failure_result(ToolFailure::Message(
@@ -545,7 +563,9 @@ pub async fn run_stdio(
     }
     let session_id = handler.session_id.clone();
     if !mcp.inner.store.claim_session(&session_id, &identity)? {
-        return Err(McpError::Invalid("this session belongs to another user".into()));
+        return Err(McpError::Invalid(
+            "this session belongs to another user".into(),
+        ));
     }
     let served = async {
         let running = handler

@@ -338,7 +338,11 @@ impl Mcp {
         Ok(result)
     }
 
-    pub(crate) async fn exec(&self, context: &CallContext, args: &Map<String, Value>) -> ToolResult {
+    pub(crate) async fn exec(
+        &self,
+        context: &CallContext,
+        args: &Map<String, Value>,
+    ) -> ToolResult {
         let sandbox_id = required_str(args, "sandbox_id")?;
         let command = required_str(args, "command")?;
         let timeout_ms = u64_arg(args, "timeout_ms")?.unwrap_or(DEFAULT_EXEC_TIMEOUT_MS);

@@ -433,8 +433,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db")).unwrap();
         let far = unix_now() + 3600;
-        store.insert_sandbox(&sandbox("alice", "ia", "s1", far)).unwrap();
-        store.insert_sandbox(&sandbox("alice", "ib", "s2", far)).unwrap();
+        store
+            .insert_sandbox(&sandbox("alice", "ia", "s1", far))
+            .unwrap();
+        store
+            .insert_sandbox(&sandbox("alice", "ib", "s2", far))
+            .unwrap();
         assert!(store.expired_leases(unix_now()).unwrap().is_empty());
         assert_eq!(store.end_session("s1").unwrap(), 1);
         let expired = store.expired_leases(unix_now()).unwrap();
@@ -444,7 +448,11 @@ mod tests {
         assert!(store.expired_leases(unix_now()).unwrap().is_empty());
         assert_eq!(store.expired_leases(far).unwrap()[0].release_attempts, 1);
         store.set_status("alice", "ia", "deleted", true).unwrap();
-        assert!(store.expired_leases(far + 1).unwrap().iter().all(|r| r.sandbox_id == "ib"));
+        assert!(store
+            .expired_leases(far + 1)
+            .unwrap()
+            .iter()
+            .all(|r| r.sandbox_id == "ib"));
     }
 
     #[test]
@@ -453,9 +461,14 @@ mod tests {
         let store = Store::open(&dir.path().join("db")).unwrap();
         assert!(store.claim_session("s1", "alice").unwrap());
         assert!(!store.claim_session("s1", "bob").unwrap());
-        store.insert_sandbox(&sandbox("alice", "ia", "s1", 10)).unwrap();
+        store
+            .insert_sandbox(&sandbox("alice", "ia", "s1", 10))
+            .unwrap();
         assert!(store.session_sandbox("bob", "s1", "ia").unwrap().is_none());
-        assert!(store.session_sandbox("alice", "s1", "ia").unwrap().is_some());
+        assert!(store
+            .session_sandbox("alice", "s1", "ia")
+            .unwrap()
+            .is_some());
         assert!(!store.renew_lease("bob", "ia", 99).unwrap());
         assert!(store.renew_lease("alice", "ia", 99).unwrap());
     }

@@ -133,10 +133,12 @@ pub fn specs_for(toolset: Toolset) -> Vec<ToolSpec> {
             let connector = connector_specs();
             let mut all: Vec<ToolSpec> = session_specs()
                 .into_iter()
-                .map(|spec| match connector.iter().find(|c| c.name == spec.name) {
-                    Some(shared) => merge(spec, shared.clone()),
-                    None => spec,
-                })
+                .map(
+                    |spec| match connector.iter().find(|c| c.name == spec.name) {
+                        Some(shared) => merge(spec, shared.clone()),
+                        None => spec,
+                    },
+                )
                 .collect();
             all.extend(
                 connector
@@ -327,7 +329,10 @@ mod tests {
         let destructive = annotations(find("e2b_kill_sandbox"));
         assert_eq!(destructive["destructiveHint"], json!(true));
         assert_eq!(destructive["idempotentHint"], json!(true));
-        assert_eq!(annotations(find("e2b_get_sandbox"))["readOnlyHint"], json!(true));
+        assert_eq!(
+            annotations(find("e2b_get_sandbox"))["readOnlyHint"],
+            json!(true)
+        );
         let tool = mcp_tool(find("e2b_set_sandbox_timeout"));
         assert_eq!(tool.title.as_deref(), Some("Set Sandbox Timeout"));
     }

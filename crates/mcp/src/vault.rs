@@ -90,7 +90,11 @@ impl Vault {
     }
 
     pub fn current_version(&self) -> u32 {
-        *self.keks.keys().next_back().expect("a vault always holds a key")
+        *self
+            .keks
+            .keys()
+            .next_back()
+            .expect("a vault always holds a key")
     }
 
     /// Adds a new random KEK version to the key file and makes it current. With keys from
@@ -180,7 +184,11 @@ fn decrypt(key: &[u8; KEY_LEN], sealed: &[u8], aad: &[u8]) -> Result<Vec<u8>, Mc
 
 fn parse_keks(text: &str, separator: char) -> Result<BTreeMap<u32, [u8; KEY_LEN]>, McpError> {
     let mut keks = BTreeMap::new();
-    for entry in text.split(separator).map(str::trim).filter(|e| !e.is_empty()) {
+    for entry in text
+        .split(separator)
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
         let (version, encoded) = match entry.split_once(':') {
             Some((version, encoded)) => (
                 version

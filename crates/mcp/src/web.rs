@@ -25,7 +25,10 @@ struct WebState {
 
 pub(crate) fn routes(mcp: Mcp, resolver: Arc<dyn IdentityResolver>) -> Router {
     Router::new()
-        .route("/mcp/connect/{token}", get(connect_page).post(connect_submit))
+        .route(
+            "/mcp/connect/{token}",
+            get(connect_page).post(connect_submit),
+        )
         .route(
             "/mcp/sessions/{session_id}/storage/{*path}",
             put(storage_upload).layer(DefaultBodyLimit::max(MAX_UPLOAD_BYTES)),
@@ -80,7 +83,12 @@ fn expired() -> Response {
 }
 
 async fn connect_page(State(state): State<WebState>, Path(token): Path<String>) -> Response {
-    match state.mcp.inner.store.connect_token_identity(&token_hash(&token)) {
+    match state
+        .mcp
+        .inner
+        .store
+        .connect_token_identity(&token_hash(&token))
+    {
         Ok(Some(_)) => Html(form(&state.mcp.inner.config.default_api_url, None)).into_response(),
         Ok(None) => expired(),
         Err(error) => {
@@ -137,7 +145,11 @@ async fn connect_submit(
                 McpError::KeyRejected { .. } | McpError::Invalid(_) => StatusCode::BAD_REQUEST,
                 _ => StatusCode::BAD_GATEWAY,
             };
-            (status, Html(form(&submitted.api_url, Some(&error.to_string())))).into_response()
+            (
+                status,
+                Html(form(&submitted.api_url, Some(&error.to_string()))),
+            )
+                .into_response()
         }
     }
 }
@@ -149,13 +161,20 @@ async fn storage_upload(
 ) -> Response {
     let (parts, body) = request_parts.into_parts();
     let Some(identity) = state.resolver.identity(&parts) else {
-        return (StatusCode::UNAUTHORIZED, Json(json!({"message": "no identity"}))).into_response();
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"message": "no identity"})),
+        )
+            .into_response();
     };
     let stored_session = format!("http:{session_id}");
     match state.mcp.inner.store.session_owner(&stored_session) {
         Ok(Some(owner)) if owner == identity => {}
         Ok(_) => {
-            return (StatusCode::NOT_FOUND, Json(json!({"message": "unknown session"})))
+            return (
+                StatusCode::NOT_FOUND,
+                Json(json!({"message": "unknown session"})),
+            )
                 .into_response()
         }
         Err(error) => {
@@ -165,7 +184,11 @@ async fn storage_upload(
     }
     let root = state.mcp.session_storage_dir(&stored_session);
     let Some(target) = safe_storage_path(&root, &path) else {
-        return (StatusCode::BAD_REQUEST, Json(json!({"message": "bad path"}))).into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"message": "bad path"})),
+        )
+            .into_response();
     };
     let bytes: Bytes = match axum::body::to_bytes(body, MAX_UPLOAD_BYTES).await {
         Ok(bytes) => bytes,
