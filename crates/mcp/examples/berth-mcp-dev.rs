@@ -49,8 +49,7 @@ fn main() -> anyhow::Result<()> {
     let user = flags
         .get("user")
         .cloned()
-        .or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "root".into());
+        .unwrap_or_else(berth_mcp::os_user);
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())

@@ -26,6 +26,6 @@ mod web;
 
 pub use config::{LeaseConfig, McpConfig, OutputLimits, ReleaseAction, Toolset};
 pub use error::McpError;
-pub use server::{run_stdio, HeaderIdentity, IdentityResolver, Mcp, RotationReport};
+pub use server::{os_user, run_stdio, HeaderIdentity, IdentityResolver, Mcp, RotationReport};
 pub use sweeper::SweepReport;
 pub use vault::KEK_ENV;

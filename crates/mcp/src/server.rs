@@ -585,3 +585,116 @@ pub async fn run_stdio(
     mcp.sweep_once().await;
     served
 }
+
+/// The default identity for stdio (`--user` unset): the OS user running the process.
+pub fn os_user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| format!("uid-{}", current_uid()))
+}
+
+fn current_uid() -> u32 {
+    // /proc/self/status is enough here and avoids an unsafe getuid() call.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &std::path::Path) -> Mcp {
+        Mcp::open(McpConfig::new(dir.to_owned(), "http://127.0.0.1:1")).unwrap()
+    }
+
+    #[test]
+    fn rotation_reencrypts_every_record_under_the_new_version() {
+        if std::env::var(crate::vault::KEK_ENV).is_ok() {
+            panic!("unset {} to run this test", crate::vault::KEK_ENV);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mcp = open(dir.path());
+        mcp.seal_json("connection/alice", &json!({"api_key": "e2b_1"}))
+            .unwrap();
+        mcp.seal_json("sandbox/alice/i1", &json!({"sandbox_id": "i1"}))
+            .unwrap();
+        let before = mcp
+            .inner
+            .store
+            .get_sealed("connection/alice")
+            .unwrap()
+            .unwrap();
+        assert_eq!(before.kek_version, 1);
+        let report = mcp.rotate_kek().unwrap();
+        assert_eq!(
+            report,
+            RotationReport {
+                kek_version: 2,
+                records_reencrypted: 2
+            }
+        );
+        let after = mcp
+            .inner
+            .store
+            .get_sealed("connection/alice")
+            .unwrap()
+            .unwrap();
+        assert_eq!(after.kek_version, 2);
+        assert_ne!(after.ciphertext, before.ciphertext);
+        drop(mcp);
+        let reopened = open(dir.path());
+        assert_eq!(
+            reopened.open_json("connection/alice").unwrap().unwrap()["api_key"],
+            "e2b_1"
+        );
+    }
+
+    #[test]
+    fn no_connection_means_a_connect_link_not_a_fallback() {
+        let dir = tempfile::tempdir().unwrap();
+        let mcp = open(dir.path());
+        let Err(ToolFailure::ConnectionRequired { connect_url }) = mcp.require_connection("bob")
+        else {
+            panic!("expected connection required");
+        };
+        let token = connect_url
+            .strip_prefix("http://127.0.0.1:1/mcp/connect/")
+            .unwrap();
+        assert_eq!(
+            mcp.inner
+                .store
+                .connect_token_identity(&token_hash(token))
+                .unwrap()
+                .as_deref(),
+            Some("bob")
+        );
+        assert!(mcp.connection("bob").unwrap().is_none());
+    }
+
+    #[test]
+    fn stored_key_is_not_in_the_database_file_in_clear() {
+        let dir = tempfile::tempdir().unwrap();
+        let mcp = open(dir.path());
+        mcp.seal_json(
+            &connection_context("alice"),
+            &json!({"api_key": "e2b_cleartextcanary"}),
+        )
+        .unwrap();
+        drop(mcp);
+        for entry in std::fs::read_dir(dir.path().join("mcp")).unwrap() {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap_or_default();
+            assert!(!bytes
+                .windows(b"cleartextcanary".len())
+                .any(|window| window == b"cleartextcanary"));
+        }
+    }
+}
