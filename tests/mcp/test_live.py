@@ -511,3 +511,54 @@ def test_streamable_http_lists_and_calls(berth, mcp_state):
         server.terminate()
         server.wait(30)
     scan_server_logs(mcp_state, [berth.api_key])
+
+
+def start_http_server(state_dir: Path, port: int, *extra: str) -> subprocess.Popen:
+    server = subprocess.Popen(
+        server_command()
+        + ["http", "--state-dir", str(state_dir), "--listen", f"127.0.0.1:{port}", *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=open(state_dir / "stderr-http.log", "ab"),
+    )
+    wait_for(lambda: _answers(f"http://127.0.0.1:{port}"), 60, "the MCP HTTP server")
+    return server
+
+
+def test_leases_survive_a_restart_and_expired_ones_are_swept(berth, mcp_state):
+    """A sandbox created through a server that then dies (SIGKILL, no cleanup) is released
+    by the next server process once its lease runs out."""
+    connect_cli(mcp_state, "dave", berth, berth.api_key)
+    port = free_port()
+    first = start_http_server(mcp_state, port, "--lease-ttl", "2", "--sweep-interval", "3600")
+    try:
+
+        async def create():
+            from mcp import ClientSession
+            from mcp.client.streamable_http import streamable_http_client
+            import httpx2
+
+            async with httpx2.AsyncClient(headers={"X-Berth-User": "dave"}, timeout=120) as client:
+                async with streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=client) as (read, write):
+                    async with ClientSession(read, write) as session:
+                        await session.initialize()
+                        created = await call(session, "e2b_create_sandbox", {"title": "left behind"})
+                        assert not created.is_error, created.structured_content
+                        return created.structured_content["sandbox_id"]
+
+        sandbox_id = anyio.run(create)
+    finally:
+        first.kill()
+        first.wait(30)
+    headers = {"X-API-Key": berth.api_key}
+    assert httpx.get(f"{berth.api_url}/sandboxes/{sandbox_id}", headers=headers).status_code == 200
+    second = start_http_server(mcp_state, free_port(), "--lease-ttl", "2", "--sweep-interval", "1")
+    try:
+        wait_for(
+            lambda: httpx.get(f"{berth.api_url}/sandboxes/{sandbox_id}", headers=headers).status_code == 404,
+            60,
+            "the restarted server to sweep the expired lease",
+        )
+    finally:
+        second.terminate()
+        second.wait(30)
+    scan_server_logs(mcp_state, [berth.api_key])
