@@ -54,6 +54,9 @@ pub struct FilesystemService {
     watchers: Mutex<HashMap<String, PollingWatcher>>,
 }
 
+/// Events a polling watcher holds before it gives up (nobody is collecting them).
+const MAX_BUFFERED_EVENTS: usize = 100_000;
+
 /// A `CreateWatcher` watch: a task buffering events until `GetWatcherEvents` takes them.
 struct PollingWatcher {
     buffer: Arc<Mutex<WatcherBuffer>>,
@@ -397,7 +400,15 @@ impl FilesystemService {
                     match watcher.next().await {
                         Ok(changes) => {
                             let events = to_events(&state, changes, include_entry);
-                            lock(&buffer).events.extend(events);
+                            let mut buffer = lock(&buffer);
+                            buffer.events.extend(events);
+                            if buffer.events.len() > MAX_BUFFERED_EVENTS {
+                                buffer.error = Some(ConnectError::new(
+                                    Code::ResourceExhausted,
+                                    format!("watcher stopped: more than {MAX_BUFFERED_EVENTS} events were not collected"),
+                                ));
+                                return;
+                            }
                         }
                         Err(e) => {
                             lock(&buffer).error =
