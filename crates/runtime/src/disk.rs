@@ -316,6 +316,71 @@ fn remove_dead_pools(pool_root: &Path) {
     }
 }
 
+/// Deletes killed sandboxes' directories (and unmounts their disks) off the kill path:
+/// a lazy unmount and unlinking a large image take tens of milliseconds on a busy host.
+/// `kill` renames the directory into `trash/` first, so nothing of the sandbox remains
+/// under its id, and a restarted daemon finishes whatever is left in `trash/`.
+pub(crate) struct Janitor {
+    trash_dir: PathBuf,
+    next: AtomicU64,
+    sender: Mutex<Option<std::sync::mpsc::Sender<PathBuf>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Janitor {
+    pub(crate) fn new(state_dir: &Path) -> io::Result<Self> {
+        let trash_dir = state_dir.join("trash");
+        fs::create_dir_all(&trash_dir)?;
+        let (sender, receiver) = std::sync::mpsc::channel::<PathBuf>();
+        let thread = std::thread::Builder::new()
+            .name("berth-janitor".into())
+            .spawn(move || {
+                for dir in receiver {
+                    if unmount(&dir.join("disk")).is_ok() {
+                        let _ = fs::remove_dir_all(&dir);
+                    }
+                }
+            })?;
+        // Leftovers of an earlier daemon.
+        for entry in fs::read_dir(&trash_dir)?.flatten() {
+            let _ = sender.send(entry.path());
+        }
+        Ok(Self {
+            trash_dir,
+            next: AtomicU64::new(0),
+            sender: Mutex::new(Some(sender)),
+            thread: Some(thread),
+        })
+    }
+
+    /// Moves `dir` out of the way (now) and deletes it (soon). Ok if `dir` is missing.
+    pub(crate) fn dispose(&self, dir: &Path, name: &str) -> io::Result<()> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let target = self
+            .trash_dir
+            .join(format!("{name}.{}.{n}", std::process::id()));
+        match fs::rename(dir, &target) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            other => other?,
+        }
+        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sender) = sender.as_ref() {
+            let _ = sender.send(target);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Janitor {
+    fn drop(&mut self) {
+        // Closing the channel lets the thread finish the queue and exit.
+        self.sender.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Unmounts the disk at `mountpoint` (lazily: the dying sandbox's mount namespace may
 /// still pin it for a moment); the loop device detaches itself (autoclear) once the last
 /// reference goes. Ok if nothing is mounted there.

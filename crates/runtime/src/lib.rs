@@ -65,6 +65,12 @@
 //! will add a veth pair moved into the namespace by pidfd plus per-sandbox NAT and filter
 //! rules on the host side; the launcher needs no change for it.
 //!
+//! **Kill.** SIGKILL to the init through its pidfd (a pid namespace dies with its init),
+//! then anything left in the cgroups, then the cgroups; the sandbox directory is renamed
+//! into `trash/` at once and a janitor thread unmounts its disk and deletes it (a lazy
+//! unmount and unlinking the image are the slow part), so disk bytes return shortly
+//! after `kill` returns. Dropping the runtime waits for the janitor to finish.
+//!
 //! **Recovery.** Each sandbox has `<state>/sandboxes/<id>/record.json` (see `record`);
 //! `recover` reattaches sandboxes whose init is still the same process (pid plus start
 //! time) and removes everything of the others, plus cgroups without a record.

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::cgroup::{CgroupLimits, Cgroups};
-use crate::disk::{self, DiskStore};
+use crate::disk::{self, DiskStore, Janitor};
 use crate::launch::{self, LaunchConfig, CONTROL_FD};
 use crate::record::{self, Record};
 use crate::sys::{self, cpath};
@@ -87,6 +87,7 @@ pub struct LinuxRuntime {
     config: LinuxRuntimeConfig,
     cgroups: Cgroups,
     disks: DiskStore,
+    janitor: Janitor,
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
     /// Slots in use, including sandboxes being created or killed.
     slots: Mutex<BTreeSet<u32>>,
@@ -120,6 +121,7 @@ impl LinuxRuntime {
             .map_err(io_err("set up cgroups"))?;
         let disks = DiskStore::new(&config.state_dir, config.disk_pool_size)
             .map_err(io_err("create disk template dir"))?;
+        let janitor = Janitor::new(&config.state_dir).map_err(io_err("start janitor"))?;
         for (what, path) in [
             ("envd binary", &config.envd_binary),
             ("launcher binary", &config.launcher_binary),
@@ -135,6 +137,7 @@ impl LinuxRuntime {
             config,
             cgroups,
             disks,
+            janitor,
             sandboxes: Mutex::new(HashMap::new()),
             slots: Mutex::new(BTreeSet::new()),
         })
@@ -362,12 +365,9 @@ impl LinuxRuntime {
             .kill_all(id)
             .map_err(io_err("kill remaining processes"))?;
         self.cgroups.remove(id).map_err(io_err("remove cgroups"))?;
-        let dir = self.sandbox_dir(id);
-        disk::unmount(&dir.join("disk")).map_err(io_err("unmount sandbox disk"))?;
-        match fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove sandbox dir")(e)),
-            _ => Ok(()),
-        }
+        self.janitor
+            .dispose(&self.sandbox_dir(id), id)
+            .map_err(io_err("move sandbox dir to trash"))
     }
 }
 

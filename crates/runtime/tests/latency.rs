@@ -48,3 +48,40 @@ fn print_create_kill_latency() {
     report("create until envd /health answers", ready);
     report("kill", kills);
 }
+
+fn mem_available_kib() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let line = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+#[ignore = "measurement, run explicitly"]
+fn print_idle_sandbox_memory() {
+    let t = TestRuntime::with_envd();
+    let warm = t.rt.create(&t.spec("warm")).unwrap();
+    t.wait_envd_health(&warm.id);
+    t.rt.kill(&warm.id).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let count = 100;
+    let before = mem_available_kib();
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        let info = t.rt.create(&t.spec("idle")).unwrap();
+        t.wait_envd_health(&info.id);
+        ids.push(info.id);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let after = mem_available_kib();
+    println!(
+        "{count} idle envd sandboxes: host MemAvailable dropped {} MiB, {} KiB per sandbox",
+        (before - after) / 1024,
+        (before - after) / count
+    );
+    for id in ids {
+        t.rt.kill(&id).unwrap();
+    }
+}
