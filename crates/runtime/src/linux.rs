@@ -26,10 +26,13 @@ pub const DEFAULT_ENVD_ARGS: [&str; 2] = ["--listen", "0.0.0.0:49983"];
 /// How a [`LinuxRuntime`] is set up.
 #[derive(Debug, Clone)]
 pub struct LinuxRuntimeConfig {
-    /// Records, per-sandbox disks and formatted disk images live here.
+    /// Records, per-sandbox disks and formatted disk images live here. It and its parents
+    /// must be searchable by all (o+x): the launcher runs as the sandbox's root, an
+    /// unprivileged host uid, when it mounts the overlay from paths in here.
     pub state_dir: PathBuf,
     /// Host path of the (static) `berth-envd` binary, bind-mounted read-only into each
-    /// sandbox and run as its init.
+    /// sandbox and run as its init. Like `state_dir`, its directories must be searchable
+    /// by all.
     pub envd_binary: PathBuf,
     /// Arguments passed to the init.
     pub envd_args: Vec<String>,

@@ -64,3 +64,34 @@ fn killing_an_unknown_or_dead_sandbox() {
     assert!(!t.state.join("sandboxes").join(&info.id).exists());
     assert!(t.rt.create(&t.spec("bad/id")).is_err());
 }
+
+#[test]
+fn freeze_stops_every_process_until_thaw() {
+    let t = TestRuntime::new();
+    let info = t.rt.create(&t.spec("frz")).unwrap();
+    t.sh_ok(
+        &info.id,
+        0,
+        "(while :; do date +%s%N > /tmp/tick.new && mv /tmp/tick.new /tmp/tick; sleep 0.01; done) >/dev/null 2>&1 & sleep 0.1",
+    );
+    // The host reads the sandbox's tmpfs through its init's root.
+    let tick = std::path::PathBuf::from(format!("/proc/{}/root/tmp/tick", info.init_pid));
+    let read = || std::fs::read_to_string(&tick).unwrap();
+    t.rt.freeze(&info.id).unwrap();
+    let frozen = read();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(read(), frozen, "a process ran while the sandbox was frozen");
+    t.rt.thaw(&info.id).unwrap();
+    let mut moved = false;
+    for _ in 0..300 {
+        if read() != frozen {
+            moved = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(moved, "processes did not resume after thaw");
+    // A frozen sandbox can still be killed.
+    t.rt.freeze(&info.id).unwrap();
+    t.rt.kill(&info.id).unwrap();
+}
