@@ -6,8 +6,9 @@ prints, exports exactly those three variables, and drives it with the official P
 SDK (`e2b==2.63.0`) and plain HTTP. At the end every sandbox the suite's keys can see
 is killed through the API and `berth up` is stopped by PID.
 
-Binary: `BERTH_BIN` if set, else `cargo build -p berth --bin berth` into
-`$CARGO_TARGET_DIR` (default `<repo>/target`).
+Binary: `BERTH_BIN` if set, else `cargo build -p berth -p berth-envd -p berth-runtime
+--bins` into `$CARGO_TARGET_DIR` (default `<repo>/target`): `berth up` runs the
+`berth-envd` and `berth-launch` binaries found beside its own.
 
 Templates: the state directory's `templates/` is a symlink to the shared template store
 (`BERTH_TEMPLATES_DIR`, default `/var/lib/berth/templates`) when that exists, so the
@@ -65,15 +66,16 @@ def berth_binary() -> Path:
         if not os.access(binary, os.X_OK):
             pytest.exit(f"BERTH_BIN={binary} is not an executable file", returncode=2)
         return binary
+    # `berth up` runs envd and the launcher from beside its own binary.
     build = subprocess.run(
-        ["cargo", "build", "-p", "berth", "--bin", "berth"],
+        ["cargo", "build", "-p", "berth", "-p", "berth-envd", "-p", "berth-runtime", "--bins"],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     if build.returncode != 0:
-        pytest.exit(f"cargo build -p berth failed:\n{build.stdout[-6000:]}", returncode=2)
+        pytest.exit(f"cargo build of berth, berth-envd, berth-launch failed:\n{build.stdout[-6000:]}", returncode=2)
     return target_dir() / "debug" / "berth"
 
 

@@ -56,16 +56,15 @@ def test_every_sandbox_is_secured(berth: Berth) -> None:
         token = sandbox._envd_access_token
         assert token, "the create response carries no envdAccessToken"
         envd = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983"}
-        body = {"path": "/home/user"}
-        url = f"{berth.sandbox_url}/filesystem.Filesystem/ListDir"
-        refused = httpx.post(url, json=body, headers=envd, timeout=30)
+        url = f"{berth.sandbox_url}/process.Process/List"
+        refused = httpx.post(url, json={}, headers=envd, timeout=30)
         assert refused.status_code == 401, refused.text
-        wrong = httpx.post(url, json=body, headers={**envd, "X-Access-Token": "x" + token}, timeout=30)
+        wrong = httpx.post(url, json={}, headers={**envd, "X-Access-Token": "x" + token}, timeout=30)
         assert wrong.status_code == 401, wrong.text
-        allowed = httpx.post(url, json=body, headers={**envd, "X-Access-Token": token}, timeout=30)
+        allowed = httpx.post(url, json={}, headers={**envd, "X-Access-Token": token}, timeout=30)
         assert allowed.status_code == 200, allowed.text
         # The SDK itself sends the token.
-        assert sandbox.files.exists("/home/user")
+        assert sandbox.commands.run("echo secured").stdout == "secured\n"
     finally:
         sandbox.kill()
 
