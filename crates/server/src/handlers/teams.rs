@@ -55,6 +55,7 @@ pub struct TeamMetricsMaxQuery {
     #[param(minimum = 0)]
     end: Option<i64>,
     /// `concurrent_sandboxes` or `sandbox_start_rate`.
+    #[param(inline)]
     metric: berth_api::TeamMetricName,
 }
 

@@ -29,7 +29,7 @@ fn writes(feature: &'static str) -> MethodRouter<SharedState> {
     let handler = move |_caller: Caller| async move {
         Err::<(), ApiError>(ApiError::NotImplemented(feature.to_string()))
     };
-    post(handler).patch(handler).delete(handler).put(handler)
+    post(handler).patch(handler).delete(handler)
 }
 
 pub fn add_routes(router: Router<SharedState>) -> Router<SharedState> {
