@@ -12,7 +12,8 @@
 //! 3. populate `/proc`, `/sys` (read-only), a minimal `/dev`, `/tmp`, `/run`, and bind the
 //!    init binary read-only at `/run/berth/<name>`;
 //! 4. `pivot_root`, then mask `/proc` paths and make `/proc/sys` and friends read-only;
-//! 5. hostname, loopback up, a new cgroup namespace (the daemon attached us already);
+//! 5. hostname, loopback up; wait for the daemon to have moved us into the sandbox's
+//!    cgroups (it does so while we mount), then a new cgroup namespace;
 //! 6. reduce the capability bounding set, install the seccomp filter, close every
 //!    inherited fd, and exec the init as namespaced root.
 //!
@@ -189,11 +190,12 @@ fn init_main() -> io::Result<i32> {
         &sock,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )?;
-    let err =
-        match recv_config(sock.as_fd()).and_then(|(config, layers)| become_init(&config, layers)) {
-            Ok(never) => match never {},
-            Err(e) => e,
-        };
+    let err = match recv_config(sock.as_fd())
+        .and_then(|(config, layers)| become_init(&config, layers, sock.as_fd()))
+    {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
     let _ = sendmsg::<()>(
         sock.as_raw_fd(),
         &[IoSlice::new(err.to_string().as_bytes())],
@@ -265,6 +267,7 @@ fn touch(path: &Path) -> io::Result<()> {
 fn become_init(
     config: &LaunchConfig,
     layers: Vec<OwnedFd>,
+    sock: BorrowedFd<'_>,
 ) -> io::Result<std::convert::Infallible> {
     let filter = crate::seccomp::build_filter()?;
     mount(
@@ -285,7 +288,8 @@ fn become_init(
         nix::unistd::sethostname(&config.hostname).map_err(io::Error::from),
     )?;
     ctx("loopback up", loopback_up())?;
-    // SAFETY: plain unshare(2); the daemon already moved us into the sandbox's cgroups.
+    ctx("wait for cgroups", wait_for_cgroups(sock))?;
+    // SAFETY: plain unshare(2); the daemon has moved us into the sandbox's cgroups.
     if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } < 0 {
         return ctx("unshare cgroup namespace", Err(io::Error::last_os_error()));
     }
@@ -305,6 +309,18 @@ fn become_init(
     sys::close_range_from(CONTROL_FD as u32 + 1, 0)?;
     let path = cpath(&exe)?;
     exec(&path, &argv, &envp)
+}
+
+/// Waits for the daemon's byte saying we are in the sandbox's cgroups.
+fn wait_for_cgroups(sock: BorrowedFd<'_>) -> io::Result<()> {
+    let mut byte = [0u8; 1];
+    match nix::sys::socket::recv(sock.as_raw_fd(), &mut byte, MsgFlags::empty())? {
+        1 if byte[0] == b'c' => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "daemon went away",
+        )),
+    }
 }
 
 fn cstrings<'a>(items: impl Iterator<Item = &'a [u8]>) -> io::Result<Vec<CString>> {

@@ -13,10 +13,12 @@
 //! straight into new user, pid, mount, uts, ipc and network namespaces; the child only
 //! waits for a go byte, switches to namespaced root and execs `berth-launch init` (a
 //! binary of this crate, found next to the daemon's executable unless configured). While
-//! the child waits, the daemon writes its uid/gid maps, moves it into its cgroups and
-//! prepares the idmapped template layers. `berth-launch` then does all mount work
-//! single-threaded (see [`launch`]), enters a new cgroup namespace and execs `berth-envd`
-//! as PID 1 and session leader of the sandbox's pid namespace. The init is the daemon's
+//! the child waits, the daemon writes its uid/gid maps and prepares the idmapped template
+//! layers. `berth-launch` then does all mount work single-threaded (see [`launch`]) while
+//! the daemon moves it into its cgroups (a cgroup move can wait for an RCU grace period,
+//! so the two overlap), enters a new cgroup namespace and execs `berth-envd` as PID 1 and
+//! session leader of the sandbox's pid namespace. Kernel objects the launcher allocates
+//! before the move (a few mount structures) stay charged to the daemon's memory cgroup. The init is the daemon's
 //! child (reaped on `kill`); after a daemon restart it belongs to the host's init.
 //!
 //! **User ids: one range per sandbox.** Sandbox slot `n` maps its uids/gids 0–65535 to

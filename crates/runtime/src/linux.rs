@@ -306,9 +306,6 @@ impl LinuxRuntime {
         let map = format!("0 {uid_base} {UID_RANGE_SIZE}\n");
         fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(io_err("write uid_map"))?;
         fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(io_err("write gid_map"))?;
-        self.cgroups
-            .attach(&spec.id, pid)
-            .map_err(io_err("attach init to cgroups"))?;
         let userns = fs::File::open(format!("/proc/{pid}/ns/user"))
             .map_err(io_err("open sandbox user namespace"))?;
         let mut layers = Vec::with_capacity(spec.layers.len());
@@ -328,6 +325,16 @@ impl LinuxRuntime {
         }
         launch::send_config(sock.as_fd(), config, &layers).map_err(io_err("send launch config"))?;
         drop(layers);
+        // Moving a task between cgroups can wait for an RCU grace period (milliseconds on
+        // a busy host), so it overlaps with the launcher's mount work; the launcher waits
+        // for this second byte before it enters a cgroup namespace and execs the init.
+        self.cgroups
+            .attach(&spec.id, pid)
+            .map_err(io_err("attach init to cgroups"))?;
+        // SAFETY: writing one byte from a valid buffer to our socket.
+        if unsafe { libc::write(sock.as_raw_fd(), b"c".as_ptr().cast(), 1) } != 1 {
+            return Err(io_err("confirm cgroups")(io::Error::last_os_error()));
+        }
         let mut buf = vec![0u8; 4096];
         // SAFETY: reading into our own buffer; the socket has a receive timeout.
         let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
