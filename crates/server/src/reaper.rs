@@ -6,13 +6,28 @@ use time::OffsetDateTime;
 
 use crate::{lifecycle, SharedState};
 
+/// Idempotency keys are honoured this long after the create they name.
+const IDEMPOTENCY_KEY_LIFETIME: time::Duration = time::Duration::hours(24);
+/// How often expired idempotency keys are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
 /// Longest sleep between checks, so an end time written by another process (or a missed
 /// wakeup) is still honoured promptly.
 const MAX_SLEEP: Duration = Duration::from_secs(5);
 
 pub async fn run(state: SharedState) {
+    let mut last_sweep: Option<std::time::Instant> = None;
     loop {
         let now = OffsetDateTime::now_utc();
+        if last_sweep.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
+            last_sweep = Some(std::time::Instant::now());
+            if let Err(err) = state
+                .store
+                .forget_idempotency_keys(now - IDEMPOTENCY_KEY_LIFETIME)
+            {
+                tracing::warn!(%err, "sweeping idempotency keys");
+            }
+        }
         match state.store.expired_sandboxes(now) {
             Ok(expired) => {
                 for sandbox in expired {

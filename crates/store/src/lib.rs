@@ -437,11 +437,18 @@ impl Store {
             return Ok(None);
         };
         let used = now();
-        conn.execute(
-            "UPDATE api_keys SET last_used_ms = ?1 WHERE id = ?2",
-            params![to_ms(used), key.id],
-        )?;
-        key.last_used = Some(used);
+        // Every API call authenticates: write the last-used time at most once a minute
+        // per key, so reads stay reads.
+        let stale = key
+            .last_used
+            .is_none_or(|last| used - last > time::Duration::minutes(1));
+        if stale {
+            conn.execute(
+                "UPDATE api_keys SET last_used_ms = ?1 WHERE id = ?2",
+                params![to_ms(used), key.id],
+            )?;
+            key.last_used = Some(used);
+        }
         let team = conn.query_row(
             "SELECT id, name, is_default FROM teams WHERE id = ?1",
             [&key.team_id],
@@ -702,6 +709,14 @@ impl Store {
             params![team_id, key, sandbox_id, to_ms(now())],
         )?;
         Ok(())
+    }
+
+    /// Forget idempotency keys recorded before `before`; returns how many.
+    pub fn forget_idempotency_keys(&self, before: OffsetDateTime) -> Result<usize> {
+        Ok(self.conn().execute(
+            "DELETE FROM idempotency_keys WHERE created_at_ms < ?1",
+            [to_ms(before)],
+        )?)
     }
 
     /// Sandbox an idempotency key created, if any.

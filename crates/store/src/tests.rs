@@ -233,3 +233,27 @@ fn second_open_sees_the_same_state() {
     let (_, raw) = second.create_api_key(&team.id, "from the CLI").unwrap();
     assert!(first.authenticate(&raw).unwrap().is_some());
 }
+
+#[test]
+fn idempotency_keys_are_remembered_and_expire() {
+    let (_dir, store) = open();
+    store.remember_idempotency_key("t", "k", "i1").unwrap();
+    assert_eq!(
+        store.idempotent_sandbox("t", "k").unwrap().as_deref(),
+        Some("i1")
+    );
+    assert!(store.idempotent_sandbox("other", "k").unwrap().is_none());
+    assert_eq!(
+        store
+            .forget_idempotency_keys(now() - time::Duration::hours(1))
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .forget_idempotency_keys(now() + time::Duration::seconds(1))
+            .unwrap(),
+        1
+    );
+    assert!(store.idempotent_sandbox("t", "k").unwrap().is_none());
+}
