@@ -1,8 +1,9 @@
 //! `GET /files?path=&username=`: stream a file, gzip-compressed when `Accept-Encoding`
-//! prefers it. A blocking thread reads 256 KiB chunks into a small channel, so a slow
+//! prefers it, or one byte range of it (`Range: bytes=…`, answered 206 uncompressed, as
+//! Go's `http.ServeContent` in E2B's envd does). A blocking thread reads 256 KiB chunks into a small channel, so a slow
 //! client holds back the reader instead of filling memory, and a gone client stops it.
 
-use std::io::{self, Read};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::Stream;
 use tokio_util::io::{ReaderStream, StreamReader};
@@ -109,13 +110,50 @@ pub async fn get_file(
         let path = path.clone();
         blocking(move || open_for_download(&path)).await?
     };
-    let chunks = read_chunks(file, path);
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        Some(range) => match parse_range(range, size) {
+            RangeRequest::Satisfiable(range) => Some(range),
+            RangeRequest::Ignored => None,
+            RangeRequest::Unsatisfiable => {
+                let mut response = HttpError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    format!(
+                        "range '{range}' is outside '{}' ({size} bytes)",
+                        path.display()
+                    ),
+                )
+                .into_response();
+                response.headers_mut().insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&format!("bytes */{size}")).expect("ASCII"),
+                );
+                return Ok(response);
+            }
+        },
+        None => None,
+    };
+    // A range is served as is: compressing it would change what the offsets mean.
+    let encoding = if range.is_some() {
+        ResponseEncoding::Identity
+    } else {
+        encoding
+    };
+    let (start, len) = range.map_or((0, size), |r| (r.start, r.end - r.start + 1));
+    let chunks = read_chunks(file, path, start, len);
     let mut response = match encoding {
         ResponseEncoding::Identity => {
             let mut response = Response::new(Body::from_stream(chunks));
             response
                 .headers_mut()
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            if let Some(range) = range {
+                *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+                response.headers_mut().insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&format!("bytes {}-{}/{size}", range.start, range.end))
+                        .expect("ASCII"),
+                );
+            }
             response
         }
         ResponseEncoding::Gzip => {
@@ -138,7 +176,61 @@ pub async fn get_file(
         HeaderValue::from_static("application/octet-stream"),
     );
     response_headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    response_headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     Ok(response)
+}
+
+/// An inclusive byte range within the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// What a `Range` header asks of a file of some size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeRequest {
+    Satisfiable(ByteRange),
+    /// Malformed, several ranges, or another unit: served whole (RFC 9110 allows it).
+    Ignored,
+    /// No byte of it is in the file: 416.
+    Unsatisfiable,
+}
+
+/// Parses a single-range `Range: bytes=a-b | a- | -n` header against `size`.
+pub fn parse_range(header: &str, size: u64) -> RangeRequest {
+    let Some(spec) = header.trim().strip_prefix("bytes=") else {
+        return RangeRequest::Ignored;
+    };
+    if spec.contains(',') {
+        return RangeRequest::Ignored;
+    }
+    let Some((first, last)) = spec.trim().split_once('-') else {
+        return RangeRequest::Ignored;
+    };
+    let (first, last) = (first.trim(), last.trim());
+    let parse = |text: &str| text.parse::<u64>().ok();
+    let (start, end) = match (first.is_empty(), last.is_empty()) {
+        // Suffix: the last n bytes.
+        (true, false) => match parse(last) {
+            Some(0) => return RangeRequest::Unsatisfiable,
+            Some(n) => (size.saturating_sub(n), size.saturating_sub(1)),
+            None => return RangeRequest::Ignored,
+        },
+        (false, true) => match parse(first) {
+            Some(start) => (start, size.saturating_sub(1)),
+            None => return RangeRequest::Ignored,
+        },
+        (false, false) => match (parse(first), parse(last)) {
+            (Some(start), Some(end)) if start <= end => (start, end.min(size.saturating_sub(1))),
+            _ => return RangeRequest::Ignored,
+        },
+        (true, true) => return RangeRequest::Ignored,
+    };
+    if size == 0 || start >= size {
+        return RangeRequest::Unsatisfiable;
+    }
+    RangeRequest::Satisfiable(ByteRange { start, end })
 }
 
 fn open_for_download(path: &Path) -> Result<(std::fs::File, u64), HttpError> {
@@ -163,18 +255,36 @@ fn open_for_download(path: &Path) -> Result<(std::fs::File, u64), HttpError> {
     Ok((file, meta.len()))
 }
 
-/// The file's bytes from a blocking reader thread. A read error ends the stream with it
-/// (the client sees a truncated body, the status being already sent).
-fn read_chunks(file: std::fs::File, path: PathBuf) -> impl Stream<Item = io::Result<Bytes>> {
+/// `len` bytes of the file from `start`, read by a blocking thread. A read error ends
+/// the stream with it (the client sees a truncated body, the status being already sent).
+fn read_chunks(
+    file: std::fs::File,
+    path: PathBuf,
+    start: u64,
+    len: u64,
+) -> impl Stream<Item = io::Result<Bytes>> {
     let (chunks_tx, mut chunks_rx) = tokio::sync::mpsc::channel(READ_AHEAD_CHUNKS);
     tokio::task::spawn_blocking(move || {
         let mut file = file;
-        loop {
-            let mut chunk = Vec::with_capacity(READ_CHUNK_BYTES as usize);
-            let result = (&mut file).take(READ_CHUNK_BYTES).read_to_end(&mut chunk);
+        let mut remaining = len;
+        if start > 0 {
+            if let Err(e) = file.seek(SeekFrom::Start(start)) {
+                let _ = chunks_tx.blocking_send(Err(e));
+                return;
+            }
+        }
+        while remaining > 0 {
+            let mut chunk = Vec::with_capacity(READ_CHUNK_BYTES.min(remaining) as usize);
+            let result = (&mut file)
+                .take(READ_CHUNK_BYTES.min(remaining))
+                .read_to_end(&mut chunk);
             let item = match result {
+                // The file shrank while being sent.
                 Ok(0) => break,
-                Ok(_) => Ok(Bytes::from(chunk)),
+                Ok(n) => {
+                    remaining -= n as u64;
+                    Ok(Bytes::from(chunk))
+                }
                 Err(e) => Err(io::Error::new(
                     e.kind(),
                     format!("error reading '{}': {e}", path.display()),
@@ -235,6 +345,56 @@ mod tests {
         let response = send(&sb, get("/files?path=empty")).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert!(body_bytes(response).await.is_empty());
+    }
+
+    #[test]
+    fn parses_single_ranges() {
+        use RangeRequest::*;
+        let r = |start, end| Satisfiable(ByteRange { start, end });
+        assert_eq!(parse_range("bytes=0-9", 100), r(0, 9));
+        assert_eq!(parse_range("bytes=90-", 100), r(90, 99));
+        assert_eq!(parse_range("bytes=-10", 100), r(90, 99));
+        assert_eq!(parse_range("bytes=-1000", 100), r(0, 99));
+        assert_eq!(parse_range("bytes=50-1000", 100), r(50, 99));
+        assert_eq!(parse_range("bytes=100-", 100), Unsatisfiable);
+        assert_eq!(parse_range("bytes=-0", 100), Unsatisfiable);
+        assert_eq!(parse_range("bytes=0-0", 0), Unsatisfiable);
+        assert_eq!(parse_range("bytes=0-1,5-6", 100), Ignored);
+        assert_eq!(parse_range("bytes=9-1", 100), Ignored);
+        assert_eq!(parse_range("items=0-1", 100), Ignored);
+        assert_eq!(parse_range("bytes=x-1", 100), Ignored);
+    }
+
+    #[tokio::test]
+    async fn serves_byte_ranges() {
+        let sb = Sandbox::new("down-range");
+        let data: Vec<u8> = (0..600_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(sb.path("r.bin"), &data).unwrap();
+        let ranged = |range: &str| {
+            let mut request = get("/files?path=r.bin");
+            request
+                .headers_mut()
+                .insert("range", range.parse().unwrap());
+            request
+                .headers_mut()
+                .insert("accept-encoding", "gzip".parse().unwrap());
+            request
+        };
+        let response = send(&sb, ranged("bytes=300000-599999")).await;
+        assert_eq!(response.status(), StatusCode::PARTIAL_CONTENT);
+        assert_eq!(
+            response.headers()["content-range"],
+            "bytes 300000-599999/600000"
+        );
+        assert!(response.headers().get("content-encoding").is_none());
+        assert_eq!(body_bytes(response).await, &data[300_000..]);
+        let response = send(&sb, ranged("bytes=-5")).await;
+        assert_eq!(body_bytes(response).await, &data[599_995..]);
+        let response = send(&sb, ranged("bytes=600000-")).await;
+        assert_eq!(response.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+        assert_eq!(response.headers()["content-range"], "bytes */600000");
+        let response = send(&sb, ranged("bytes=0-1,4-5")).await;
+        assert_eq!(response.status(), StatusCode::OK);
     }
 
     #[tokio::test]
