@@ -85,3 +85,41 @@ fn print_idle_sandbox_memory() {
         t.rt.kill(&id).unwrap();
     }
 }
+
+#[test]
+#[ignore = "measurement, run explicitly"]
+fn print_concurrent_create_latency() {
+    let t = TestRuntime::with_envd();
+    let warm = t.rt.create(&t.spec("warm")).unwrap();
+    t.rt.kill(&warm.id).unwrap();
+    for concurrency in [10, 50] {
+        std::thread::sleep(Duration::from_secs(1));
+        let samples = std::sync::Mutex::new(Vec::new());
+        let creates = std::sync::Mutex::new(Vec::new());
+        let ids = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..concurrency {
+                scope.spawn(|| {
+                    let spec = t.spec("conc");
+                    let start = Instant::now();
+                    t.rt.create(&spec).unwrap();
+                    creates.lock().unwrap().push(start.elapsed());
+                    t.wait_envd_health(&spec.id);
+                    samples.lock().unwrap().push(start.elapsed());
+                    ids.lock().unwrap().push(spec.id);
+                });
+            }
+        });
+        report(
+            &format!("create (init exec'd) at concurrency {concurrency}"),
+            creates.into_inner().unwrap(),
+        );
+        report(
+            &format!("create until /health at concurrency {concurrency}"),
+            samples.into_inner().unwrap(),
+        );
+        for id in ids.into_inner().unwrap() {
+            t.rt.kill(&id).unwrap();
+        }
+    }
+}
