@@ -320,6 +320,26 @@ fn upstream_error(target: &Target, source: hyper::Error) -> ProxyError {
     }
 }
 
+/// Classifies a connector failure. ESRCH counts as "not found": entering the network
+/// namespace of a sandbox whose init has exited fails with it.
+fn connect_error(target: &Target, source: io::Error) -> ProxyError {
+    if source.kind() == io::ErrorKind::ConnectionRefused {
+        return ProxyError::PortNotOpen {
+            sandbox_id: target.sandbox_id.clone(),
+            port: target.port,
+        };
+    }
+    if source.kind() == io::ErrorKind::NotFound || source.raw_os_error() == Some(libc::ESRCH) {
+        return ProxyError::SandboxNotFound {
+            sandbox_id: target.sandbox_id.clone(),
+        };
+    }
+    ProxyError::Connect {
+        sandbox_id: target.sandbox_id.clone(),
+        source,
+    }
+}
+
 /// Opens a new HTTP/1.1 connection to the target port through the route's connector.
 async fn open_connection(
     route: &Route,
@@ -330,19 +350,7 @@ async fn open_connection(
         .connector
         .connect(target.port)
         .await
-        .map_err(|source| match source.kind() {
-            io::ErrorKind::ConnectionRefused => ProxyError::PortNotOpen {
-                sandbox_id: target.sandbox_id.clone(),
-                port: target.port,
-            },
-            io::ErrorKind::NotFound => ProxyError::SandboxNotFound {
-                sandbox_id: target.sandbox_id.clone(),
-            },
-            _ => ProxyError::Connect {
-                sandbox_id: target.sandbox_id.clone(),
-                source,
-            },
-        })?;
+        .map_err(|source| connect_error(target, source))?;
     // Nagle would hold back the small frames of Connect streams.
     stream.set_nodelay(true).ok();
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
@@ -590,6 +598,30 @@ mod tests {
         assert_eq!(forwarded.version(), Version::HTTP_11);
         let names: Vec<&str> = forwarded.headers().keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["host", "x-app"]);
+    }
+
+    #[test]
+    fn connector_errors_are_classified_for_the_sdks() {
+        let envd = target(ENVD_PORT, "/");
+        assert!(matches!(
+            connect_error(&envd, io::Error::from(io::ErrorKind::ConnectionRefused)),
+            ProxyError::PortNotOpen {
+                port: ENVD_PORT,
+                ..
+            }
+        ));
+        assert!(matches!(
+            connect_error(&envd, io::Error::from(io::ErrorKind::NotFound)),
+            ProxyError::SandboxNotFound { .. }
+        ));
+        assert!(matches!(
+            connect_error(&envd, io::Error::from_raw_os_error(libc::ESRCH)),
+            ProxyError::SandboxNotFound { .. }
+        ));
+        assert!(matches!(
+            connect_error(&envd, io::Error::from_raw_os_error(libc::EMFILE)),
+            ProxyError::Connect { .. }
+        ));
     }
 
     #[tokio::test]
