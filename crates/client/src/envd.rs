@@ -125,7 +125,6 @@ impl EnvdClient {
             .request(reqwest::Method::POST, "/process.Process/Start")
             .header("Content-Type", "application/connect+json")
             .header("Connect-Protocol-Version", "1")
-            .header("Keepalive-Ping-Interval", "50")
             .body(envelope(0, &message));
         if let Some(timeout_ms) = exec.timeout_ms {
             request = request
@@ -148,6 +147,11 @@ impl EnvdClient {
                 if flags & END_STREAM_FLAG != 0 {
                     if let Some(error) = end_stream_error(&payload) {
                         output.error.get_or_insert(error);
+                    }
+                    // Read the body to its end so the connection is released cleanly
+                    // (and can be reused) instead of being cut mid-response.
+                    while let Some(rest) = body.next().await {
+                        rest.map_err(ClientError::transport)?;
                     }
                     return Ok(output);
                 }

@@ -1,6 +1,7 @@
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use berth_client::{ApiClient, ClientError, EnvdClient, EnvdEndpoint};
 use rmcp::model::{
@@ -35,6 +36,10 @@ pub(crate) struct Inner {
     pub(crate) http: reqwest::Client,
     tools: Arc<Vec<Tool>>,
     specs: HashMap<String, ToolSpec>,
+    /// (session, identity) pairs already recorded, so calls skip the database write.
+    claimed_sessions: Mutex<HashSet<(String, String)>>,
+    /// When each sandbox's own timeout was last extended (see `Mcp::touch`).
+    pub(crate) last_extended: Mutex<HashMap<String, Instant>>,
 }
 
 impl Inner {
@@ -208,6 +213,8 @@ impl Mcp {
                 http,
                 tools,
                 specs,
+                claimed_sessions: Mutex::new(HashSet::new()),
+                last_extended: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -227,6 +234,25 @@ impl Mcp {
             .join("sessions")
             .join(name)
             .join("storage")
+    }
+
+    /// Records that `session_id` belongs to `identity` (once per process); false if the
+    /// session belongs to someone else.
+    fn claim_session(&self, session_id: &str, identity: &str) -> Result<bool, McpError> {
+        let key = (session_id.to_owned(), identity.to_owned());
+        let mut claimed = self
+            .inner
+            .claimed_sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if claimed.contains(&key) {
+            return Ok(true);
+        }
+        let owned = self.inner.store.claim_session(session_id, identity)?;
+        if owned {
+            claimed.insert(key);
+        }
+        Ok(owned)
     }
 
     pub(crate) fn seal_json(&self, context: &str, value: &Value) -> Result<(), McpError> {
@@ -562,7 +588,7 @@ pub async fn run_stdio(
         handler.session_id = session_id;
     }
     let session_id = handler.session_id.clone();
-    if !mcp.inner.store.claim_session(&session_id, &identity)? {
+    if !mcp.claim_session(&session_id, &identity)? {
         return Err(McpError::Invalid(
             "this session belongs to another user".into(),
         ));

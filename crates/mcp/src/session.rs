@@ -3,6 +3,7 @@
 //! the vault, and every use renews the lease and the sandbox's own timeout.
 
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use berth_client::OutputSink;
 use serde::{Deserialize, Serialize};
@@ -118,7 +119,9 @@ impl Mcp {
         Ok((row, state))
     }
 
-    /// Renews the lease and, in the background, the sandbox's own timeout.
+    /// Renews the lease and, in the background, the sandbox's own timeout. The timeout is
+    /// re-sent at most every quarter of its length (and at most every minute), so a burst
+    /// of calls does not become a burst of API writes.
     fn touch(&self, context: &CallContext, connected: &Connected, state: &SandboxState) {
         let lease_until = unix_now() + self.inner.config.lease.ttl.as_secs() as i64;
         if let Err(error) =
@@ -127,6 +130,21 @@ impl Mcp {
                 .renew_lease(&context.identity, &state.sandbox_id, lease_until)
         {
             tracing::warn!(sandbox_id = %state.sandbox_id, %error, "lease renewal failed");
+        }
+        let interval = Duration::from_secs((state.timeout_seconds / 4).min(60));
+        {
+            let mut last_extended = self
+                .inner
+                .last_extended
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let now = Instant::now();
+            match last_extended.get(&state.sandbox_id) {
+                Some(last) if now.duration_since(*last) < interval => return,
+                _ => {
+                    last_extended.insert(state.sandbox_id.clone(), now);
+                }
+            }
         }
         let api = connected.api.clone();
         let sandbox_id = state.sandbox_id.clone();
@@ -217,6 +235,12 @@ impl Mcp {
             lease_expires_at: now + self.inner.config.lease.ttl.as_secs() as i64,
             release_attempts: 0,
         })?;
+        // The create call just set the timeout.
+        self.inner
+            .last_extended
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(sandbox_id.clone(), Instant::now());
         tracing::info!(%sandbox_id, session_id = %context.session_id, "sandbox created via MCP");
 
         let files_uploaded = self
