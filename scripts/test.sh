@@ -55,14 +55,25 @@ build_envd() {
     echo "BERTH_ENVD_BIN=$BERTH_ENVD_BIN"
 }
 
+# Runs a command in a private network namespace with only loopback up, when possible
+# (root with unshare): the SDK debug mode's fixed port 49983 is then never shared with
+# anything else on the machine, and the suite can reach nothing but loopback.
+in_private_netns() {
+    if [[ $EUID -eq 0 ]] && unshare --net true 2>/dev/null; then
+        unshare --net -- bash -c 'ip link set lo up && exec "$@"' _ "$@"
+    else
+        "$@"
+    fi
+}
+
 python_sdk_suite() {
     [[ -n "${BERTH_ENVD_BIN:-}" ]] || { echo "no berth-envd binary (build step failed)" >&2; return 1; }
-    .venv/bin/python -m pytest tests/sdk
+    in_private_netns .venv/bin/python -m pytest tests/sdk
 }
 
 js_sdk_suite() {
     [[ -n "${BERTH_ENVD_BIN:-}" ]] || { echo "no berth-envd binary (build step failed)" >&2; return 1; }
-    node --test --test-concurrency=1 --test-timeout=300000 tests/sdk/js/*.test.mjs
+    in_private_netns node --test --test-concurrency=1 --test-timeout=300000 tests/sdk/js/*.test.mjs
 }
 
 step "cargo fmt --check" cargo fmt --all -- --check

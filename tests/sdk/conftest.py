@@ -13,6 +13,7 @@ Binary: `BERTH_ENVD_BIN` if set, else `cargo build -p berth-envd` into
 from __future__ import annotations
 
 import base64
+import ctypes
 import grp
 import os
 import pwd
@@ -38,6 +39,20 @@ for _var in ("E2B_SANDBOX_URL", "E2B_API_URL", "E2B_DOMAIN", "E2B_ACCESS_TOKEN")
 os.environ.setdefault("E2B_API_KEY", "e2b_" + "0" * 40)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PR_SET_PDEATHSIG = 1
+
+
+def _interrupt_on_sigterm(signum: int, frame: object) -> None:
+    # `timeout`, CI cancellation: unwind like Ctrl-C so fixtures tear down (envd, user).
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
+
+def _die_with_parent() -> None:
+    """In the envd child: be SIGKILLed if pytest itself dies without tearing down."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 ENVD_HOST = "127.0.0.1"
 ENVD_PORT = 49983
 ENVD_URL = f"http://{ENVD_HOST}:{ENVD_PORT}"
@@ -187,6 +202,7 @@ def envd(test_user: TestUser) -> Iterator[EnvdProcess]:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     handle = EnvdProcess(pid=process.pid, url=ENVD_URL, workdir=workdir, log_path=log_path)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from e2b import CommandExitException
@@ -79,3 +80,42 @@ def poll(predicate: Callable[[], bool], timeout: float = 30.0, interval: float =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def _cmdline(proc: Path) -> str:
+    return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def child_commands(parent_pid: int) -> list[str]:
+    """Command lines of the live children of `parent_pid` (read from /proc)."""
+    commands = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            # Field 4 (ppid) follows the parenthesised command name, which may hold spaces.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent_pid:
+                commands.append(_cmdline(proc))
+        except (OSError, IndexError, ValueError):
+            continue
+    return commands
+
+
+def wait_until_running(pid: int, prefix: str, timeout: float = 60.0) -> None:
+    """Wait until the command's shell is past its startup files and runs `prefix…`.
+
+    The shell (`bash -l`) reads the user's profile first; on a developer machine that
+    may do work (e.g. pyenv's rehash, which holds a lock file) that must not be killed
+    halfway. Tests kill a command only once it runs the program they started.
+    """
+
+    def running() -> bool:
+        try:
+            if _cmdline(Path(f"/proc/{pid}")).startswith(prefix):
+                return True
+        except OSError:
+            return True  # already gone: nothing left to interrupt
+        return any(command.startswith(prefix) for command in child_commands(pid))
+
+    poll(running, timeout=timeout, what=f"pid {pid} to run {prefix!r}")

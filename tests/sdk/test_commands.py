@@ -12,15 +12,23 @@ from pathlib import Path
 import pytest
 from e2b import CommandExitException, InvalidArgumentException, NotFoundException, TimeoutException
 
-from helpers import poll
+from helpers import poll, wait_until_running
 
 NO_SUCH_PID = 4_000_000_000  # a valid uint32 that is never a pid
 
 
-def kill_if_listed(sandbox, marker: str) -> None:
-    """Kill every process whose command line carries `marker` (cleanup after a failure)."""
+def stop(sandbox, pid: int, program: str) -> None:
+    """Cleanup: kill `pid` if it still runs, once it runs `program` (see wait_until_running)."""
+    if pid in {process.pid for process in sandbox.commands.list()}:
+        wait_until_running(pid, program)
+        sandbox.commands.kill(pid)
+
+
+def kill_if_listed(sandbox, marker: str, program: str) -> None:
+    """Kill every process whose command line carries `marker`, once it runs `program`."""
     for process in sandbox.commands.list():
         if any(marker in arg for arg in process.args):
+            wait_until_running(process.pid, program)
             sandbox.commands.kill(process.pid)
 
 
@@ -156,13 +164,15 @@ def test_on_stderr_streams_before_the_command_ends(sandbox, scratch: Path):
 # --- timeout ----------------------------------------------------------------------------
 
 
-def test_timeout_raises_timeout_exception(sandbox):
+def test_timeout_raises_timeout_exception(sandbox, test_user):
+    # As the test user: envd may end the process when the deadline passes, possibly while
+    # its login shell still reads the profile; the test user's profile is harmless to cut.
     marker = f"berth-timeout-{secrets.token_hex(4)}"
     try:
         with pytest.raises(TimeoutException):
-            sandbox.commands.run(f"sleep 120 # {marker}", timeout=1)
+            sandbox.commands.run(f"sleep 120 # {marker}", timeout=1, user=test_user.name)
     finally:
-        kill_if_listed(sandbox, marker)
+        kill_if_listed(sandbox, marker, "sleep")
 
 
 # --- background, list, kill, connect ----------------------------------------------------
@@ -181,13 +191,14 @@ def test_background_command_is_listed_and_killed(sandbox, scratch: Path):
         assert info.args == ["-l", "-c", command]
         assert info.envs.get("BERTH_TAGGED") == "1"
         assert info.cwd == str(scratch)
+        wait_until_running(handle.pid, "sleep")
         assert sandbox.commands.kill(handle.pid) is True
         with pytest.raises(CommandExitException) as caught:
             handle.wait()
         assert caught.value.exit_code != 0
         poll(lambda: handle.pid not in {p.pid for p in sandbox.commands.list()}, what="killed process to leave the list")
     finally:
-        kill_if_listed(sandbox, marker)
+        kill_if_listed(sandbox, marker, "sleep")
 
 
 def test_kill_unknown_pid_returns_false(sandbox):
@@ -196,6 +207,7 @@ def test_kill_unknown_pid_returns_false(sandbox):
 
 def test_handle_kill(sandbox):
     handle = sandbox.commands.run("sleep 300", background=True)
+    wait_until_running(handle.pid, "sleep")
     assert handle.kill() is True
     with pytest.raises(CommandExitException):
         handle.wait()
@@ -226,7 +238,7 @@ def test_connect_to_running_command(sandbox, scratch: Path):
         assert result.exit_code == 0
         assert "after\n" in result.stdout
     finally:
-        sandbox.commands.kill(first.pid)
+        stop(sandbox, first.pid, "sleep")
 
 
 def test_connect_after_exit_still_gets_the_end(sandbox):
@@ -254,7 +266,7 @@ def test_background_survives_client_disconnect(sandbox, scratch: Path):
         flag.touch()
         poll(lambda: out.exists() and out.read_text() == "survived\n", what="the command to finish after disconnect")
     finally:
-        sandbox.commands.kill(handle.pid)
+        stop(sandbox, handle.pid, "sleep")
 
 
 def test_connect_unknown_pid_is_not_found(sandbox):
@@ -274,7 +286,7 @@ def test_send_stdin_and_close_stdin(sandbox):
         result = handle.wait()
         assert result.stdout == "hello world\n"
     finally:
-        sandbox.commands.kill(handle.pid)
+        stop(sandbox, handle.pid, "cat")
 
 
 def test_handle_close_stdin_sends_eof(sandbox):
@@ -284,7 +296,7 @@ def test_handle_close_stdin_sends_eof(sandbox):
         handle.close_stdin()
         assert handle.wait().stdout.strip() == "5"
     finally:
-        sandbox.commands.kill(handle.pid)
+        stop(sandbox, handle.pid, "wc")
 
 
 def test_large_stdin_arrives_intact(sandbox):
@@ -296,7 +308,7 @@ def test_large_stdin_arrives_intact(sandbox):
         handle.close_stdin()
         assert handle.wait().stdout.split()[0] == hashlib.sha256(payload).hexdigest()
     finally:
-        sandbox.commands.kill(handle.pid)
+        stop(sandbox, handle.pid, "sha256sum")
 
 
 def test_without_stdin_the_command_reads_eof(sandbox):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from e2b import NotFoundException, PtySize
 
-from helpers import PtyReader, poll
+from helpers import PtyReader, child_commands, poll
 
 NO_SUCH_PID = 4_000_000_000
 
@@ -16,6 +14,10 @@ NO_SUCH_PID = 4_000_000_000
 def pty(sandbox):
     handle = sandbox.pty.create(PtySize(rows=24, cols=80), timeout=0)
     reader = PtyReader(handle)
+    # The shell answers only after its startup files ran; killing it earlier could
+    # interrupt them halfway (see helpers.wait_until_running).
+    sandbox.pty.send_stdin(handle.pid, b"echo pty-$((40+2))-ready\n")
+    reader.wait_for("pty-42-ready")
     yield reader
     sandbox.pty.kill(handle.pid)
     reader.join()
@@ -63,24 +65,6 @@ def test_pty_kill(sandbox):
         assert reader.exit_code() != 0
     finally:
         sandbox.pty.kill(handle.pid)
-
-
-def child_commands(parent_pid: int) -> list[str]:
-    """Command lines of the live children of `parent_pid` (read from /proc)."""
-    commands = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        # Field 4 (ppid) follows the parenthesised command name, which may hold spaces.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent_pid:
-            commands.append(cmdline.replace(b"\0", b" ").decode(errors="replace").strip())
-    return commands
 
 
 def test_pty_ctrl_c_interrupts_the_foreground_job(sandbox, pty):
