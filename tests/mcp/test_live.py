@@ -492,17 +492,40 @@ def test_streamable_http_lists_and_calls(berth, mcp_state):
             from mcp.client.streamable_http import streamable_http_client
             import httpx2
 
-            async with httpx2.AsyncClient(headers={"X-Berth-User": "carol"}, timeout=120) as client:
-                async with streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=client) as (read, write):
+            session_ids: list[str] = []
+
+            async def remember_session(response):
+                if "mcp-session-id" in response.headers:
+                    session_ids.append(response.headers["mcp-session-id"])
+
+            base = f"http://127.0.0.1:{port}"
+            async with httpx2.AsyncClient(
+                headers={"X-Berth-User": "carol"}, timeout=120, event_hooks={"response": [remember_session]}
+            ) as client:
+                async with streamable_http_client(f"{base}/mcp", http_client=client) as (read, write):
                     async with ClientSession(read, write) as session:
                         await session.initialize()
                         tools = (await session.list_tools()).tools
                         assert len(tools) == 42
-                        created = await call(session, "e2b_create_sandbox", {"title": "over http"})
+                        assert session_ids, "the server sent no Mcp-Session-Id"
+                        upload_url = f"{base}/mcp/sessions/{session_ids[-1]}/storage/data/in.txt"
+                        uploaded = httpx.put(upload_url, content=b"uploaded over http\n", headers={"X-Berth-User": "carol"})
+                        assert uploaded.status_code == 201, uploaded.text
+                        foreign = httpx.put(upload_url, content=b"x", headers={"X-Berth-User": "mallory"})
+                        assert foreign.status_code == 404
+                        escape = httpx.put(f"{base}/mcp/sessions/{session_ids[-1]}/storage/..%2F..%2Fx", content=b"x", headers={"X-Berth-User": "carol"})
+                        assert escape.status_code in (400, 404)
+                        created = await call(
+                            session,
+                            "e2b_create_sandbox",
+                            {"title": "over http", "upload_files": [{"session_path": "data/in.txt", "sandbox_path": "/home/user/in.txt"}]},
+                        )
                         assert not created.is_error, created.structured_content
+                        assert created.structured_content["files_uploaded"] == 1
+                        assert created.structured_content["sandbox"]["sandboxID"] == created.structured_content["sandbox_id"]
                         sandbox_id = created.structured_content["sandbox_id"]
-                        ran = await call(session, "e2b_exec", {"sandbox_id": sandbox_id, "command": "echo hi"})
-                        assert ran.structured_content["stdout"] == "hi\n"
+                        ran = await call(session, "e2b_exec", {"sandbox_id": sandbox_id, "command": "cat in.txt; echo hi"})
+                        assert ran.structured_content["stdout"] == "uploaded over http\nhi\n"
                         deleted = await call(session, "e2b_manage_sandbox", {"sandbox_id": sandbox_id, "action": "delete"})
                         assert deleted.structured_content["success"] is True
 

@@ -248,17 +248,6 @@ impl Store {
         })
     }
 
-    pub fn session_owner(&self, session_id: &str) -> Result<Option<String>, McpError> {
-        self.with(|db| {
-            db.query_row(
-                "SELECT identity FROM sessions WHERE session_id = ?1",
-                [session_id],
-                |row| row.get(0),
-            )
-            .optional()
-        })
-    }
-
     /// Marks a session ended and lets its unreleased leases expire now.
     pub fn end_session(&self, session_id: &str) -> Result<usize, McpError> {
         let now = unix_now();

@@ -167,10 +167,17 @@ async fn storage_upload(
         )
             .into_response();
     };
+    // The first identity to use a session owns it (MCP session ids are random UUIDs);
+    // another identity gets the same answer as for a session that does not exist.
     let stored_session = format!("http:{session_id}");
-    match state.mcp.inner.store.session_owner(&stored_session) {
-        Ok(Some(owner)) if owner == identity => {}
-        Ok(_) => {
+    match state
+        .mcp
+        .inner
+        .store
+        .claim_session(&stored_session, &identity)
+    {
+        Ok(true) => {}
+        Ok(false) => {
             return (
                 StatusCode::NOT_FOUND,
                 Json(json!({"message": "unknown session"})),
