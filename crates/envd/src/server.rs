@@ -12,6 +12,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+use crate::filesystem::FilesystemService;
 use crate::process::ProcessService;
 use crate::state::EnvdState;
 
@@ -21,6 +22,7 @@ pub fn router(state: Arc<EnvdState>, processes: &Arc<ProcessService>) -> Router 
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .merge(crate::files::router())
         .merge(processes.router().with_state(()))
+        .merge(FilesystemService::new(Arc::clone(&state)).router().with_state(()))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             crate::auth::require_access_token,
