@@ -22,7 +22,11 @@ pub fn router(state: Arc<EnvdState>, processes: &Arc<ProcessService>) -> Router 
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .merge(crate::files::router())
         .merge(processes.router().with_state(()))
-        .merge(FilesystemService::new(Arc::clone(&state)).router().with_state(()))
+        .merge(
+            FilesystemService::new(Arc::clone(&state))
+                .router()
+                .with_state(()),
+        )
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             crate::auth::require_access_token,
