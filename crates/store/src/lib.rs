@@ -358,23 +358,6 @@ impl Store {
             .optional()?)
     }
 
-    pub fn team(&self, id: &str) -> Result<Option<Team>> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT id, name, is_default FROM teams WHERE id = ?1",
-                [id],
-                |r| {
-                    Ok(Team {
-                        id: r.get(0)?,
-                        name: r.get(1)?,
-                        is_default: r.get(2)?,
-                    })
-                },
-            )
-            .optional()?)
-    }
-
     pub fn default_team(&self) -> Result<Option<Team>> {
         Ok(self
             .conn()
@@ -685,15 +668,6 @@ impl Store {
             params![to_ms(now()), id],
         )?;
         Ok(changed == 1)
-    }
-
-    /// Delete a sandbox row entirely (a create that failed before it was announced).
-    pub fn delete_sandbox(&self, id: &str) -> Result<()> {
-        let conn = self.conn();
-        conn.execute("DELETE FROM sandbox_logs WHERE sandbox_id = ?1", [id])?;
-        conn.execute("DELETE FROM sandbox_metrics WHERE sandbox_id = ?1", [id])?;
-        conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
-        Ok(())
     }
 
     /// Remember which sandbox an idempotency key created.
