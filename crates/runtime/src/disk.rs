@@ -6,15 +6,21 @@
 //! `mkfs.ext4` on first need (no journal, no reserved blocks, lazy inode tables), and each
 //! sandbox gets a sparse copy of it (only the few hundred KiB of metadata are copied).
 //!
+//! The disk is never mounted in the host's mount namespace: it is a detached mount
+//! (`fsmount`) handed to the launcher, which attaches it inside the sandbox's own mount
+//! namespace. So the host mount table does not grow with the number of sandboxes (every
+//! new mount namespace starts as a copy of it), and the disk goes away by itself with the
+//! sandbox's mount namespace (the loop device is autoclear).
+//!
 //! Attaching a loop device and mounting ext4 costs tens of milliseconds on a busy host, so
-//! a background thread keeps a few ready-mounted disks per size already asked for
-//! (`disk-pool/<pid>.<n>/<seq>/`); a create moves one into the sandbox's directory
-//! (`MS_MOVE` plus a rename, both cheap). Pools of dead daemons are removed at start-up.
+//! a background thread keeps a few ready disks per size already asked for: images in
+//! `disk-pool/<pid>.<n>/<seq>/` plus their detached mounts, held open by the daemon.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,12 +28,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use crate::sys::{check, cpath};
+use crate::sys::{check, cpath, FsContext, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID};
 
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 const LO_FLAGS_DIRECT_IO: u32 = 16;
+const MOUNT_ATTR_NOATIME: u64 = 0x10;
 
 /// `struct loop_info64` from <linux/loop.h>.
 #[repr(C)]
@@ -71,10 +78,15 @@ struct Shared {
     wake: Condvar,
 }
 
+/// A ready disk: the directory holding its `disk.img`, and its detached mount.
+struct PooledDisk {
+    dir: PathBuf,
+    mount: OwnedFd,
+}
+
 #[derive(Default)]
 struct Pool {
-    /// Ready disks by size in MiB: directories holding `disk.img` and mounted `disk/`.
-    ready: HashMap<u64, Vec<PathBuf>>,
+    ready: HashMap<u64, Vec<PooledDisk>>,
     /// Sizes sandboxes have asked for, kept stocked.
     wanted: BTreeSet<u64>,
     next_entry: u64,
@@ -118,36 +130,29 @@ impl DiskStore {
         Ok(Self { shared, refill })
     }
 
-    /// Gives the sandbox a disk of `size_mb` at `image`/`mountpoint` whose `upper` and
-    /// `work` directories are owned by `owner` (the sandbox's root on the host): a pooled
-    /// one if ready, else made on the spot.
-    pub(crate) fn create(
-        &self,
-        size_mb: u64,
-        image: &Path,
-        mountpoint: &Path,
-        owner: u32,
-    ) -> io::Result<()> {
+    /// A disk of `size_mb` whose image lives at `image`, as a detached mount whose `upper`
+    /// and `work` directories are owned by `owner` (the sandbox's root on the host): a
+    /// pooled one if ready, else made on the spot.
+    pub(crate) fn create(&self, size_mb: u64, image: &Path, owner: u32) -> io::Result<OwnedFd> {
         let pooled = {
             let mut pool = self.shared.lock_pool();
             pool.wanted.insert(size_mb);
             pool.ready.get_mut(&size_mb).and_then(Vec::pop)
         };
         self.shared.wake.notify_all();
-        let from_pool = pooled.is_some_and(|entry| match take_entry(&entry, image, mountpoint) {
-            Ok(()) => true,
-            Err(_) => {
-                discard_entry(&entry);
-                false
-            }
+        let from_pool = pooled.and_then(|disk| {
+            let moved = fs::rename(disk.dir.join("disk.img"), image);
+            let _ = fs::remove_dir_all(&disk.dir);
+            moved.ok().map(|()| disk.mount)
         });
-        if !from_pool {
-            self.shared.make(size_mb, image, mountpoint)?;
+        let mount = match from_pool {
+            Some(mount) => mount,
+            None => self.shared.make(size_mb, image)?,
+        };
+        for dir in [c"upper", c"work"] {
+            chown_at(mount.as_fd(), dir, owner)?;
         }
-        for dir in ["upper", "work"] {
-            std::os::unix::fs::chown(mountpoint.join(dir), Some(owner), Some(owner))?;
-        }
-        Ok(())
+        Ok(mount)
     }
 }
 
@@ -158,17 +163,9 @@ impl Drop for DiskStore {
         if let Some(refill) = self.refill.take() {
             let _ = refill.join();
         }
-        let entries: Vec<PathBuf> = self
-            .shared
-            .lock_pool()
-            .ready
-            .drain()
-            .flat_map(|(_, v)| v)
-            .collect();
-        for entry in entries {
-            discard_entry(&entry);
-        }
-        let _ = fs::remove_dir(&self.shared.pool_dir);
+        // Dropping the mounts detaches their loop devices; then the images can go.
+        self.shared.lock_pool().ready.clear();
+        let _ = fs::remove_dir_all(&self.shared.pool_dir);
     }
 }
 
@@ -192,20 +189,25 @@ impl Shared {
                 pool = self.wake.wait(pool).unwrap_or_else(|e| e.into_inner());
                 continue;
             };
-            let entry = self.pool_dir.join(pool.next_entry.to_string());
+            let dir = self.pool_dir.join(pool.next_entry.to_string());
             pool.next_entry += 1;
             drop(pool);
-            let made = fs::create_dir(&entry)
-                .and_then(|()| self.make(size, &entry.join("disk.img"), &entry.join("disk")));
+            let made = fs::create_dir(&dir).and_then(|()| self.make(size, &dir.join("disk.img")));
             pool = self.lock_pool();
             match made {
-                Ok(()) if !pool.stop => pool.ready.entry(size).or_default().push(entry),
-                Ok(()) => discard_entry(&entry),
+                Ok(mount) if !pool.stop => pool
+                    .ready
+                    .entry(size)
+                    .or_default()
+                    .push(PooledDisk { dir, mount }),
+                Ok(_) => {
+                    let _ = fs::remove_dir_all(&dir);
+                }
                 Err(e) => {
                     // Creates still work without the pool; stop stocking this size.
                     tracing::warn!("disk pool: cannot prepare a {size} MiB disk: {e}");
                     pool.wanted.remove(&size);
-                    discard_entry(&entry);
+                    let _ = fs::remove_dir_all(&dir);
                 }
             }
         }
@@ -224,16 +226,8 @@ impl Shared {
         let tmp = self.templates_dir.join(format!(".ext4-{size_mb}M.img.tmp"));
         File::create(&tmp)?.set_len(size_mb * 1024 * 1024)?;
         let output = Command::new("mkfs.ext4")
-            .args([
-                "-q",
-                "-F",
-                "-b",
-                "4096",
-                "-m",
-                "0",
-                "-O",
-                "^has_journal,^resize_inode",
-            ])
+            .args(["-q", "-F", "-b", "4096", "-m", "0"])
+            .args(["-O", "^has_journal,^resize_inode"])
             .args(["-E", "lazy_itable_init=1,nodiscard"])
             .arg(&tmp)
             .output()
@@ -251,51 +245,27 @@ impl Shared {
     }
 
     /// Makes a fresh disk: a sparse copy of the template image for `size_mb` at `image`,
-    /// on a loop device, mounted at `mountpoint`, with empty `upper` and `work` dirs.
-    fn make(&self, size_mb: u64, image: &Path, mountpoint: &Path) -> io::Result<()> {
+    /// on a loop device, as a detached mount with empty `upper` and `work` dirs.
+    fn make(&self, size_mb: u64, image: &Path) -> io::Result<OwnedFd> {
         let template = self.template_image(size_mb)?;
         copy_sparse(&template, image)?;
-        fs::create_dir_all(mountpoint)?;
-        mount_image(image, mountpoint)?;
-        for dir in ["upper", "work"] {
-            fs::create_dir(mountpoint.join(dir))?;
+        let mount = mount_image(image)?;
+        for dir in [c"upper", c"work"] {
+            // SAFETY: valid dir fd and NUL-terminated name.
+            check(unsafe { libc::mkdirat(mount.as_raw_fd(), dir.as_ptr(), 0o755) }.into())?;
         }
-        Ok(())
+        Ok(mount)
     }
 }
 
-/// Moves pooled disk `entry` to `image`/`mountpoint`.
-fn take_entry(entry: &Path, image: &Path, mountpoint: &Path) -> io::Result<()> {
-    fs::create_dir_all(mountpoint)?;
-    let source = cpath(&entry.join("disk"))?;
-    let target = cpath(mountpoint)?;
-    // SAFETY: valid NUL-terminated paths; MS_MOVE takes no fstype or data.
-    let ret = unsafe {
-        libc::mount(
-            source.as_ptr(),
-            target.as_ptr(),
-            std::ptr::null(),
-            libc::MS_MOVE,
-            std::ptr::null(),
-        )
-    };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    fs::rename(entry.join("disk.img"), image)?;
-    let _ = fs::remove_dir(entry.join("disk"));
-    let _ = fs::remove_dir(entry);
+fn chown_at(dir: BorrowedFd<'_>, name: &std::ffi::CStr, owner: u32) -> io::Result<()> {
+    // SAFETY: valid dir fd and NUL-terminated name.
+    check(unsafe { libc::fchownat(dir.as_raw_fd(), name.as_ptr(), owner, owner, 0) }.into())?;
     Ok(())
 }
 
-/// Unmounts and deletes a pooled disk.
-fn discard_entry(entry: &Path) {
-    if unmount(&entry.join("disk")).is_ok() {
-        let _ = fs::remove_dir_all(entry);
-    }
-}
-
-/// Removes the pools of daemons that are gone (`<pid>.<n>` with no such pid).
+/// Removes the pools of daemons that are gone (`<pid>.<n>` with no such pid). Their
+/// mounts died with them, so only image files are left.
 fn remove_dead_pools(pool_root: &Path) {
     let Ok(pools) = fs::read_dir(pool_root) else {
         return;
@@ -304,22 +274,16 @@ fn remove_dead_pools(pool_root: &Path) {
         let name = pool.file_name().to_string_lossy().into_owned();
         let pid = name.split('.').next().and_then(|p| p.parse::<u32>().ok());
         let alive = pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists());
-        if alive {
-            continue;
+        if !alive {
+            let _ = fs::remove_dir_all(pool.path());
         }
-        if let Ok(entries) = fs::read_dir(pool.path()) {
-            for entry in entries.flatten() {
-                discard_entry(&entry.path());
-            }
-        }
-        let _ = fs::remove_dir(pool.path());
     }
 }
 
-/// Deletes killed sandboxes' directories (and unmounts their disks) off the kill path:
-/// a lazy unmount and unlinking a large image take tens of milliseconds on a busy host.
-/// `kill` renames the directory into `trash/` first, so nothing of the sandbox remains
-/// under its id, and a restarted daemon finishes whatever is left in `trash/`.
+/// Deletes killed sandboxes' directories off the kill path: unlinking a large image takes
+/// tens of milliseconds on a busy host. `kill` renames the directory into `trash/` first,
+/// so nothing of the sandbox remains under its id, and a restarted daemon finishes
+/// whatever is left in `trash/`.
 pub(crate) struct Janitor {
     trash_dir: PathBuf,
     next: AtomicU64,
@@ -336,9 +300,7 @@ impl Janitor {
             .name("berth-janitor".into())
             .spawn(move || {
                 for dir in receiver {
-                    if unmount(&dir.join("disk")).is_ok() {
-                        let _ = fs::remove_dir_all(&dir);
-                    }
+                    let _ = fs::remove_dir_all(&dir);
                 }
             })?;
         // Leftovers of an earlier daemon.
@@ -381,24 +343,9 @@ impl Drop for Janitor {
     }
 }
 
-/// Unmounts the disk at `mountpoint` (lazily: the dying sandbox's mount namespace may
-/// still pin it for a moment); the loop device detaches itself (autoclear) once the last
-/// reference goes. Ok if nothing is mounted there.
-pub(crate) fn unmount(mountpoint: &Path) -> io::Result<()> {
-    let c = cpath(mountpoint)?;
-    // SAFETY: valid NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } < 0 {
-        let err = io::Error::last_os_error();
-        if !matches!(err.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) {
-            return Err(err);
-        }
-    }
-    Ok(())
-}
-
-/// (used, total) bytes of the filesystem mounted at `mountpoint`.
-pub(crate) fn usage(mountpoint: &Path) -> io::Result<(u64, u64)> {
-    let c = cpath(mountpoint)?;
+/// (used, total) bytes of the filesystem at `path`.
+pub(crate) fn usage(path: &Path) -> io::Result<(u64, u64)> {
+    let c = cpath(path)?;
     // SAFETY: statvfs is plain data; zeroed is valid.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid path and out-pointer.
@@ -431,9 +378,7 @@ fn copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
             return Err(err);
         }
         // SAFETY: as above.
-        let hole = check(
-            unsafe { libc::lseek(input.as_raw_fd(), data, libc::SEEK_HOLE) } as libc::c_long,
-        )?;
+        let hole = check(unsafe { libc::lseek(input.as_raw_fd(), data, libc::SEEK_HOLE) })?;
         let (mut off_in, mut off_out) = (data, data);
         while off_in < hole {
             // SAFETY: valid fds and offset pointers.
@@ -456,30 +401,24 @@ fn copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Binds `image` to a free loop device (autoclear, direct I/O) and mounts it as ext4.
-fn mount_image(image: &Path, mountpoint: &Path) -> io::Result<()> {
-    let backing = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(image)?;
-    let control = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open("/dev/loop-control")?;
-    // Two creators can be handed the same free device; the loser gets EBUSY and retries.
-    for _ in 0..64 {
-        // SAFETY: LOOP_CTL_GET_FREE takes no argument.
-        let number =
-            check(unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) } as libc::c_long)?;
-        let device_path = format!("/dev/loop{number}");
-        let device = match OpenOptions::new()
+/// Binds `image` to a free loop device (autoclear, direct I/O) and returns a detached
+/// ext4 mount of it.
+fn mount_image(image: &Path) -> io::Result<OwnedFd> {
+    let rw_cloexec = |path: &Path| {
+        OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_CLOEXEC)
-            .open(&device_path)
-        {
+            .open(path)
+    };
+    let backing = rw_cloexec(image)?;
+    let control = rw_cloexec(Path::new("/dev/loop-control"))?;
+    // Two creators can be handed the same free device; the loser gets EBUSY and retries.
+    for _ in 0..64 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument.
+        let number = check(unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) }.into())?;
+        let device_path = format!("/dev/loop{number}");
+        let device = match rw_cloexec(Path::new(&device_path)) {
             Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
@@ -490,14 +429,14 @@ fn mount_image(image: &Path, mountpoint: &Path) -> io::Result<()> {
         config.block_size = 4096;
         config.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
         // SAFETY: config is a valid loop_config for the duration of the call.
-        if unsafe {
+        let ret = unsafe {
             libc::ioctl(
                 device.as_raw_fd(),
                 LOOP_CONFIGURE,
                 &config as *const LoopConfig,
             )
-        } < 0
-        {
+        };
+        if ret < 0 {
             let err = io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::EBUSY) {
                 continue;
@@ -507,27 +446,16 @@ fn mount_image(image: &Path, mountpoint: &Path) -> io::Result<()> {
                 format!("LOOP_CONFIGURE {device_path}: {err}"),
             ));
         }
-        let source = std::ffi::CString::new(device_path.clone()).map_err(io::Error::other)?;
-        let target = cpath(mountpoint)?;
-        // SAFETY: valid NUL-terminated strings.
-        let ret = unsafe {
-            libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                c"ext4".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
-                c"noinit_itable,discard".as_ptr().cast(),
-            )
-        };
-        if ret < 0 {
-            let err = io::Error::last_os_error();
-            return Err(io::Error::new(
-                err.kind(),
-                format!("mount {device_path}: {err}"),
-            ));
-        }
-        // The mount holds the device now; dropping `device` lets autoclear detach it later.
-        return Ok(());
+        // The mount holds the device from here on; dropping `device` lets autoclear
+        // detach it once the last mount of it is gone.
+        let fs = FsContext::open(c"ext4")?;
+        let source = CString::new(device_path.clone()).map_err(io::Error::other)?;
+        fs.set_string(c"source", &source)?;
+        fs.set_flag(c"discard")?;
+        fs.set_flag(c"noinit_itable")?;
+        return fs
+            .create_mount(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME)
+            .map_err(|e| io::Error::new(e.kind(), format!("mount {device_path}: {e}")));
     }
     Err(io::Error::other("no free loop device after 64 attempts"))
 }

@@ -88,6 +88,8 @@ pub(crate) struct LaunchConfig {
     pub root: PathBuf,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// Empty directory to attach the sandbox's disk (upper and work) at.
+    pub disk_mountpoint: PathBuf,
     /// Empty directories to attach the idmapped layers at (topmost first): overlayfs only
     /// takes layers from the mounter's own mount namespace.
     pub layer_mountpoints: Vec<PathBuf>,
@@ -99,7 +101,8 @@ pub(crate) struct LaunchConfig {
     pub tmpfs_bytes: u64,
 }
 
-/// Sends `config` and the layer fds (topmost first) over the control socket.
+/// Sends `config` and the mounts (the disk, then the layers topmost first) over the
+/// control socket.
 pub(crate) fn send_config(
     sock: BorrowedFd<'_>,
     config: &LaunchConfig,
@@ -145,7 +148,7 @@ fn recv_config(sock: BorrowedFd<'_>) -> io::Result<(LaunchConfig, Vec<OwnedFd>)>
     Ok((config, fds))
 }
 
-/// The name the launcher is always invoked under (argv[0]).
+/// The name the launcher is always invoked under (`argv[0]`).
 pub const LAUNCHER_ARGV0: &str = "berth-launch";
 
 /// For a daemon that is its own launcher (`launcher_binary` = its own executable): call
@@ -350,14 +353,25 @@ fn exec(
     ))
 }
 
-fn mount_overlay(config: &LaunchConfig, layers: &[OwnedFd]) -> io::Result<()> {
-    let fsc = ctx("fsopen overlay", FsContext::open(c"overlay"))?;
+/// `mounts` is the sandbox's disk followed by the layers, topmost first.
+fn mount_overlay(config: &LaunchConfig, mounts: &[OwnedFd]) -> io::Result<()> {
+    let Some((disk, layers)) = mounts.split_first() else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no disk mount received",
+        ));
+    };
     if layers.len() != config.layer_mountpoints.len() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "layer count does not match mountpoints",
         ));
     }
+    ctx(
+        "attach disk",
+        sys::move_mount_to(disk.as_fd(), &cpath(&config.disk_mountpoint)?),
+    )?;
+    let fsc = ctx("fsopen overlay", FsContext::open(c"overlay"))?;
     for (layer, mountpoint) in layers.iter().zip(&config.layer_mountpoints) {
         let path = cpath(mountpoint)?;
         ctx("attach layer", sys::move_mount_to(layer.as_fd(), &path))?;

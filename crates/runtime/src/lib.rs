@@ -49,7 +49,11 @@
 //!
 //! **Disk.** The upper and work dirs live on a per-sandbox ext4 image on a loop device
 //! (see `disk`): a full disk is a real ENOSPC, and host disk use is bounded by
-//! `disk_size_mb`. A background pool keeps a few ready-mounted disks per size.
+//! `disk_size_mb`. The disk is a detached mount passed to the launcher with the layers and
+//! attached only inside the sandbox's mount namespace, so the host's mount table (which
+//! every new mount namespace starts as a copy of) does not grow with the number of
+//! sandboxes, and the disk is released with the namespace. A background pool keeps a few
+//! ready disks per size.
 //!
 //! **Limits.** cgroup v1 (one group per controller, absolute paths under
 //! `/sys/fs/cgroup/<ctrl>/berth/<id>`) or v2 (`/sys/fs/cgroup/berth/<id>`), detected at
@@ -69,9 +73,10 @@
 //!
 //! **Kill.** SIGKILL to the init through its pidfd (a pid namespace dies with its init),
 //! then anything left in the cgroups, then the cgroups; the sandbox directory is renamed
-//! into `trash/` at once and a janitor thread unmounts its disk and deletes it (a lazy
-//! unmount and unlinking the image are the slow part), so disk bytes return shortly
-//! after `kill` returns. Dropping the runtime waits for the janitor to finish.
+//! into `trash/` at once and a janitor thread deletes it (unlinking the image is slow on
+//! a busy disk), so disk bytes return shortly after `kill` returns (once the dead
+//! sandbox's mount namespace has released the loop device). Dropping the runtime waits
+//! for the janitor to finish.
 //!
 //! **Recovery.** Each sandbox has `<state>/sandboxes/<id>/record.json` (see `record`);
 //! `recover` reattaches sandboxes whose init is still the same process (pid plus start
@@ -80,11 +85,8 @@
 //! **For checkpointing (CRIU).** The init is PID 1 and session leader of its own pid
 //! namespace and holds no fd from outside its mount namespace (stdio is `/dev/null` and
 //! the log file inside). External mounts a dump must name: the device binds under
-//! `/dev`, the init binary bind, the overlay's lower layers and its upper disk.
-//!
-//! **Known scaling cost.** Sandbox disks are mounted in the host's mount namespace, so
-//! each new sandbox's mount namespace starts as a copy including every other sandbox's
-//! disk mount until `pivot_root` detaches them: O(live sandboxes) work per create.
+//! `/dev`, the init binary bind and the overlay's lower layers; the disk (upper) is
+//! mounted inside the sandbox's namespace from a loop device.
 
 mod cgroup;
 mod disk;

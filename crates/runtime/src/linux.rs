@@ -242,13 +242,10 @@ impl LinuxRuntime {
     ) -> Result<(OwnedFd, i32), RuntimeError> {
         let uid_base = self.uid_base_of(slot);
         let mount = dir.join("disk");
-        self.disks
-            .create(
-                spec.disk_size_mb.max(16),
-                &dir.join("disk.img"),
-                &mount,
-                uid_base,
-            )
+        fs::create_dir(&mount).map_err(io_err("create disk mountpoint"))?;
+        let disk = self
+            .disks
+            .create(spec.disk_size_mb.max(16), &dir.join("disk.img"), uid_base)
             .map_err(io_err("create sandbox disk"))?;
         let limits = CgroupLimits {
             cpu_count: spec.cpu_count,
@@ -271,6 +268,7 @@ impl LinuxRuntime {
             root,
             upper: mount.join("upper"),
             work: mount.join("work"),
+            disk_mountpoint: mount,
             layer_mountpoints,
             init_binary: self.config.envd_binary.clone(),
             init_args: self.config.envd_args.clone(),
@@ -284,7 +282,7 @@ impl LinuxRuntime {
         let launcher = cpath(&self.config.launcher_binary).map_err(io_err("launcher path"))?;
         let (pidfd, pid) =
             clone_launcher(&launcher, child_sock).map_err(io_err("clone sandbox init"))?;
-        let result = self.finish_start(spec, uid_base, pid, &parent_sock, &launch_config);
+        let result = self.finish_start(spec, uid_base, pid, &parent_sock, &launch_config, disk);
         if let Err(e) = result {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
             let _ = sys::pidfd_wait_exit(pidfd.as_fd(), 10_000);
@@ -302,13 +300,16 @@ impl LinuxRuntime {
         pid: i32,
         sock: &OwnedFd,
         config: &LaunchConfig,
+        disk: OwnedFd,
     ) -> Result<(), RuntimeError> {
         let map = format!("0 {uid_base} {UID_RANGE_SIZE}\n");
         fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(io_err("write uid_map"))?;
         fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(io_err("write gid_map"))?;
         let userns = fs::File::open(format!("/proc/{pid}/ns/user"))
             .map_err(io_err("open sandbox user namespace"))?;
-        let mut layers = Vec::with_capacity(spec.layers.len());
+        // The disk goes first, then the layers topmost first.
+        let mut layers = Vec::with_capacity(spec.layers.len() + 1);
+        layers.push(disk);
         for layer in spec.layers.iter().rev() {
             let path = cpath(layer).map_err(io_err("layer path"))?;
             let tree =
@@ -485,7 +486,9 @@ impl Runtime for LinuxRuntime {
             .usage(id)
             .map_err(io_err("read cgroup stats"))?;
         let (disk_used, disk_total) =
-            disk::usage(&self.sandbox_dir(id).join("disk")).map_err(io_err("read disk usage"))?;
+            // The overlay root reports its upper layer's filesystem: the sandbox's disk.
+            disk::usage(Path::new(&format!("/proc/{}/root", sandbox.info.init_pid)))
+                .map_err(io_err("read disk usage"))?;
         Ok(SandboxStats {
             cpu_count: sandbox.info.spec.cpu_count,
             cpu_usage_ns: usage.cpu_ns,

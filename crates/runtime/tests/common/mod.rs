@@ -127,7 +127,9 @@ impl TestRuntime {
 
     /// Polls envd's /health until it answers; the status line.
     pub fn wait_envd_health(&self, id: &str) -> String {
-        for _ in 0..2000 {
+        // Generous: a loaded CI machine can take seconds to schedule a fresh envd.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
             if let Ok(response) = self.envd_get(id, "/health") {
                 if let Some(status) = response.lines().next() {
                     return status.to_owned();
