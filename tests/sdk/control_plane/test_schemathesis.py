@@ -1,4 +1,8 @@
-"""schemathesis against the OpenAPI document berth serves: no 5xx, no crash."""
+"""schemathesis against the OpenAPI document berth serves: no 5xx, no crash.
+
+The one tolerated 5xx is a 501 to a method the document does not list (berth's
+deliberate answer for E2B endpoints it does not implement yet); see schemathesis_hooks.py.
+"""
 
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ def test_no_server_errors_on_generated_requests(berth: Berth) -> None:
             [
                 schemathesis_binary(), "run", schema_url,
                 "--url", berth.api_url,
-                "--checks", "not_a_server_error",
+                "--checks", "no_server_error_except_undocumented_501",
                 "--header", f"X-API-Key: {key}",
                 "--phases", "examples,coverage,fuzzing",
                 "--max-examples", os.environ.get("BERTH_SCHEMATHESIS_EXAMPLES", "30"),
@@ -70,7 +74,12 @@ def test_no_server_errors_on_generated_requests(berth: Berth) -> None:
             stderr=subprocess.STDOUT,
             text=True,
             timeout=1800,
-            env={**os.environ, "NO_COLOR": "1"},
+            env={
+                **os.environ,
+                "NO_COLOR": "1",
+                "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
+                "PYTHONPATH": str(Path(__file__).resolve().parent),
+            },
         )
         assert run.returncode == 0, f"schemathesis found failures:\n{run.stdout[-12000:]}"
     finally:
