@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs berth on this machine (Debian/Ubuntu, as root): installs the system packages the
+# runtime needs, builds the release binaries (berth, berth-launch, a static berth-envd),
+# then execs `berth up` with the arguments given. On first run `berth up` builds the
+# `base` template (debootstrap, a few minutes, with progress) and creates an API key.
+#
+#   bash scripts/up.sh [--listen 127.0.0.1:3000] [--state-dir /var/lib/berth]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+[[ $EUID -eq 0 ]] || { echo "berth needs root (namespaces, cgroups, mounts)" >&2; exit 1; }
+
+packages=(debootstrap e2fsprogs util-linux iproute2 ca-certificates build-essential pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    step "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null >&2
+fi
+
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+step "building berth (release)"
+cargo build --release -p berth -p berth-runtime --bins >&2
+step "building berth-envd (static)"
+envd="$(bash crates/envd/build-static.sh)"
+install -m 0755 "$envd" "$target_dir/release/berth-envd"
+
+step "starting berth up"
+exec "$target_dir/release/berth" up "$@"
