@@ -236,8 +236,29 @@ def kill_all_sandboxes(api_url: str, api_key: str) -> None:
                 pass
 
 
+def mounts_under(directory: Path) -> list[str]:
+    """Mount points at or below `directory` (from /proc/self/mountinfo)."""
+    prefix = str(directory.resolve())
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_point = line.split()[4].replace("\\040", " ")
+        if mount_point == prefix or mount_point.startswith(prefix + "/"):
+            found.append(mount_point)
+    return found
+
+
+def remove_state_dir(state_dir: Path) -> None:
+    """Removes the state dir unless something is still mounted inside it (a sandbox that
+    outlived `berth up`): deleting through a mount could reach beyond the test's files."""
+    leftover = mounts_under(state_dir)
+    if leftover:
+        print(f"\nleaving {state_dir}: still mounted inside: {leftover[:5]}")
+        return
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def berth() -> Iterator[Berth]:
+def berth(request: pytest.FixtureRequest) -> Iterator[Berth]:
     if os.geteuid() != 0:
         pytest.exit("berth up runs sandboxes: run the suite as root", returncode=2)
     binary = berth_binary()
@@ -245,11 +266,12 @@ def berth() -> Iterator[Berth]:
     templates = Path(os.environ.get("BERTH_TEMPLATES_DIR", "/var/lib/berth/templates"))
     if templates.is_dir():
         (state_dir / "templates").symlink_to(templates)
+    log_dir = Path(tempfile.mkdtemp(prefix="berth-cp-log-"))
     instance = Berth(
         binary=binary,
         state_dir=state_dir,
         listen=f"127.0.0.1:{free_loopback_port()}",
-        log_path=Path(tempfile.mkdtemp(prefix="berth-cp-log-")) / "berth-up.log",
+        log_path=log_dir / "berth-up.log",
     )
     instance.start()
     try:
@@ -259,8 +281,11 @@ def berth() -> Iterator[Berth]:
             for key in [instance.api_key, *_issued_keys]:
                 kill_all_sandboxes(instance.api_url, key)
         code = instance.stop()
-        print(f"\nberth up exited with {code}; log: {instance.log_path}")
-        shutil.rmtree(state_dir, ignore_errors=True)
+        remove_state_dir(state_dir)
+        if request.session.testsfailed:
+            print(f"\nberth up exited with {code}; its log is kept at {instance.log_path}")
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 # Keys issued during the session, cleaned up (their sandboxes killed) at the end.

@@ -5,13 +5,14 @@
 // to the shared store, $BERTH_TEMPLATES_DIR or /var/lib/berth/templates), and stops it by
 // PID at the end. Binary: $BERTH_BIN, else ${CARGO_TARGET_DIR:-<repo>/target}/debug/berth.
 // The SDK comes from tests/sdk/js/node_modules (installed by scripts/install-deps.sh).
+// BERTH_KEEP_LOGS=1 keeps berth up's log (its path is printed).
 //
 //   node --test tests/sdk/control_plane/js/
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
 import { createServer } from 'node:net'
-import { createWriteStream, existsSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs'
+import { createWriteStream, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
@@ -101,7 +102,15 @@ after(async () => {
     await exited
     clearTimeout(timer)
   }
-  if (stateDir) rmSync(stateDir, { recursive: true, force: true })
+  // A sandbox that outlived berth up could leave mounts inside; never delete through them.
+  const mounted = readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .map((line) => line.split(' ')[4])
+    .filter((point) => point && (point === stateDir || point.startsWith(`${stateDir}/`)))
+  if (stateDir && mounted.length === 0) rmSync(stateDir, { recursive: true, force: true })
+  else if (stateDir) console.error(`leaving ${stateDir}: still mounted inside: ${mounted.slice(0, 5)}`)
+  if (logPath && !process.env.BERTH_KEEP_LOGS) rmSync(dirname(logPath), { recursive: true, force: true })
+  else if (logPath) console.error(`berth up log kept at ${logPath}`)
 })
 
 async function createSandbox(opts) {
