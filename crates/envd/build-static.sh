@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo rustc --release -p berth-envd --bin berth-envd \
-    --target x86_64-unknown-linux-gnu -- -C target-feature=+crt-static >&2
+    --target x86_64-unknown-linux-gnu -- -C target-feature=+crt-static -C strip=debuginfo >&2
 binary="$target_dir/x86_64-unknown-linux-gnu/release/berth-envd"
 if ! file "$binary" | grep -Eq 'statically linked|static-pie linked'; then
     echo "build-static.sh: $binary is not statically linked: $(file "$binary")" >&2
