@@ -21,7 +21,7 @@ fail() { printf 'install-deps: %s\n' "$*" >&2; exit 1; }
 # --- system packages -------------------------------------------------------------------
 apt_packages=(
     build-essential pkg-config libseccomp-dev
-    iproute2 util-linux e2fsprogs attr procps passwd
+    iproute2 util-linux e2fsprogs attr procps passwd file
     debootstrap bubblewrap crun
     python3 python3-venv python3-pip
     ca-certificates curl git

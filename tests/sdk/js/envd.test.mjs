@@ -8,7 +8,7 @@
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -48,6 +48,29 @@ async function until(predicate, what, timeoutMs = 30_000) {
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
     await new Promise((r) => setTimeout(r, 20))
   }
+}
+
+// True once `pid` (or a child of it) runs a program whose command line starts with
+// `prefix`, or once `pid` is gone. The login shell reads the user's profile first; a
+// test kills a command only after that, never halfway through someone's profile.
+function runs(pid, prefix) {
+  const cmdline = (dir) => readFileSync(`/proc/${dir}/cmdline`).toString().replaceAll('\0', ' ').trim()
+  try {
+    if (cmdline(pid).startsWith(prefix)) return true
+  } catch {
+    return true
+  }
+  for (const dir of readdirSync('/proc')) {
+    if (!/^\d+$/.test(dir)) continue
+    try {
+      const stat = readFileSync(`/proc/${dir}/stat`, 'utf8')
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1])
+      if (ppid === pid && cmdline(dir).startsWith(prefix)) return true
+    } catch {
+      // the process ended while we looked
+    }
+  }
+  return false
 }
 
 before(async () => {
@@ -111,6 +134,7 @@ test('background command is listed, killed and reports a failed exit', async () 
   try {
     const listed = await sandbox.commands.list()
     assert.ok(listed.some((p) => p.pid === handle.pid), 'background command must be listed')
+    await until(() => runs(handle.pid, 'sleep'), 'the command to run sleep')
     assert.equal(await sandbox.commands.kill(handle.pid), true)
     await assert.rejects(handle.wait(), CommandExitError)
     await until(
@@ -118,6 +142,7 @@ test('background command is listed, killed and reports a failed exit', async () 
       'the killed command to leave the list',
     )
   } finally {
+    await until(() => runs(handle.pid, 'sleep'), 'the command to run sleep')
     await sandbox.commands.kill(handle.pid)
   }
 })
