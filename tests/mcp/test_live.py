@@ -152,6 +152,7 @@ def berth():
         )
         for key in keys:
             assert key not in logs, "an API key appeared in the berth up log"
+            assert key not in "".join(OUTPUTS), "an API key appeared in a tool output"
         shutil.rmtree(instance.state_dir, ignore_errors=True)
 
 

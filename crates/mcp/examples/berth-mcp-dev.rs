@@ -8,7 +8,6 @@
 //! `--lease-ttl S` and `--sweep-interval S` shorten lease timing for tests.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,17 +67,14 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             }
             "connect" => {
-                let mut key = String::new();
-                std::io::stdin().read_to_string(&mut key)?;
                 let api_url = flags.get("api-url").context("--api-url is required")?;
-                Mcp::open(config)?
-                    .connect(
-                        &user,
-                        api_url,
-                        key.trim(),
-                        flags.get("sandbox-url").map(String::as_str),
-                    )
-                    .await?;
+                berth_mcp::run_connect(
+                    config,
+                    &user,
+                    api_url,
+                    flags.get("sandbox-url").map(String::as_str),
+                )
+                .await?;
                 eprintln!("connected {user} to {api_url}");
                 Ok(())
             }

@@ -6,7 +6,7 @@
 //! connect links and their HTML form, and leases that release sandboxes an agent left
 //! behind. It talks to any E2B-compatible endpoint through `berth-client` and never
 //! touches the server's own state: the `berth` binary calls [`run_stdio`] for `berth mcp`,
-//! mounts [`Mcp::http_router`] for `/mcp`, and calls [`Mcp::connect`] for `berth connect`.
+//! mounts [`Mcp::http_router`] for `/mcp`, and calls [`run_connect`] for `berth connect`.
 //!
 //! State lives under `<state_dir>/mcp/`: `mcp.sqlite3` (connections, connect tokens,
 //! sessions, leases, sealed secrets), `kek` (key-encryption keys unless `BERTH_KEK` is
@@ -26,6 +26,8 @@ mod web;
 
 pub use config::{LeaseConfig, McpConfig, OutputLimits, ReleaseAction, Toolset};
 pub use error::McpError;
-pub use server::{os_user, run_stdio, HeaderIdentity, IdentityResolver, Mcp, RotationReport};
+pub use server::{
+    os_user, run_connect, run_stdio, HeaderIdentity, IdentityResolver, Mcp, RotationReport,
+};
 pub use sweeper::SweepReport;
 pub use vault::KEK_ENV;

@@ -574,42 +574,86 @@ impl ServerHandler for Handler {
 /// `berth mcp`: serves MCP over stdin/stdout for `identity` until the client closes
 /// stdin, with the lease sweeper running. When the session ends its sandboxes' leases
 /// expire and are released before this returns. `session_id` names the session (and its
-/// storage area); a random one is used when `None`.
+/// storage area); a random one is used when `None`. Logs must go to stderr.
 pub async fn run_stdio(
     config: McpConfig,
     identity: String,
     session_id: Option<String>,
 ) -> Result<(), McpError> {
     let mcp = Mcp::open(config)?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let sweeper = mcp.spawn_sweeper(shutdown.clone());
-    let mut handler = mcp.handler(Some(identity.clone()), None);
-    if let Some(session_id) = session_id {
-        handler.session_id = session_id;
+    let (stdin, stdout) = rmcp::transport::stdio();
+    mcp.serve_session(identity, session_id, stdin, stdout).await
+}
+
+impl Mcp {
+    /// Serves one MCP session for `identity` over a byte stream pair (stdio, a pipe),
+    /// with the sweeper running; ends the session and releases its leases when the peer
+    /// closes the stream.
+    pub async fn serve_session<R, W>(
+        &self,
+        identity: String,
+        session_id: Option<String>,
+        reader: R,
+        writer: W,
+    ) -> Result<(), McpError>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+        W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let sweeper = self.spawn_sweeper(shutdown.clone());
+        let mut handler = self.handler(Some(identity.clone()), None);
+        if let Some(session_id) = session_id {
+            handler.session_id = session_id;
+        }
+        let session_id = handler.session_id.clone();
+        if !self.claim_session(&session_id, &identity)? {
+            shutdown.cancel();
+            return Err(McpError::Invalid(
+                "this session belongs to another user".into(),
+            ));
+        }
+        let served = async {
+            let running = handler
+                .serve((reader, writer))
+                .await
+                .map_err(|error| McpError::Transport(error.to_string()))?;
+            running
+                .waiting()
+                .await
+                .map_err(|error| McpError::Transport(error.to_string()))?;
+            Ok::<(), McpError>(())
+        }
+        .await;
+        shutdown.cancel();
+        let _ = sweeper.await;
+        self.inner.store.end_session(&session_id)?;
+        self.sweep_once().await;
+        served
     }
-    let session_id = handler.session_id.clone();
-    if !mcp.claim_session(&session_id, &identity)? {
-        return Err(McpError::Invalid(
-            "this session belongs to another user".into(),
-        ));
+}
+
+/// `berth connect`: reads an API key from stdin and connects `identity` to `api_url`
+/// (validated by an authenticated GET; the key is never printed or logged).
+pub async fn run_connect(
+    config: McpConfig,
+    identity: &str,
+    api_url: &str,
+    sandbox_url: Option<&str>,
+) -> Result<(), McpError> {
+    use tokio::io::AsyncReadExt;
+    let mut key = String::new();
+    tokio::io::stdin()
+        .read_to_string(&mut key)
+        .await
+        .map_err(|error| McpError::io("reading the API key from stdin", error))?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(McpError::Invalid("no API key on stdin".into()));
     }
-    let served = async {
-        let running = handler
-            .serve(rmcp::transport::stdio())
-            .await
-            .map_err(|error| McpError::Transport(error.to_string()))?;
-        running
-            .waiting()
-            .await
-            .map_err(|error| McpError::Transport(error.to_string()))?;
-        Ok::<(), McpError>(())
-    }
-    .await;
-    shutdown.cancel();
-    let _ = sweeper.await;
-    mcp.inner.store.end_session(&session_id)?;
-    mcp.sweep_once().await;
-    served
+    Mcp::open(config)?
+        .connect(identity, api_url, key, sandbox_url)
+        .await
 }
 
 /// The default identity for stdio (`--user` unset): the OS user running the process.
