@@ -284,10 +284,13 @@ fn remove_dead_pools(pool_root: &Path) {
 /// tens of milliseconds on a busy host. `kill` renames the directory into `trash/` first,
 /// so nothing of the sandbox remains under its id, and a restarted daemon finishes
 /// whatever is left in `trash/`.
+/// A dead sandbox's directory (already in `trash/`) and the daemon's disk reference.
+type Disposal = (PathBuf, Option<OwnedFd>);
+
 pub(crate) struct Janitor {
     trash_dir: PathBuf,
     next: AtomicU64,
-    sender: Mutex<Option<std::sync::mpsc::Sender<PathBuf>>>,
+    sender: Mutex<Option<std::sync::mpsc::Sender<Disposal>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -295,17 +298,19 @@ impl Janitor {
     pub(crate) fn new(state_dir: &Path) -> io::Result<Self> {
         let trash_dir = state_dir.join("trash");
         fs::create_dir_all(&trash_dir)?;
-        let (sender, receiver) = std::sync::mpsc::channel::<PathBuf>();
+        let (sender, receiver) = std::sync::mpsc::channel::<Disposal>();
         let thread = std::thread::Builder::new()
             .name("berth-janitor".into())
             .spawn(move || {
-                for dir in receiver {
+                for (dir, disk) in receiver {
+                    // The last reference to a dead sandbox's disk: ext4 shuts down here.
+                    drop(disk);
                     let _ = fs::remove_dir_all(&dir);
                 }
             })?;
         // Leftovers of an earlier daemon.
         for entry in fs::read_dir(&trash_dir)?.flatten() {
-            let _ = sender.send(entry.path());
+            let _ = sender.send((entry.path(), None));
         }
         Ok(Self {
             trash_dir,
@@ -315,8 +320,9 @@ impl Janitor {
         })
     }
 
-    /// Moves `dir` out of the way (now) and deletes it (soon). Ok if `dir` is missing.
-    pub(crate) fn dispose(&self, dir: &Path, name: &str) -> io::Result<()> {
+    /// Moves `dir` out of the way (now), then releases `disk` and deletes `dir` (soon).
+    /// Ok if `dir` is missing.
+    pub(crate) fn dispose(&self, dir: &Path, name: &str, disk: Option<OwnedFd>) -> io::Result<()> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let target = self
             .trash_dir
@@ -327,7 +333,7 @@ impl Janitor {
         }
         let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(sender) = sender.as_ref() {
-            let _ = sender.send(target);
+            let _ = sender.send((target, disk));
         }
         Ok(())
     }

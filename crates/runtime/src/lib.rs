@@ -73,10 +73,11 @@
 //!
 //! **Kill.** SIGKILL to the init through its pidfd (a pid namespace dies with its init),
 //! then anything left in the cgroups, then the cgroups; the sandbox directory is renamed
-//! into `trash/` at once and a janitor thread deletes it (unlinking the image is slow on
-//! a busy disk), so disk bytes return shortly after `kill` returns (once the dead
-//! sandbox's mount namespace has released the loop device). Dropping the runtime waits
-//! for the janitor to finish.
+//! into `trash/` at once. The daemon keeps a reference to each sandbox's disk mount, so
+//! the ext4 shutdown does not run in the dying init's exit path; a janitor thread drops
+//! that reference and deletes the directory (unlinking the image is slow on a busy disk),
+//! so disk bytes return shortly after `kill` returns. Dropping the runtime waits for the
+//! janitor to finish.
 //!
 //! **Recovery.** Each sandbox has `<state>/sandboxes/<id>/record.json` (see `record`);
 //! `recover` reattaches sandboxes whose init is still the same process (pid plus start

@@ -83,6 +83,10 @@ struct Sandbox {
     pidfd: OwnedFd,
     /// True when the init is our child (we must reap it); false after a daemon restart.
     own_child: bool,
+    /// The daemon's reference to the sandbox's disk mount. Holding it keeps the ext4
+    /// shutdown out of the dying init's exit path; the janitor drops it after a kill.
+    /// None for sandboxes reattached after a restart.
+    disk: Mutex<Option<OwnedFd>>,
 }
 
 /// The Linux-namespace backend of [`Runtime`].
@@ -239,7 +243,7 @@ impl LinuxRuntime {
         spec: &SandboxSpec,
         slot: u32,
         dir: &Path,
-    ) -> Result<(OwnedFd, i32), RuntimeError> {
+    ) -> Result<(OwnedFd, i32, OwnedFd), RuntimeError> {
         let uid_base = self.uid_base_of(slot);
         let mount = dir.join("disk");
         fs::create_dir(&mount).map_err(io_err("create disk mountpoint"))?;
@@ -282,14 +286,19 @@ impl LinuxRuntime {
         let launcher = cpath(&self.config.launcher_binary).map_err(io_err("launcher path"))?;
         let (pidfd, pid) =
             clone_launcher(&launcher, child_sock).map_err(io_err("clone sandbox init"))?;
-        let result = self.finish_start(spec, uid_base, pid, &parent_sock, &launch_config, disk);
+        let result = disk
+            .try_clone()
+            .map_err(io_err("dup disk mount"))
+            .and_then(|sent| {
+                self.finish_start(spec, uid_base, pid, &parent_sock, &launch_config, sent)
+            });
         if let Err(e) = result {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
             let _ = sys::pidfd_wait_exit(pidfd.as_fd(), 10_000);
             let _ = sys::pidfd_reap(pidfd.as_fd());
             return Err(e);
         }
-        Ok((pidfd, pid))
+        Ok((pidfd, pid, disk))
     }
 
     /// Parent side of the start handshake: id maps, cgroups, idmapped layers, config.
@@ -351,7 +360,12 @@ impl LinuxRuntime {
     }
 
     /// Removes everything a sandbox may have left: processes, cgroups, disk mount, files.
-    fn teardown(&self, id: &str, pidfd: Option<(&OwnedFd, bool)>) -> Result<(), RuntimeError> {
+    fn teardown(
+        &self,
+        id: &str,
+        pidfd: Option<(&OwnedFd, bool)>,
+        disk: Option<OwnedFd>,
+    ) -> Result<(), RuntimeError> {
         if let Some((pidfd, own_child)) = pidfd {
             // Killing a pid namespace's init with SIGKILL kills every process in it.
             match sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL) {
@@ -377,7 +391,7 @@ impl LinuxRuntime {
             .map_err(io_err("kill remaining processes"))?;
         self.cgroups.remove(id).map_err(io_err("remove cgroups"))?;
         self.janitor
-            .dispose(&self.sandbox_dir(id), id)
+            .dispose(&self.sandbox_dir(id), id, disk)
             .map_err(io_err("move sandbox dir to trash"))
     }
 }
@@ -420,10 +434,10 @@ impl Runtime for LinuxRuntime {
             .write(&dir)
             .map_err(io_err("write record"))
             .and_then(|()| self.start(spec, slot, &dir));
-        let (pidfd, pid) = match started {
+        let (pidfd, pid, disk) = match started {
             Ok(v) => v,
             Err(e) => {
-                let _ = self.teardown(&spec.id, None);
+                let _ = self.teardown(&spec.id, None, None);
                 self.release_slot(slot);
                 return Err(e);
             }
@@ -431,7 +445,7 @@ impl Runtime for LinuxRuntime {
         record.init_pid = Some(pid);
         record.init_start_ticks = record::process_start_ticks(pid);
         if let Err(e) = record.write(&dir) {
-            let _ = self.teardown(&spec.id, Some((&pidfd, true)));
+            let _ = self.teardown(&spec.id, Some((&pidfd, true)), Some(disk));
             self.release_slot(slot);
             return Err(io_err("write record")(e));
         }
@@ -447,6 +461,7 @@ impl Runtime for LinuxRuntime {
             slot,
             pidfd,
             own_child: true,
+            disk: Mutex::new(Some(disk)),
         });
         self.sandboxes
             .lock()
@@ -464,7 +479,12 @@ impl Runtime for LinuxRuntime {
             .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
         // A frozen sandbox cannot die; thaw is harmless otherwise.
         let _ = self.cgroups.set_frozen(id, false);
-        let result = self.teardown(id, Some((&sandbox.pidfd, sandbox.own_child)));
+        let disk = sandbox
+            .disk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let result = self.teardown(id, Some((&sandbox.pidfd, sandbox.own_child)), disk);
         self.release_slot(sandbox.slot);
         result
     }
@@ -554,6 +574,7 @@ impl Runtime for LinuxRuntime {
                         slot: record.slot,
                         pidfd,
                         own_child: false,
+                        disk: Mutex::new(None),
                     });
                     self.sandboxes
                         .lock()
@@ -562,7 +583,7 @@ impl Runtime for LinuxRuntime {
                     report.reattached.push(info);
                 }
                 None => {
-                    self.teardown(&id, None)?;
+                    self.teardown(&id, None, None)?;
                     report.cleaned.push(id);
                 }
             }
@@ -576,7 +597,7 @@ impl Runtime for LinuxRuntime {
                     .unwrap_or_else(|e| e.into_inner())
                     .contains_key(&id)
             {
-                self.teardown(&id, None)?;
+                self.teardown(&id, None, None)?;
                 report.cleaned.push(id);
             }
         }
