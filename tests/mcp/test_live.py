@@ -295,6 +295,14 @@ def test_session_tools_end_to_end(berth, mcp_state):
             assert out["truncated"] is True and out["total_lines"] == 5000
             assert "output truncated" in out["stdout"] and out["cwd"] == "/tmp"
 
+            slow = await call(s, "e2b_exec", {"sandbox_id": sandbox_id, "command": "sleep 5; echo done", "timeout_ms": 500})
+            out = slow.structured_content
+            assert out["success"] is False and out["stdout"] == ""
+            assert out["error"].startswith("deadline_exceeded")
+
+            missing = await call(s, "e2b_read_file", {"sandbox_id": sandbox_id, "path": "/nonexistent"})
+            assert missing.is_error and missing.structured_content["error"]["status"] == 404
+
             written = await call(s, "e2b_write_file", {"sandbox_id": sandbox_id, "path": "/home/user/lines.txt", "content": "a\nb\nc\nd\n"})
             assert written.structured_content == {"sandbox_id": sandbox_id, "path": "/home/user/lines.txt", "success": True}
             window = await call(s, "e2b_read_file", {"sandbox_id": sandbox_id, "path": "/home/user/lines.txt", "offset": 1, "limit": 2})
