@@ -76,6 +76,11 @@ fn print_idle_sandbox_memory() {
     }
     std::thread::sleep(Duration::from_secs(2));
     let after = mem_available_kib();
+    let charged: u64 = ids.iter().map(|id| t.rt.stats(id).unwrap().mem_used).sum();
+    println!(
+        "{count} idle envd sandboxes: {} KiB charged to each sandbox's memory cgroup on average",
+        charged / 1024 / count
+    );
     println!(
         "{count} idle envd sandboxes: host MemAvailable dropped {} MiB, {} KiB per sandbox",
         (before - after) / 1024,
