@@ -409,7 +409,7 @@ fn copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
 
 /// Binds `image` to a free loop device (autoclear, direct I/O) and returns a detached
 /// ext4 mount of it.
-fn mount_image(image: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn mount_image(image: &Path) -> io::Result<OwnedFd> {
     let rw_cloexec = |path: &Path| {
         OpenOptions::new()
             .read(true)

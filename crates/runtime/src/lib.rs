@@ -147,6 +147,8 @@ pub struct RecoveryReport {
     pub reattached: Vec<SandboxInfo>,
     /// Sandboxes whose remains were found dead and removed.
     pub cleaned: Vec<String>,
+    /// Paused sandboxes found (kept with their checkpoint; see `LinuxRuntime::resume`).
+    pub paused: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

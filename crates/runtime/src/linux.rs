@@ -18,6 +18,9 @@ use crate::record::{self, Record};
 use crate::sys::{self, cpath};
 use crate::{RecoveryReport, Runtime, RuntimeError, SandboxInfo, SandboxSpec, SandboxStats};
 
+#[path = "pause.rs"]
+mod pause;
+
 /// Size of each sandbox's uid/gid range (a full 16-bit range, like a normal Linux system).
 pub const UID_RANGE_SIZE: u32 = 65_536;
 /// Init arguments used by default: envd listening on its E2B port.
@@ -471,12 +474,14 @@ impl Runtime for LinuxRuntime {
     }
 
     fn kill(&self, id: &str) -> Result<(), RuntimeError> {
-        let sandbox = self
+        let removed = self
             .sandboxes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
-            .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+            .remove(id);
+        let Some(sandbox) = removed else {
+            return self.kill_paused(id);
+        };
         // A frozen sandbox cannot die; thaw is harmless otherwise.
         let _ = self.cgroups.set_frozen(id, false);
         let disk = sandbox
@@ -548,6 +553,14 @@ impl Runtime for LinuxRuntime {
                 continue;
             }
             let dir = entry.path();
+            if let Some(slot) = Self::paused_slot(&dir) {
+                self.slots
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(slot);
+                report.paused.push(id);
+                continue;
+            }
             let alive = Record::read(&dir).ok().and_then(|record| {
                 let pid = record.init_pid?;
                 let ticks = record::process_start_ticks(pid)?;

@@ -31,9 +31,31 @@ pub fn layers() -> Vec<PathBuf> {
 
 /// A runtime with its own state dir and cgroup parent, torn down on drop.
 pub struct TestRuntime {
+    // Field order matters: the runtime (and its pool and janitor threads) must be gone
+    // before `_cleanup` removes the state dir and cgroup parent.
     pub rt: LinuxRuntime,
     pub state: PathBuf,
     cgroup_parent: String,
+    _cleanup: StateCleanup,
+}
+
+/// Removes a test runtime's state dir and cgroup parent.
+struct StateCleanup {
+    state: PathBuf,
+    cgroup_parent: String,
+}
+
+impl Drop for StateCleanup {
+    fn drop(&mut self) {
+        for ctrl in ["cpu", "cpuacct", "memory", "pids", "freezer", ""] {
+            let _ = std::fs::remove_dir(
+                Path::new("/sys/fs/cgroup")
+                    .join(ctrl)
+                    .join(&self.cgroup_parent),
+            );
+        }
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
 }
 
 pub fn unique(prefix: &str) -> String {
@@ -100,10 +122,15 @@ impl TestRuntime {
         let mut config = test_config(&state, &name);
         adjust(&mut config);
         let rt = LinuxRuntime::new(config).expect("runtime");
+        let cleanup = StateCleanup {
+            state: state.clone(),
+            cgroup_parent: name.clone(),
+        };
         Self {
             rt,
             state,
             cgroup_parent: name,
+            _cleanup: cleanup,
         }
     }
 
@@ -183,13 +210,5 @@ impl Drop for TestRuntime {
         for info in self.rt.list() {
             let _ = self.rt.kill(&info.id);
         }
-        for ctrl in ["cpu", "cpuacct", "memory", "pids", "freezer", ""] {
-            let _ = std::fs::remove_dir(
-                Path::new("/sys/fs/cgroup")
-                    .join(ctrl)
-                    .join(&self.cgroup_parent),
-            );
-        }
-        let _ = std::fs::remove_dir_all(&self.state);
     }
 }

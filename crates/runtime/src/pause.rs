@@ -1,0 +1,352 @@
+//! Pause and resume with memory: a whole sandbox checkpointed by CRIU and brought back
+//! under the same id.
+//!
+//! **Pause** dumps the process tree rooted at the init (with its namespaces; the dump kills
+//! it), then drops the daemon's reference to the disk so the ext4 mount and its loop device
+//! go away with the dead mount namespace. The sandbox keeps its directory (disk image,
+//! record), its cgroups and its uid slot; a `paused.json` marker next to the record, written
+//! last (temp file + rename), is what makes it paused: a crash before that leaves a dead
+//! sandbox that recovery cleans, a crash after it a paused one.
+//!
+//! **Resume** rebuilds the root the way `create` did, but in the host's mount namespace,
+//! because CRIU restores the tree's mount namespace on top of a root it is given
+//! (`--root`): each template layer cloned and idmapped to the sandbox's uid range (through
+//! a short-lived process in a user namespace carrying that range's map), the disk image
+//! mounted again, and an overlay over them with `userxattr`, as the launcher mounts it.
+//! After the restore the host mounts are detached at once (the restored namespace holds
+//! its own copies), so the host mount table does not grow. Unlike at create, the overlay
+//! is mounted by host root rather than by the sandbox's namespaced root.
+//!
+//! The restored init is not the daemon's child (CRIU detaches it), so it is tracked like a
+//! sandbox reattached after a restart: by pidfd, never reaped by us.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use berth_checkpoint::{Criu, Dump, Restore};
+
+use super::{io_err, valid_id, CloneArgs, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
+use crate::cgroup::CgroupLimits;
+use crate::disk;
+use crate::record::{self, Record};
+use crate::sys::{self, cpath, FsContext, MOUNT_ATTR_NODEV};
+use crate::{RuntimeError, SandboxInfo};
+
+const PAUSED_FILE: &str = "paused.json";
+
+/// What `paused.json` holds: where the checkpoint is.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct PausedMarker {
+    images: PathBuf,
+    paused_at: SystemTime,
+}
+
+impl PausedMarker {
+    fn write(&self, dir: &Path) -> io::Result<()> {
+        let tmp = dir.join(".paused.json.tmp");
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(&serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
+        drop(file);
+        fs::rename(&tmp, dir.join(PAUSED_FILE))
+    }
+
+    fn read(dir: &Path) -> Option<Self> {
+        let bytes = fs::read(dir.join(PAUSED_FILE)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+}
+
+fn criu_err(what: String) -> impl FnOnce(berth_checkpoint::CriuError) -> RuntimeError {
+    move |e| RuntimeError::Other(format!("{what}: {e}"))
+}
+
+impl LinuxRuntime {
+    /// Checkpoints every process of sandbox `id` with its memory into `images` (created
+    /// here; must not exist) and stops it, freeing its RAM. The disk, cgroups and uid slot
+    /// are kept; the sandbox leaves [`crate::Runtime::list`] until [`LinuxRuntime::resume`].
+    /// On failure the sandbox keeps running.
+    pub fn pause(&self, criu: &Criu, id: &str, images: &Path) -> Result<(), RuntimeError> {
+        let sandbox = self.get(id)?;
+        // CRIU cannot seize frozen tasks.
+        let _ = self.cgroups.set_frozen(id, false);
+        fs::create_dir(images).map_err(io_err(format!("create {}", images.display())))?;
+        let dump = Dump {
+            pid: sandbox.info.init_pid,
+            images: images.to_path_buf(),
+            leave_running: false,
+        };
+        if let Err(e) = criu.dump(&dump) {
+            let _ = fs::remove_dir_all(images);
+            return Err(criu_err(format!("pause {id}"))(e));
+        }
+        let removed = self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        if removed.is_none() {
+            // Killed while being dumped: nothing is left to pause.
+            let _ = fs::remove_dir_all(images);
+            return Err(RuntimeError::NotFound(id.to_owned()));
+        }
+        if !sys::pidfd_wait_exit(sandbox.pidfd.as_fd(), 30_000)
+            .map_err(io_err("wait for dumped init"))?
+        {
+            return Err(RuntimeError::Other(format!(
+                "sandbox {id}: init still alive after the dump"
+            )));
+        }
+        if sandbox.own_child {
+            let _ = sys::pidfd_reap(sandbox.pidfd.as_fd());
+        }
+        // Processes outside the dumped tree (e.g. a `berth-launch exec` helper).
+        self.cgroups
+            .kill_all(id)
+            .map_err(io_err("kill remaining processes"))?;
+        // The last reference to the disk mount: ext4 shuts down, the loop device goes.
+        drop(
+            sandbox
+                .disk
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+        let marker = PausedMarker {
+            images: images.to_path_buf(),
+            paused_at: SystemTime::now(),
+        };
+        marker
+            .write(&self.sandbox_dir(id))
+            .map_err(io_err("write paused marker"))
+    }
+
+    /// Restores paused sandbox `id` under the same id: its processes continue with their
+    /// memory, its files are intact and [`crate::Runtime::connect`] reaches it again. The
+    /// checkpoint is deleted once the sandbox runs; on failure it stays paused.
+    pub fn resume(&self, criu: &Criu, id: &str) -> Result<SandboxInfo, RuntimeError> {
+        if self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(id)
+        {
+            return Err(RuntimeError::Other(format!("sandbox {id} is not paused")));
+        }
+        let dir = self.sandbox_dir(id);
+        let marker = self
+            .paused_marker(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        let mut record = Record::read(&dir).map_err(io_err("read record"))?;
+        let spec = record.spec.clone();
+        // Gone after a reboot; creating them again is harmless otherwise.
+        self.cgroups
+            .create(
+                id,
+                CgroupLimits {
+                    cpu_count: spec.cpu_count,
+                    memory_bytes: spec.memory_mb * 1024 * 1024,
+                    pids_max: self.config.pids_max,
+                },
+            )
+            .map_err(io_err("create cgroups"))?;
+        let root = HostRoot::mount(&dir, &spec.layers, self.uid_base_of(record.slot))?;
+        let work = dir.join("restore");
+        fs::create_dir_all(&work).map_err(io_err("create restore work dir"))?;
+        let restored = criu.restore(&Restore {
+            images: marker.images.clone(),
+            work: work.clone(),
+            root: Some(dir.join("root")),
+            cgroup_root: None,
+        });
+        let pid = restored.map_err(criu_err(format!("resume {id}")))?;
+        let disk = root.release();
+        let pidfd = sys::pidfd_open(pid).map_err(io_err("open restored init"))?;
+        record.init_pid = Some(pid);
+        record.init_start_ticks = record::process_start_ticks(pid);
+        record.write(&dir).map_err(io_err("write record"))?;
+        fs::remove_file(dir.join(PAUSED_FILE)).map_err(io_err("remove paused marker"))?;
+        let _ = fs::remove_dir_all(&marker.images);
+        let _ = fs::remove_dir_all(&work);
+        let info = SandboxInfo {
+            id: id.to_owned(),
+            template: spec.template.clone(),
+            init_pid: pid,
+            created_at: record.created_at,
+            spec,
+        };
+        let sandbox = Arc::new(Sandbox {
+            info: info.clone(),
+            slot: record.slot,
+            pidfd,
+            own_child: false,
+            disk: Mutex::new(disk),
+        });
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_owned(), sandbox);
+        Ok(info)
+    }
+
+    /// True when sandbox `id` is paused (its checkpoint on disk, no process running).
+    pub fn is_paused(&self, id: &str) -> bool {
+        self.paused_marker(id).is_some()
+    }
+
+    fn paused_marker(&self, id: &str) -> Option<PausedMarker> {
+        if !valid_id(id) {
+            return None;
+        }
+        PausedMarker::read(&self.sandbox_dir(id))
+    }
+
+    /// `kill` of a paused sandbox: its cgroups, directory (disk image) and checkpoint go,
+    /// and its slot is freed.
+    pub(super) fn kill_paused(&self, id: &str) -> Result<(), RuntimeError> {
+        let marker = self
+            .paused_marker(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        let dir = self.sandbox_dir(id);
+        let slot = Record::read(&dir).ok().map(|r| r.slot);
+        let result = self.teardown(id, None, None);
+        if !marker.images.starts_with(&dir) {
+            let _ = fs::remove_dir_all(&marker.images);
+        }
+        if let Some(slot) = slot {
+            self.release_slot(slot);
+        }
+        result
+    }
+
+    /// For `recover`: the slot of the paused sandbox in `dir`, which must be kept (not
+    /// cleaned as dead), or None if it is not paused.
+    pub(super) fn paused_slot(dir: &Path) -> Option<u32> {
+        PausedMarker::read(dir)?;
+        Record::read(dir).ok().map(|r| r.slot)
+    }
+}
+
+/// The sandbox's root rebuilt in the host's mount namespace for CRIU: idmapped layers,
+/// the disk and the overlay, attached under the sandbox directory. Dropping it detaches
+/// them all.
+struct HostRoot {
+    /// Attached mountpoints, in attach order.
+    attached: Vec<CString>,
+    disk: Option<OwnedFd>,
+}
+
+impl HostRoot {
+    fn mount(dir: &Path, layers: &[PathBuf], uid_base: u32) -> Result<Self, RuntimeError> {
+        let mut root = Self {
+            attached: Vec::new(),
+            disk: None,
+        };
+        let userns = userns_with_map(uid_base).map_err(io_err("make id-mapping namespace"))?;
+        let overlay = FsContext::open(c"overlay").map_err(io_err("fsopen overlay"))?;
+        // Topmost layer first, on the same mountpoints the launcher used.
+        for (i, layer) in layers.iter().rev().enumerate() {
+            let mountpoint = dir.join("layers").join(i.to_string());
+            fs::create_dir_all(&mountpoint).map_err(io_err("create layer mountpoint"))?;
+            let mountpoint = cpath(&mountpoint).map_err(io_err("layer mountpoint"))?;
+            let path = cpath(layer).map_err(io_err("layer path"))?;
+            let tree =
+                sys::open_tree_clone(libc::AT_FDCWD, &path, libc::AT_RECURSIVE as libc::c_uint)
+                    .map_err(io_err(format!("open_tree {}", layer.display())))?;
+            sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd())
+                .map_err(io_err(format!("idmap {}", layer.display())))?;
+            root.attach(&tree, mountpoint.clone())?;
+            overlay
+                .set_string(c"lowerdir+", &mountpoint)
+                .map_err(io_err("overlay lowerdir+"))?;
+        }
+        let disk = disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount disk"))?;
+        let disk_dir = dir.join("disk");
+        root.attach(&disk, cpath(&disk_dir).map_err(io_err("disk mountpoint"))?)?;
+        root.disk = Some(disk);
+        for (key, sub) in [(c"upperdir", "upper"), (c"workdir", "work")] {
+            let path = cpath(&disk_dir.join(sub)).map_err(io_err("overlay dir"))?;
+            overlay
+                .set_string(key, &path)
+                .map_err(io_err(format!("overlay {sub}")))?;
+        }
+        overlay
+            .set_flag(c"userxattr")
+            .map_err(io_err("overlay userxattr"))?;
+        let mount = overlay
+            .create_mount(MOUNT_ATTR_NODEV)
+            .map_err(io_err("mount overlay"))?;
+        root.attach(
+            &mount,
+            cpath(&dir.join("root")).map_err(io_err("root mountpoint"))?,
+        )?;
+        Ok(root)
+    }
+
+    fn attach(&mut self, mount: &OwnedFd, target: CString) -> Result<(), RuntimeError> {
+        sys::move_mount_to(mount.as_fd(), &target).map_err(io_err(format!(
+            "attach {}",
+            target.to_string_lossy()
+        )))?;
+        self.attached.push(target);
+        Ok(())
+    }
+
+    /// Detaches the host mounts and returns the daemon's reference to the disk mount.
+    fn release(mut self) -> Option<OwnedFd> {
+        self.disk.take()
+    }
+}
+
+impl Drop for HostRoot {
+    fn drop(&mut self) {
+        for target in self.attached.iter().rev() {
+            // SAFETY: umount2 with a valid NUL-terminated path.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// A user namespace whose uid/gid map is `0 uid_base 65536`, for idmapping mounts: made
+/// by a short-lived child (a multi-threaded process cannot unshare a user namespace),
+/// which is killed once the namespace is open.
+fn userns_with_map(uid_base: u32) -> io::Result<OwnedFd> {
+    let mut pidfd: libc::c_int = -1;
+    let args = CloneArgs {
+        flags: (libc::CLONE_NEWUSER | libc::CLONE_PIDFD) as u64,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    // SAFETY: fork-like clone3 (no stack given); the child only makes raw syscalls.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret == 0 {
+        // The child of a multi-threaded process: only raw syscalls until it is killed.
+        loop {
+            // SAFETY: pause(2) has no arguments.
+            unsafe { libc::syscall(libc::SYS_pause) };
+        }
+    }
+    let pid = sys::check(ret)?;
+    // SAFETY: CLONE_PIDFD stored a new fd owned by us.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let map = format!("0 {uid_base} {UID_RANGE_SIZE}\n");
+    let userns = fs::write(format!("/proc/{pid}/uid_map"), &map)
+        .and_then(|()| fs::write(format!("/proc/{pid}/gid_map"), &map))
+        .and_then(|()| fs::File::open(format!("/proc/{pid}/ns/user")))
+        .map(OwnedFd::from);
+    sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL)?;
+    sys::pidfd_wait_exit(pidfd.as_fd(), 10_000)?;
+    sys::pidfd_reap(pidfd.as_fd())?;
+    userns
+}
