@@ -288,10 +288,8 @@ impl HostRoot {
     }
 
     fn attach(&mut self, mount: &OwnedFd, target: CString) -> Result<(), RuntimeError> {
-        sys::move_mount_to(mount.as_fd(), &target).map_err(io_err(format!(
-            "attach {}",
-            target.to_string_lossy()
-        )))?;
+        sys::move_mount_to(mount.as_fd(), &target)
+            .map_err(io_err(format!("attach {}", target.to_string_lossy())))?;
         self.attached.push(target);
         Ok(())
     }

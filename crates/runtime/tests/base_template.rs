@@ -15,7 +15,9 @@ fn base_behaves_like_e2b() {
         "/home/user"
     );
     assert_eq!(t.sh_ok(&info.id, 1000, "stat -c %U /home/user"), "user");
-    t.sh_ok(&info.id, 1000, "sudo -n true");
+    let sudo = t.sh(&info.id, 1000, "sudo -n true");
+    assert!(sudo.status.success(), "{sudo:?}");
+    assert_eq!(String::from_utf8_lossy(&sudo.stderr), "", "sudo complained");
     assert_eq!(t.sh_ok(&info.id, 1000, "sudo -n whoami"), "root");
     assert_eq!(
         t.sh_ok(
