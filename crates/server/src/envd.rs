@@ -12,13 +12,16 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::time::Instant;
 
+/// Longest wait for envd's answer to `/init`.
+const INIT_LIMIT: Duration = Duration::from_secs(10);
+
 /// envd's port inside every sandbox.
 pub const ENVD_PORT: u16 = 49983;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvdError {
-    #[error("envd did not become healthy within {0:?}")]
-    NotReady(Duration),
+    #[error("envd did not become healthy within {limit:?} (last attempt: {last})")]
+    NotReady { limit: Duration, last: String },
     #[error("opening a connection to envd: {0}")]
     Connect(#[from] RuntimeError),
     #[error("talking to envd: {0}")]
@@ -98,16 +101,21 @@ pub async fn wait_healthy(
             .header("host", "localhost")
             .body(Full::new(Bytes::new()))
             .map_err(|err| EnvdError::Http(err.to_string()))?;
-        match request(runtime, sandbox_id, health).await {
-            Ok((204, _)) => return Ok(()),
+        // Each attempt is bounded too: a connection that is accepted but never answered
+        // must not stall the create past its limit.
+        let attempt = tokio::time::timeout_at(deadline, request(runtime, sandbox_id, health)).await;
+        let last = match attempt {
+            Ok(Ok((204, _))) => return Ok(()),
             // The sandbox itself is gone: no point waiting.
-            Err(EnvdError::Connect(RuntimeError::NotFound(id))) => {
+            Ok(Err(EnvdError::Connect(RuntimeError::NotFound(id)))) => {
                 return Err(EnvdError::Connect(RuntimeError::NotFound(id)))
             }
-            Ok(_) | Err(_) => {}
-        }
+            Ok(Ok((status, _))) => format!("/health answered {status}"),
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => "no answer".to_string(),
+        };
         if Instant::now() + pause > deadline {
-            return Err(EnvdError::NotReady(limit));
+            return Err(EnvdError::NotReady { limit, last });
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(50));
@@ -131,7 +139,9 @@ pub async fn init(
     let init = builder
         .body(Full::new(Bytes::from(json)))
         .map_err(|err| EnvdError::Http(err.to_string()))?;
-    let (status, reply) = request(runtime, sandbox_id, init).await?;
+    let (status, reply) = tokio::time::timeout(INIT_LIMIT, request(runtime, sandbox_id, init))
+        .await
+        .map_err(|_| EnvdError::Http(format!("no answer to /init within {INIT_LIMIT:?}")))??;
     if !(200..300).contains(&status) {
         return Err(EnvdError::Status {
             route: "/init",
