@@ -21,6 +21,7 @@ import argparse
 import io
 import json
 import os
+import pwd
 import shutil
 import signal
 import statistics
@@ -99,6 +100,26 @@ class Envd:
         self.log.close()
 
 
+def direct_spawn_options(user: str | None) -> dict:
+    """subprocess options that start `bash -lc` the way envd does for `user`."""
+    if user is None:
+        return {}
+    entry = pwd.getpwnam(user)
+    return {
+        "user": entry.pw_uid,
+        "group": entry.pw_gid,
+        "extra_groups": os.getgrouplist(user, entry.pw_gid),
+        "cwd": entry.pw_dir,
+        "env": {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": entry.pw_dir,
+            "USER": user,
+            "LOGNAME": user,
+            "SHELL": entry.pw_shell,
+        },
+    }
+
+
 def time_calls(call, runs: int, warmup: int) -> list[float]:
     for _ in range(warmup):
         call()
@@ -128,6 +149,10 @@ def main() -> None:
     parser.add_argument("--envd-bin", help="berth-envd binary to start")
     parser.add_argument("--use-running", action="store_true", help="measure the envd already on 127.0.0.1:49983")
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    parser.add_argument(
+        "--user",
+        help="run commands as this existing OS user (both through envd and directly); default: envd's default user",
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="berth-envd-bench-"))
@@ -144,9 +169,10 @@ def main() -> None:
         sandbox = Sandbox.create()
         results: dict[str, dict] = {}
 
-        sdk = time_calls(lambda: sandbox.commands.run("true"), args.runs, args.warmup)
+        sdk = time_calls(lambda: sandbox.commands.run("true", user=args.user), args.runs, args.warmup)
+        direct_options = direct_spawn_options(args.user)
         direct = time_calls(
-            lambda: subprocess.run(["bash", "-lc", "true"], check=True, stdin=subprocess.DEVNULL),
+            lambda: subprocess.run(["bash", "-lc", "true"], check=True, stdin=subprocess.DEVNULL, **direct_options),
             args.runs,
             args.warmup,
         )
@@ -176,6 +202,34 @@ def main() -> None:
         results["download_bytes"] = {"mib_s": throughput(download_bytes, args.transfers)}
         results["download_stream"] = {"mib_s": throughput(download_stream, args.transfers)}
 
+        # The same transfers over plain HTTP (httpx), to tell envd's share from the SDK's.
+        with httpx.Client(base_url=ENVD_URL, timeout=None) as raw:
+
+            def raw_upload() -> None:
+                response = raw.post(
+                    "/files",
+                    params={"path": str(target)},
+                    content=payload,
+                    headers={"Content-Type": "application/octet-stream"},
+                )
+                response.raise_for_status()
+
+            def raw_download(accept_encoding: str) -> None:
+                size = 0
+                headers = {"Accept-Encoding": accept_encoding}
+                with raw.stream("GET", "/files", params={"path": str(target)}, headers=headers) as response:
+                    response.raise_for_status()
+                    for block in response.iter_bytes(MIB):
+                        size += len(block)
+                assert size == TRANSFER_SIZE
+
+            results["raw_http_upload"] = {"mib_s": throughput(raw_upload, args.transfers)}
+            results["raw_http_download"] = {"mib_s": throughput(lambda: raw_download("identity"), args.transfers)}
+            # httpx's default Accept-Encoding, which the SDK's download requests carry too.
+            results["raw_http_download_gzip"] = {
+                "mib_s": throughput(lambda: raw_download("gzip, deflate"), args.transfers)
+            }
+
         direct_target = workdir / "direct.bin"
         results["direct_file_write"] = {"mib_s": throughput(lambda: direct_target.write_bytes(payload), args.transfers)}
         results["direct_file_read"] = {"mib_s": throughput(lambda: direct_target.read_bytes(), args.transfers)}
@@ -185,7 +239,8 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
     sdk_row, direct_row = results["run_true_sdk"], results["run_true_direct"]
-    print(f"\nberth-envd benchmark ({args.runs} runs, {args.transfers} × 100 MiB per transfer row)\n")
+    who = args.user or "envd's default user"
+    print(f"\nberth-envd benchmark ({args.runs} runs as {who}, {args.transfers} × 100 MiB per transfer row)\n")
     print(f"{'what':<44} {'p50':>10} {'p99':>10}")
     for label, row in [
         ('commands.run("true") via Python SDK', sdk_row),
@@ -202,6 +257,9 @@ def main() -> None:
         ("upload_octet_stream", "upload 100 MiB (file object → octet-stream)"),
         ("download_bytes", "download 100 MiB (format=bytes)"),
         ("download_stream", "download 100 MiB (format=stream)"),
+        ("raw_http_upload", "upload 100 MiB, plain HTTP (httpx, no SDK)"),
+        ("raw_http_download", "download 100 MiB, plain HTTP, identity"),
+        ("raw_http_download_gzip", "download 100 MiB, plain HTTP, gzip, deflate"),
         ("direct_file_write", "direct file write (peer, no envd)"),
         ("direct_file_read", "direct file read (peer, no envd)"),
     ]:
