@@ -7,7 +7,8 @@
 #
 # Every step runs even when an earlier one failed; the summary at the end lists them
 # all and the exit status is non-zero if any failed. Adding a suite is one `step` line
-# at the bottom.
+# at the bottom. BERTH_TEST_ONLY=<regex> runs only the steps whose name matches (for
+# local iteration; CI runs everything).
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +25,9 @@ failed=0
 step() {
     local name="$1"
     shift
+    if [[ -n "${BERTH_TEST_ONLY:-}" && ! "$name" =~ $BERTH_TEST_ONLY ]]; then
+        return 0
+    fi
     printf '\n==> %s\n' "$name"
     local started=$SECONDS
     if "$@" </dev/null; then
