@@ -178,6 +178,14 @@ impl Cgroups {
             .collect()
     }
 
+    /// True when any of the sandbox's groups (on any v1 hierarchy) holds a process.
+    pub(crate) fn has_processes(&self, id: &str) -> bool {
+        self.dirs(id).iter().any(|dir| {
+            fs::read_to_string(dir.join("cgroup.procs"))
+                .is_ok_and(|procs| procs.lines().any(|line| !line.trim().is_empty()))
+        })
+    }
+
     /// Kills every process in the groups (v2: `cgroup.kill`; v1: SIGKILL each listed pid,
     /// freezing first so nothing can fork in between).
     pub(crate) fn kill_all(&self, id: &str) -> io::Result<()> {

@@ -81,7 +81,9 @@
 //!
 //! **Recovery.** Each sandbox has `<state>/sandboxes/<id>/record.json` (see `record`);
 //! `recover` reattaches sandboxes whose init is still the same process (pid plus start
-//! time) and removes everything of the others, plus cgroups without a record.
+//! time) and removes everything of the others, plus empty cgroups without a record. A
+//! populated group without a record is left alone: it is a live sandbox of another daemon
+//! on the same host (another state dir, same cgroup parent), not a leftover of ours.
 //!
 //! **For checkpointing (CRIU).** The init is PID 1 and session leader of its own pid
 //! namespace and holds no fd from outside its mount namespace (stdio is `/dev/null` and

@@ -601,9 +601,14 @@ impl Runtime for LinuxRuntime {
                 }
             }
         }
-        // Groups whose sandbox directory is gone (a crash between the two removals).
+        // Empty groups whose sandbox directory is gone (a crash between the two
+        // removals). A group that still holds processes is a live sandbox of another
+        // daemon sharing this cgroup parent with a different state dir (every sandbox
+        // of ours has a directory until its processes are dead): killing it would take
+        // that daemon's sandbox down under its clients.
         for id in self.cgroups.list_ids() {
             if !seen.contains(&id)
+                && !self.cgroups.has_processes(&id)
                 && !self
                     .sandboxes
                     .lock()
