@@ -1,8 +1,11 @@
 //! Locating and provisioning CRIU.
 //!
 //! Debian 12 ships CRIU 3.17, which fails on the kernels berth targets
-//! (`vdso: Unexpected rt vDSO area bounds`), so berth needs CRIU ≥ 4.0. When the host
-//! has one it is used as is. Otherwise [`Criu::provision`] downloads trixie's `criu`
+//! (`vdso: Unexpected rt vDSO area bounds`), and Debian 13's CRIU 4.1 cannot dump a
+//! process holding an INET socket (every sandbox: envd listens) on kernels ≥ 6.16, which
+//! restrict `SO_PASSCRED`/`SO_PASSSEC` to unix and netlink sockets; CRIU 4.2 handles that.
+//! So berth needs CRIU ≥ 4.2. When the host has one it is used as is. Otherwise
+//! [`Criu::provision`] downloads Debian forky's `criu`
 //! package and its whole dependency closure (libc included) into
 //! `<state>/criu/prefix` with apt running on a private root (`<state>/criu/apt`), then
 //! runs the binary through the prefix's own `ld-linux` with `--library-path`, so the
@@ -15,14 +18,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// The Debian suite whose CRIU is provisioned, and where apt fetches it from.
-const SUITE: &str = "trixie";
+/// The Debian suite whose CRIU (4.2.1) is provisioned, and where apt fetches it from.
+/// Trixie's 4.1.1 is too old (see the module docs).
+const SUITE: &str = "forky";
 const MIRROR: &str = "http://deb.debian.org/debian";
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 const MINIMUM: CriuVersion = CriuVersion {
     major: 4,
-    minor: 0,
+    minor: 2,
     patch: 0,
 };
 
@@ -43,11 +47,12 @@ pub enum CriuError {
     #[error("cannot read CRIU's version from {0:?}")]
     UnparsableVersion(String),
     #[error(
-        "host CRIU {found} is too old: CRIU 3.x fails on this kernel (vDSO bounds); \
-         CRIU >= 4.0 is needed (berth can provision one: `berth criu provision`)"
+        "CRIU {found} is too old: 3.x fails on this kernel (vDSO bounds) and 4.1 cannot \
+         dump INET sockets on kernels >= 6.16; CRIU >= 4.2 is needed (berth provisions one \
+         privately)"
     )]
     TooOld { found: CriuVersion },
-    #[error("no usable CRIU: the host has none >= 4.0 and none is provisioned under {0}")]
+    #[error("no usable CRIU: the host has none >= 4.2 and none is provisioned under {0}")]
     Missing(PathBuf),
     #[error("apt-get and dpkg-deb are needed to provision CRIU ({0})")]
     NoApt(String),
@@ -112,7 +117,7 @@ enum Launch {
     Private { prefix: PathBuf },
 }
 
-/// A CRIU known to be ≥ 4.0.
+/// A CRIU known to be ≥ 4.2.
 #[derive(Debug, Clone)]
 pub struct Criu {
     launch: Launch,
@@ -137,14 +142,14 @@ impl Criu {
         }
     }
 
-    /// Like [`Criu::locate`], but provisions trixie's CRIU privately when neither the
+    /// Like [`Criu::locate`], but provisions forky's CRIU privately when neither the
     /// host nor the state directory has a usable one. Reports progress lines.
     pub fn ensure(state_dir: &Path, mut progress: impl FnMut(&str)) -> Result<Self, CriuError> {
         match Self::locate(state_dir) {
             Ok(criu) => Ok(criu),
             Err(CriuError::TooOld { found }) => {
                 progress(&format!(
-                    "host CRIU {found} fails on this kernel; provisioning CRIU 4 from Debian {SUITE}"
+                    "CRIU {found} is too old for this kernel; provisioning CRIU from Debian {SUITE}"
                 ));
                 Self::provision(state_dir, progress)
             }
@@ -153,7 +158,7 @@ impl Criu {
         }
     }
 
-    /// The host's CRIU, if it is ≥ 4.0.
+    /// The host's CRIU, if it is ≥ 4.2.
     pub fn host() -> Result<Self, CriuError> {
         let program = PathBuf::from("criu");
         let version = version_of(Command::new(&program))?;
@@ -175,7 +180,7 @@ impl Criu {
         Ok(Self { launch, version })
     }
 
-    /// Downloads trixie's `criu` and its dependency closure with apt on a private root
+    /// Downloads forky's `criu` and its dependency closure with apt on a private root
     /// and unpacks it into `<state>/criu/prefix`. Idempotent; concurrent callers
     /// serialize on a lock file and the prefix appears atomically (rename).
     pub fn provision(state_dir: &Path, mut progress: impl FnMut(&str)) -> Result<Self, CriuError> {
@@ -191,7 +196,16 @@ impl Criu {
 
         let prefix = prefix_dir(state_dir);
         if prefix.join("usr/sbin/criu").exists() {
-            return Self::private(prefix);
+            match Self::private(prefix.clone()) {
+                Err(CriuError::TooOld { found }) => {
+                    progress(&format!("criu: replacing the provisioned CRIU {found}"));
+                    // Renamed first: a CRIU still running from it keeps its open files.
+                    let old = base.join(format!("prefix.old.{}", std::process::id()));
+                    fs::rename(&prefix, &old).map_err(io_err("move old criu prefix aside"))?;
+                    fs::remove_dir_all(&old).map_err(io_err("remove old criu prefix"))?;
+                }
+                other => return other,
+            }
         }
         let apt = AptRoot::create(&base.join("apt"))?;
         progress(&format!("criu: fetching the Debian {SUITE} package index"));
@@ -493,6 +507,8 @@ mod tests {
         let v = CriuVersion::parse_output("Version: 3.17\nGitID: v3.17\n").unwrap();
         assert_eq!((v.major, v.minor, v.patch), (3, 17, 0));
         assert!(v < MINIMUM);
+        assert!(CriuVersion::parse_output("Version: 4.1.1\n").unwrap() < MINIMUM);
+        assert!(CriuVersion::parse_output("Version: 4.2.1\n").unwrap() >= MINIMUM);
         assert!(CriuVersion::parse_output("criu: command not found").is_err());
         assert!(CriuVersion::parse_output("Version: x.y").is_err());
     }

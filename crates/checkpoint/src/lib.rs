@@ -1,7 +1,7 @@
 //! berth-checkpoint: CRIU, the memory-checkpoint engine behind pause, snapshots and fork.
 //!
-//! Owns finding a CRIU that works on this kernel — the host's when it is 4.0 or newer,
-//! otherwise a private copy of Debian trixie's CRIU 4 provisioned under berth's state
+//! Owns finding a CRIU that works on this kernel — the host's when it is 4.2 or newer,
+//! otherwise a private copy of Debian forky's CRIU 4.2 provisioned under berth's state
 //! directory — and running it. It must not touch the host's package sources or libc:
 //! the private copy is fetched by apt with a private configuration (so signatures are
 //! still verified against the host's Debian keyring) and runs through its own dynamic

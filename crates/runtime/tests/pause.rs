@@ -11,8 +11,12 @@ use berth_checkpoint::Criu;
 use berth_runtime::{LinuxRuntime, Runtime, RuntimeError};
 use common::TestRuntime;
 
+/// CRIU from `BERTH_CRIU_STATE_DIR` (a state dir holding `criu/prefix`), else berth's.
 fn criu() -> Criu {
-    Criu::ensure(Path::new("/var/lib/berth"), |p| eprintln!("{p}")).expect("CRIU >= 4")
+    let state = std::env::var_os("BERTH_CRIU_STATE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/berth"));
+    Criu::ensure(&state, |p| eprintln!("{p}")).expect("CRIU >= 4")
 }
 
 /// Kills the sandbox (running or paused) when the test ends, even on failure: the
@@ -266,4 +270,31 @@ fn paused_sandbox_survives_a_daemon_restart() {
     drop(guard);
     assert!(!alive(resumed.init_pid));
     assert_clean(&t, &id, &images);
+}
+
+#[test]
+fn envd_answers_again_after_resume() {
+    let criu = criu();
+    let t = TestRuntime::with_envd();
+    let info = t.rt.create(&t.spec("pause-envd")).unwrap();
+    let guard = KillGuard {
+        rt: &t.rt,
+        id: info.id.clone(),
+    };
+    let id = info.id.as_str();
+    let status = t.wait_envd_health(id);
+    assert!(status.starts_with("HTTP/1.1 2"), "{status}");
+    let images = images_dir(&t, id);
+    let started = Instant::now();
+    t.rt.pause(&criu, id, &images).unwrap();
+    let paused_in = started.elapsed();
+    let started = Instant::now();
+    t.rt.resume(&criu, id).unwrap();
+    let resumed_in = started.elapsed();
+    eprintln!("pause {paused_in:?}, resume {resumed_in:?} (envd)");
+    let status = t.wait_envd_health(id);
+    assert!(status.starts_with("HTTP/1.1 2"), "{status}");
+    assert_eq!(t.sh_ok(id, 0, "cat /proc/1/comm"), "berth-envd");
+    drop(guard);
+    assert_clean(&t, id, &images);
 }
