@@ -838,3 +838,57 @@ async fn many_concurrent_commands() {
         assert_eq!(status, format!("exit status {}", i % 5));
     }
 }
+
+/// Threads and open descriptors of process `pid`, from /proc.
+fn threads_and_fds(pid: u32) -> (usize, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let threads = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    (threads, fds)
+}
+
+/// What the SDKs do for every `commands.run`: a `Start` stream with
+/// `Keepalive-Ping-Interval: 50`. Hundreds of them in a row must not grow envd's threads
+/// or descriptors (a leak per command would take a long-lived sandbox down).
+#[tokio::test]
+async fn keepalive_start_streams_leak_nothing() {
+    let envd = Envd::start().await;
+    let client = http1_client();
+    let url = envd.url("/process.Process/Start");
+    let mut baseline = None;
+    for i in 0..300 {
+        let response = post(
+            &client,
+            &url,
+            "application/connect+json",
+            &[("keepalive-ping-interval", "50")],
+            json_envelope(json!({"process": {"cmd": "true"}})),
+        )
+        .await;
+        let frames = frames(&body_bytes(response).await);
+        let end: Value = serde_json::from_slice(&frames[frames.len() - 2].1).unwrap();
+        assert_eq!(
+            end["event"]["end"]["status"], "exit status 0",
+            "command {i}"
+        );
+        if i == 20 {
+            baseline = Some(threads_and_fds(envd.child.id()));
+        }
+    }
+    let (threads, fds) = baseline.unwrap();
+    let (threads_after, fds_after) = threads_and_fds(envd.child.id());
+    // Slack for a pipe or connection still closing when sampled; a per-command leak
+    // would add hundreds.
+    assert!(
+        threads_after <= threads + 2 && fds_after <= fds + 4,
+        "after 20 commands: {threads} threads, {fds} fds; after 300: {threads_after} threads, {fds_after} fds"
+    );
+}
