@@ -65,23 +65,39 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
 fi
 info "$(cargo --version); $(cargo fmt --version); $(cargo clippy --version)"
 
-# --- python venv -----------------------------------------------------------------------
+# --- python venvs ----------------------------------------------------------------------
+# .venv holds the SDK and MCP suites' packages; schemathesis needs a newer pytest than
+# they pin, so it lives in .venv-schemathesis. Each is reinstalled only when its pinned
+# requirements change (a hash stamp inside the venv).
+# venv DIR REQUIREMENTS...: creates DIR and installs the requirement files into it.
+venv() {
+    local dir="$1"
+    shift
+    local stamp="$dir/.requirements.sha256"
+    local wanted_hash
+    wanted_hash="$(cat "$@" | sha256sum | cut -d' ' -f1)"
+    if [[ ! -x "$dir/bin/python" ]]; then
+        info "creating $dir with $(python3 --version)"
+        python3 -m venv "$dir"
+    fi
+    if [[ "$(cat "$stamp" 2>/dev/null)" == "$wanted_hash" ]]; then
+        info "$dir: requirements already installed"
+    else
+        local file
+        for file in "$@"; do
+            info "$dir: installing $file"
+            "$dir/bin/python" -m pip install --disable-pip-version-check -q -r "$file"
+        done
+        printf '%s\n' "$wanted_hash" >"$stamp"
+    fi
+}
+
 step "python venv (.venv)"
-requirements="tests/sdk/requirements.txt"
-stamp=".venv/.requirements.sha256"
-wanted_hash="$(sha256sum "$requirements" | cut -d' ' -f1)"
-if [[ ! -x .venv/bin/python ]]; then
-    info "creating .venv with $(python3 --version)"
-    python3 -m venv .venv
-fi
-if [[ "$(cat "$stamp" 2>/dev/null)" == "$wanted_hash" ]]; then
-    info "requirements already installed"
-else
-    info "installing $requirements"
-    .venv/bin/python -m pip install --disable-pip-version-check -q -r "$requirements"
-    printf '%s\n' "$wanted_hash" >"$stamp"
-fi
-info "$(.venv/bin/python --version), e2b $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("e2b"))')"
+venv .venv tests/sdk/requirements.txt tests/mcp/requirements.txt
+info "$(.venv/bin/python --version), e2b $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("e2b"))'), mcp $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("mcp"))')"
+
+step "python venv (.venv-schemathesis)"
+venv .venv-schemathesis tests/sdk/control_plane/requirements-schemathesis.txt
 
 # --- js sdk ----------------------------------------------------------------------------
 step "JS SDK (tests/sdk/js)"
@@ -96,5 +112,12 @@ else
     printf '%s\n' "$wanted_js_hash" >"$js_stamp"
 fi
 info "e2b $(node -p 'require("./'"$js_dir"'/node_modules/e2b/package.json").version')"
+
+# --- berth's own provisioning ------------------------------------------------------
+# The base template (debootstrap, a few minutes on first run) and a CRIU >= 4.2: what
+# `berth up` provisions on first need, done here so no test downloads anything.
+step "berth provision (base template, CRIU)"
+cargo build -q -p berth
+"${CARGO_TARGET_DIR:-target}/debug/berth" provision --state-dir "${BERTH_STATE_DIR:-/var/lib/berth}"
 
 step "dependencies ready"

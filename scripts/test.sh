@@ -80,12 +80,44 @@ js_sdk_suite() {
     in_private_netns node --test --test-concurrency=1 --test-timeout=300000 tests/sdk/js/*.test.mjs
 }
 
+# Builds `berth` and `berth-launch` (debug) and puts them beside the static envd in
+# <target>/dist, the layout `berth up` expects; exports BERTH_BIN for the suites that
+# drive `berth up`.
+build_berth() {
+    [[ -n "${BERTH_ENVD_BIN:-}" ]] || { echo "no berth-envd binary (build step failed)" >&2; return 1; }
+    cargo build -p berth -p berth-runtime --bins || return 1
+    local dist="$target_dir/dist"
+    mkdir -p "$dist"
+    install -m 0755 "$target_dir/debug/berth" "$target_dir/debug/berth-launch" "$BERTH_ENVD_BIN" "$dist/" || return 1
+    export BERTH_BIN="$dist/berth"
+    echo "BERTH_BIN=$BERTH_BIN"
+}
+
+control_plane_suite() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    (cd tests/sdk/control_plane && in_private_netns ../../../.venv/bin/python -m pytest)
+}
+
+control_plane_js() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    in_private_netns node --test --test-concurrency=1 --test-timeout=600000 tests/sdk/control_plane/js/
+}
+
+mcp_suite() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    in_private_netns .venv/bin/python -m pytest tests/mcp -p no:cacheprovider
+}
+
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test --workspace" cargo test --workspace
 step "build berth-envd" build_envd
 step "Python SDK suite (tests/sdk)" python_sdk_suite
 step "JS SDK smoke (tests/sdk/js)" js_sdk_suite
+step "build berth" build_berth
+step "control plane: Python SDK suite" control_plane_suite
+step "control plane: JS SDK smoke" control_plane_js
+step "MCP suite (tests/mcp)" mcp_suite
 
 printf '\n==> summary (%ss total)\n' "$SECONDS"
 printf '    %s\n' "${summary[@]}"
