@@ -2,7 +2,9 @@
 //!
 //! `berth up` runs the E2B-compatible API, the sandbox proxy and the Linux runtime on
 //! one listener, with state under a state directory; `berth keys …` manages API keys in
-//! the same state directory, also while `berth up` runs. This crate only wires the
+//! the same state directory, also while `berth up` runs; `berth provision` prepares the
+//! base template and CRIU ahead of time; `berth mcp` serves the agent tools over stdio
+//! and `berth connect` stores a user's API key for them. This crate only wires the
 //! library crates together and renders output; the behaviour lives in them.
 
 use std::net::SocketAddr;
@@ -50,6 +52,45 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Provision what `berth up` needs, with progress: the `base` template and a CRIU
+    /// that works on this kernel (the host's >= 4.2, else a private copy).
+    Provision,
+    /// Serve the agent tools (MCP) over stdin/stdout.
+    Mcp(McpArgs),
+    /// Connect a user's E2B-compatible API key for the agent tools (key read from stdin).
+    Connect(ConnectArgs),
+}
+
+#[derive(Args)]
+struct McpArgs {
+    /// Which tools to offer: session, connector or all.
+    #[arg(long, default_value = "all")]
+    toolset: berth_mcp::Toolset,
+    /// Identity whose connection and sandboxes the tools use (default: the OS user).
+    #[arg(long)]
+    user: Option<String>,
+    /// Session id (names the session's sandboxes and storage; random when unset).
+    #[arg(long)]
+    session: Option<String>,
+    /// URL of the running `berth up`, used in connect links.
+    #[arg(long, env = "BERTH_URL", default_value = "http://127.0.0.1:3000")]
+    url: String,
+}
+
+#[derive(Args)]
+struct ConnectArgs {
+    /// Identity to connect (default: the OS user).
+    #[arg(long)]
+    user: Option<String>,
+    /// The E2B-compatible API to use (berth itself, or E2B's cloud).
+    #[arg(long)]
+    api_url: String,
+    /// Sandbox URL for envd traffic when it differs from the API's host.
+    #[arg(long)]
+    sandbox_url: Option<String>,
+    /// URL of the running `berth up`, used in connect links.
+    #[arg(long, env = "BERTH_URL", default_value = "http://127.0.0.1:3000")]
+    url: String,
 }
 
 #[derive(Args)]
@@ -101,6 +142,61 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Up(args) => up(&cli.state_dir, args),
         Command::Keys { command } => keys(&cli.state_dir, command),
+        Command::Provision => provision(&cli.state_dir),
+        Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
+        Command::Connect(args) => connect(&cli.state_dir, args),
+    }
+}
+
+fn provision(state_dir: &Path) -> Result<()> {
+    let templates = TemplateStore::open(state_dir).context("opening the template store")?;
+    provision_base(&templates)?;
+    let criu = berth_checkpoint::Criu::ensure(state_dir, |line| eprintln!("{line}"))
+        .context("provisioning CRIU")?;
+    let origin = if criu.is_private() {
+        "private copy"
+    } else {
+        "host"
+    };
+    eprintln!("criu: {} ({origin})", criu.version());
+    Ok(())
+}
+
+fn mcp_stdio(state_dir: &Path, args: McpArgs) -> Result<()> {
+    let mut config = berth_mcp::McpConfig::new(state_dir.to_path_buf(), &args.url);
+    config.toolset = args.toolset;
+    let identity = args.user.unwrap_or_else(berth_mcp::os_user);
+    tokio::runtime::Runtime::new()
+        .context("starting tokio")?
+        .block_on(berth_mcp::run_stdio(config, identity, args.session))
+        .context("serving MCP over stdio")
+}
+
+fn connect(state_dir: &Path, args: ConnectArgs) -> Result<()> {
+    let config = berth_mcp::McpConfig::new(state_dir.to_path_buf(), &args.url);
+    let identity = args.user.unwrap_or_else(berth_mcp::os_user);
+    tokio::runtime::Runtime::new()
+        .context("starting tokio")?
+        .block_on(berth_mcp::run_connect(
+            config,
+            &identity,
+            &args.api_url,
+            args.sandbox_url.as_deref(),
+        ))
+        .context("connecting the API key")?;
+    eprintln!("connected {identity} to {}", args.api_url);
+    Ok(())
+}
+
+/// The identity of an `/mcp` request is the team of its `X-API-Key`: agents reaching
+/// berth's own listener authenticate the way the API does.
+struct ApiKeyIdentity(Arc<Store>);
+
+impl berth_mcp::IdentityResolver for ApiKeyIdentity {
+    fn identity(&self, parts: &http::request::Parts) -> Option<String> {
+        let key = parts.headers.get("x-api-key")?.to_str().ok()?;
+        let (team, _) = self.0.authenticate(key).ok()??;
+        Some(format!("team:{}", team.id))
     }
 }
 
@@ -273,10 +369,15 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             domain: args.domain.clone(),
             ..Default::default()
         };
-        let server = Server::start(store, Arc::new(runtime), templates, config)
+        let server = Server::start(store.clone(), Arc::new(runtime), templates, config)
             .await
             .context("starting the control plane")?;
         let url = client_url(listener.local_addr()?);
+        let mcp = berth_mcp::Mcp::open(berth_mcp::McpConfig::new(state_dir.clone(), &url))
+            .context("opening the agent tools' state")?;
+        let sweeping = tokio_util::sync::CancellationToken::new();
+        let _sweeper = mcp.spawn_sweeper(sweeping.clone());
+        let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity(store)));
         println!("E2B_API_URL={url}");
         println!("E2B_SANDBOX_URL={url}");
         match first_key {
@@ -287,12 +388,13 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             ),
         }
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let serving = tokio::spawn(server.serve(listener, async move {
+        let serving = tokio::spawn(server.serve(listener, mcp_routes, async move {
             let _ = stop_rx.await;
         }));
         shutdown_signal().await;
         eprintln!("shutting down");
         let _ = stop_tx.send(());
+        sweeping.cancel();
         // Long-lived proxied streams must not hold the shutdown forever.
         match tokio::time::timeout(SHUTDOWN_GRACE, serving).await {
             Ok(Ok(result)) => result.context("serving")?,

@@ -136,6 +136,11 @@ impl Server {
     /// sandbox (headers, `<port>-<id>.` host, `/proxy/<id>/<port>/` path) are forwarded,
     /// everything else is the API.
     pub fn router(&self) -> axum::Router {
+        self.router_with(axum::Router::new())
+    }
+
+    /// Like [`Server::router`], with `extra` routes (e.g. `/mcp`) served beside the API.
+    pub fn router_with(&self, extra: axum::Router) -> axum::Router {
         let proxy = berth_proxy::Proxy::new(
             Arc::new(StoreResolver::new(
                 self.state.store.clone(),
@@ -145,33 +150,36 @@ impl Server {
                 domain: self.state.config.domain.clone(),
             },
         );
-        handlers::router(self.state.clone()).layer(axum::middleware::from_fn(
-            move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let proxy = proxy.clone();
-                async move {
-                    match proxy.classify(&request) {
-                        Some(Ok(target)) => proxy
-                            .forward(request, target)
-                            .await
-                            .map(axum::body::Body::new),
-                        Some(Err(error)) => berth_proxy::ProxyError::from(error)
-                            .into_response()
-                            .map(axum::body::Body::new),
-                        None => next.run(request).await,
+        handlers::router(self.state.clone())
+            .merge(extra)
+            .layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let proxy = proxy.clone();
+                    async move {
+                        match proxy.classify(&request) {
+                            Some(Ok(target)) => proxy
+                                .forward(request, target)
+                                .await
+                                .map(axum::body::Body::new),
+                            Some(Err(error)) => berth_proxy::ProxyError::from(error)
+                                .into_response()
+                                .map(axum::body::Body::new),
+                            None => next.run(request).await,
+                        }
                     }
-                }
-            },
-        ))
+                },
+            ))
     }
 
-    /// Serve the API and the proxy on `listener` until `shutdown` resolves, then stop
+    /// Serve the API, `extra` routes and the proxy on `listener` until `shutdown` resolves, then stop
     /// the background tasks. Sandboxes keep running (a restart reattaches to them).
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
+        extra: axum::Router,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        let app = self.router();
+        let app = self.router_with(extra);
         axum::serve(
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
