@@ -3,8 +3,6 @@
 //! envelopes, wrong content types, unknown processes, timeouts and keepalives.
 
 use std::convert::Infallible;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use berth_envd_proto::connect::{encode_envelope, Codec, FLAG_END_STREAM};
@@ -24,62 +22,8 @@ use serde_json::{json, Value};
 
 type Body = BoxBody<Bytes, Infallible>;
 
-/// A running envd on a free loopback port; stopped (and its processes with it) on drop.
-struct Envd {
-    child: Child,
-    base: String,
-}
-
-impl Envd {
-    async fn start() -> Envd {
-        let port = {
-            let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-            probe.local_addr().unwrap().port()
-        };
-        let child = Command::new(env!("CARGO_BIN_EXE_berth-envd"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let envd = Envd {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let client = http1_client();
-        for _ in 0..500 {
-            let request = Request::get(format!("{}/health", envd.base))
-                .body(empty())
-                .unwrap();
-            if let Ok(response) = client.request(request).await {
-                assert_eq!(response.status(), StatusCode::NO_CONTENT);
-                return envd;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("berth-envd did not answer /health");
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-}
-
-impl Drop for Envd {
-    fn drop(&mut self) {
-        // SIGTERM lets envd stop the processes it started before it exits.
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        for _ in 0..250 {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::Envd;
 
 fn http1_client() -> Client<HttpConnector, Body> {
     Client::builder(TokioExecutor::new()).build_http()
@@ -880,11 +824,11 @@ async fn keepalive_start_streams_leak_nothing() {
             "command {i}"
         );
         if i == 20 {
-            baseline = Some(threads_and_fds(envd.child.id()));
+            baseline = Some(threads_and_fds(envd.pid()));
         }
     }
     let (threads, fds) = baseline.unwrap();
-    let (threads_after, fds_after) = threads_and_fds(envd.child.id());
+    let (threads_after, fds_after) = threads_and_fds(envd.pid());
     // Slack for a pipe or connection still closing when sampled; a per-command leak
     // would add hundreds.
     assert!(

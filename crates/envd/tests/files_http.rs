@@ -3,11 +3,9 @@
 //! signed URLs, `/envs` and `/metrics`. Every path used lives in a temporary directory.
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use base64::Engine;
 use bytes::Bytes;
@@ -27,73 +25,22 @@ type HttpClient = Client<HttpConnector, Body>;
 
 const MIB: usize = 1 << 20;
 
-/// A running envd on a free loopback port, stopped on drop.
-struct Envd {
-    child: Child,
-    base: String,
-}
+mod common;
+use common::Envd;
 
-impl Envd {
-    async fn start() -> Envd {
-        let port = {
-            let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-            probe.local_addr().unwrap().port()
-        };
-        let child = Command::new(env!("CARGO_BIN_EXE_berth-envd"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let envd = Envd {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let client = client();
-        for _ in 0..500 {
-            let request = Request::get(envd.url("/health")).body(empty()).unwrap();
-            if let Ok(response) = client.request(request).await {
-                assert_eq!(response.status(), StatusCode::NO_CONTENT);
-                return envd;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("berth-envd did not answer /health");
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// Peak resident memory of the envd process so far, in bytes.
-    fn peak_rss(&self) -> usize {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kib: usize = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .unwrap()
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .unwrap();
-        kib * 1024
-    }
-}
-
-impl Drop for Envd {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        for _ in 0..250 {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Peak resident memory of process `pid` so far, in bytes.
+fn peak_rss(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib * 1024
 }
 
 /// A temporary directory, removed on drop.
@@ -243,7 +190,7 @@ async fn large_transfers_stream_in_bounded_memory() {
     let download_secs = started.elapsed().as_secs_f64();
     assert_eq!(total, CHUNKS * MIB);
 
-    let peak = envd.peak_rss();
+    let peak = peak_rss(envd.pid());
     eprintln!(
         "256 MiB: upload {:.0} MiB/s, download {:.0} MiB/s, envd peak RSS {} MiB",
         CHUNKS as f64 / upload_secs,

@@ -2,9 +2,7 @@
 //! the JSON codec, as the SDKs do: every unary RPC, the WatchDir server stream, the
 //! polling watchers, users via `Authorization: Basic`, and the error codes of bad input.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine;
@@ -21,41 +19,20 @@ use serde_json::{json, Value};
 type Body = BoxBody<Bytes, std::convert::Infallible>;
 type HttpClient = Client<HttpConnector, Body>;
 
-/// A running envd on a free loopback port, stopped on drop.
+mod common;
+
+/// A running envd (stopped on drop) and a client for it.
 struct Envd {
-    child: Child,
-    base: String,
+    process: common::Envd,
     client: HttpClient,
 }
 
 impl Envd {
     async fn start() -> Envd {
-        let port = {
-            let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-            probe.local_addr().unwrap().port()
-        };
-        let child = Command::new(env!("CARGO_BIN_EXE_berth-envd"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let envd = Envd {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
+        Envd {
+            process: common::Envd::start().await,
             client: Client::builder(TokioExecutor::new()).build_http(),
-        };
-        for _ in 0..500 {
-            let request = Request::get(format!("{}/health", envd.base))
-                .body(body(Bytes::new()))
-                .unwrap();
-            if let Ok(response) = envd.client.request(request).await {
-                assert_eq!(response.status(), StatusCode::NO_CONTENT);
-                return envd;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        panic!("berth-envd did not answer /health");
     }
 
     async fn post(
@@ -65,8 +42,11 @@ impl Envd {
         user: Option<&str>,
         payload: Bytes,
     ) -> Response<Incoming> {
-        let mut request = Request::post(format!("{}/filesystem.Filesystem/{method}", self.base))
-            .header("content-type", content_type);
+        let mut request = Request::post(
+            self.process
+                .url(&format!("/filesystem.Filesystem/{method}")),
+        )
+        .header("content-type", content_type);
         if let Some(user) = user {
             let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
             request = request.header("authorization", format!("Basic {credentials}"));
@@ -99,21 +79,6 @@ impl Envd {
         let status = response.status();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         (status, serde_json::from_slice(&bytes).unwrap())
-    }
-}
-
-impl Drop for Envd {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        for _ in 0..250 {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
