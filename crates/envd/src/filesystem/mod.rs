@@ -160,10 +160,7 @@ impl FilesystemService {
     ) -> Result<StatResponse, ConnectError> {
         let (_, path) = self.resolve(headers, &request.path)?;
         let names = self.id_names();
-        let entry = blocking(move || {
-            entry::entry_info(&path, &names).map_err(|e| io_error("error statting", &path, &e))
-        })
-        .await?;
+        let entry = blocking(move || stat_entry(&path, &names)).await?;
         Ok(StatResponse { entry: Some(entry) })
     }
 
@@ -192,7 +189,7 @@ impl FilesystemService {
                 Err(e) => return Err(io_error("error checking", &path, &e)),
             }
             files::ensure_dirs(&path, &user).map_err(http_to_connect)?;
-            entry::entry_info(&path, &names).map_err(|e| io_error("error statting", &path, &e))
+            stat_entry(&path, &names)
         })
         .await?;
         Ok(MakeDirResponse { entry: Some(entry) })
@@ -235,8 +232,7 @@ impl FilesystemService {
                     _ => ConnectError::internal(format!("{what}: {e}")),
                 }
             })?;
-            entry::entry_info(&destination, &names)
-                .map_err(|e| io_error("error statting", &destination, &e))
+            stat_entry(&destination, &names)
         })
         .await?;
         Ok(MoveResponse { entry: Some(entry) })
@@ -514,6 +510,11 @@ where
 }
 
 /// An I/O failure while doing `action` on `path`, with the Connect code that fits.
+/// The `EntryInfo` of `path`, with stat errors mapped to Connect codes.
+fn stat_entry(path: &Path, names: &IdNames) -> Result<EntryInfo, ConnectError> {
+    entry::entry_info(path, names).map_err(|e| io_error("error statting", path, &e))
+}
+
 fn io_error(action: &str, path: &Path, err: &io::Error) -> ConnectError {
     let code = match err.kind() {
         io::ErrorKind::NotFound => Code::NotFound,
