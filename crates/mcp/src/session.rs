@@ -5,7 +5,7 @@
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use berth_client::OutputSink;
+use berth_client::{EnvdClient, OutputSink};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -117,6 +117,25 @@ impl Mcp {
             .and_then(|value| serde_json::from_value(value).ok())
             .ok_or_else(|| ToolFailure::Message("sandbox state is missing".into()))?;
         Ok((row, state))
+    }
+
+    /// A tracked sandbox of this session, ready for use: its state and an envd client
+    /// with the identity's connection; the lease (and timeout) is renewed.
+    fn use_sandbox(
+        &self,
+        context: &CallContext,
+        sandbox_id: &str,
+    ) -> Result<(SandboxState, EnvdClient), ToolFailure> {
+        let (_, state) = self.tracked(context, sandbox_id)?;
+        let connected = self.require_connection(&context.identity)?;
+        self.touch(context, &connected, &state);
+        let envd = connected.envd(
+            &self.inner.http,
+            sandbox_id,
+            state.domain.as_deref(),
+            state.envd_access_token.clone(),
+        );
+        Ok((state, envd))
     }
 
     /// Renews the lease and, in the background, the sandbox's own timeout. The timeout is
@@ -370,18 +389,10 @@ impl Mcp {
         let sandbox_id = required_str(args, "sandbox_id")?;
         let command = required_str(args, "command")?;
         let timeout_ms = u64_arg(args, "timeout_ms")?.unwrap_or(DEFAULT_EXEC_TIMEOUT_MS);
-        let (_, state) = self.tracked(context, sandbox_id)?;
-        let connected = self.require_connection(&context.identity)?;
-        self.touch(context, &connected, &state);
+        let (state, envd) = self.use_sandbox(context, sandbox_id)?;
         let cwd = string_arg(args, "cwd")
             .unwrap_or(&state.workspace_path)
             .to_owned();
-        let envd = connected.envd(
-            &self.inner.http,
-            sandbox_id,
-            state.domain.as_deref(),
-            state.envd_access_token.clone(),
-        );
         let limits = self.inner.config.output_limits;
         let mut sink = ExecSink {
             stdout: CappedText::new(limits),
@@ -422,15 +433,7 @@ impl Mcp {
         let path = required_str(args, "path")?;
         let offset = u64_arg(args, "offset")?.unwrap_or(0) as usize;
         let limit = u64_arg(args, "limit")?.map(|limit| limit as usize);
-        let (_, state) = self.tracked(context, sandbox_id)?;
-        let connected = self.require_connection(&context.identity)?;
-        self.touch(context, &connected, &state);
-        let envd = connected.envd(
-            &self.inner.http,
-            sandbox_id,
-            state.domain.as_deref(),
-            state.envd_access_token.clone(),
-        );
+        let (_, envd) = self.use_sandbox(context, sandbox_id)?;
         let bytes = envd.read_file(path).await?;
         let window = line_window(&String::from_utf8_lossy(&bytes), offset, limit);
         let mut capped = CappedText::new(OutputLimits {
@@ -449,15 +452,7 @@ impl Mcp {
         let sandbox_id = required_str(args, "sandbox_id")?;
         let path = required_str(args, "path")?;
         let content = required_str(args, "content")?;
-        let (_, state) = self.tracked(context, sandbox_id)?;
-        let connected = self.require_connection(&context.identity)?;
-        self.touch(context, &connected, &state);
-        let envd = connected.envd(
-            &self.inner.http,
-            sandbox_id,
-            state.domain.as_deref(),
-            state.envd_access_token.clone(),
-        );
+        let (_, envd) = self.use_sandbox(context, sandbox_id)?;
         envd.write_file(path, content.as_bytes().to_vec()).await?;
         Ok(json!({ "sandbox_id": sandbox_id, "path": path, "success": true }))
     }
