@@ -64,7 +64,9 @@ def test_events_are_recorded_in_order(berth: Berth, api: httpx.Client) -> None:
         assert event["sandboxId"] == sandbox.sandbox_id
         assert {"id", "timestamp", "sandboxTeamId", "sandboxTemplateId", "eventData"} <= event.keys()
     assert "set_timeout" in (events[1]["eventData"] or {})
-    timestamps = [event["timestamp"] for event in events]
+    # RFC 3339 drops trailing zeros in the fraction (as E2B's Go API does), so
+    # compare instants, not strings.
+    timestamps = [datetime.fromisoformat(event["timestamp"]) for event in events]
     assert timestamps == sorted(timestamps)
     assert len({event["id"] for event in events}) == 3
 
