@@ -261,6 +261,24 @@ impl Criu {
     /// network is not locked (a sandbox's netns has no traffic CRIU must hold), and
     /// established TCP connections are saved so their owners survive the dump.
     pub fn dump(&self, dump: &Dump) -> Result<(), CriuError> {
+        self.run_logged(self.dump_command(dump), "dump", &dump.images.join(DUMP_LOG))
+    }
+
+    /// [`Criu::dump`] with `script` as CRIU's action script: an executable CRIU runs
+    /// without arguments at each step of the dump, naming the step in
+    /// `CRTOOLS_SCRIPT_ACTION` and the tree's root in `CRTOOLS_INIT_PID`; its output goes
+    /// to the dump log. The `post-dump` step runs once every image is written and before
+    /// the tree is resumed or killed (criu `cr_dump_finish` runs the post-dump scripts
+    /// before `pstree_switch_state`), so the tree is still stopped: the place to copy
+    /// files that must match the memory images. A failing script fails the dump and the
+    /// tree keeps running.
+    pub fn dump_with_action_script(&self, dump: &Dump, script: &Path) -> Result<(), CriuError> {
+        let mut cmd = self.dump_command(dump);
+        cmd.arg("--action-script").arg(script);
+        self.run_logged(cmd, "dump", &dump.images.join(DUMP_LOG))
+    }
+
+    fn dump_command(&self, dump: &Dump) -> Command {
         let mut cmd = self.command();
         cmd.arg("dump")
             .arg("--tree")
@@ -272,12 +290,25 @@ impl Criu {
         if dump.leave_running {
             cmd.arg("--leave-running");
         }
-        self.run_logged(cmd, "dump", &dump.images.join(DUMP_LOG))
+        cmd
     }
 
     /// Restores a tree checkpointed by [`Criu::dump`], detached from CRIU, and returns the host pid of its root.
     /// TCP connections saved by the dump are closed: their peers are gone.
     pub fn restore(&self, restore: &Restore) -> Result<i32, CriuError> {
+        self.restore_with_cgroup_roots(restore, &[])
+    }
+
+    /// [`Criu::restore`] with the tree's cgroups moved per hierarchy: for each
+    /// `(controller, root)` the dumped tree's group of that cgroup v1 controller (and the
+    /// root of its cgroup namespace there) becomes `root`, a path in that controller's
+    /// hierarchy; controllers not named keep their dumped paths. (`Restore::cgroup_root`
+    /// moves every hierarchy, also those the tree merely shares with its parent.)
+    pub fn restore_with_cgroup_roots(
+        &self,
+        restore: &Restore,
+        cgroup_roots: &[(&str, &str)],
+    ) -> Result<i32, CriuError> {
         let pidfile = restore.work.join("restore.pid");
         let log = restore.work.join(RESTORE_LOG);
         let mut cmd = self.command();
@@ -297,6 +328,9 @@ impl Criu {
         }
         if let Some(cgroup_root) = &restore.cgroup_root {
             cmd.arg("--cgroup-root").arg(cgroup_root);
+        }
+        for (controller, root) in cgroup_roots {
+            cmd.arg("--cgroup-root").arg(format!("{controller}:{root}"));
         }
         self.run_logged(cmd, "restore", &log)?;
         fs::read_to_string(&pidfile)

@@ -5,8 +5,12 @@
 //! directory — and running it. It must not touch the host's package sources or libc:
 //! the private copy is fetched by apt with a private configuration (so signatures are
 //! still verified against the host's Debian keyring) and runs through its own dynamic
-//! loader. It knows nothing of HTTP or of sandboxes' namespaces.
+//! loader. It also reads and rewrites the few CRIU images that tie a dump to its source
+//! (user namespace id maps, hostname) so one checkpoint can be restored as several
+//! sandboxes ([`images`]). It knows nothing of HTTP or of sandboxes' layout.
 
 pub mod criu;
+pub mod images;
 
 pub use criu::{Criu, CriuError, CriuVersion, Dump, Restore};
+pub use images::{prepare_restore_images, ImageError, ImageRewrite};
