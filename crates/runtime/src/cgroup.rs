@@ -95,6 +95,18 @@ impl Cgroups {
         }
     }
 
+    /// Sandbox `id`'s group as CRIU's `--cgroup-root` names it: `(controller, path in
+    /// that hierarchy)` per v1 controller berth manages, or `(None, path)` for v2.
+    pub(crate) fn criu_roots(&self, id: &str) -> Vec<(Option<&'static str>, String)> {
+        match self {
+            Self::V1 { parent, .. } => V1_CONTROLLERS
+                .iter()
+                .map(|c| (Some(*c), format!("/{parent}/{id}")))
+                .collect(),
+            Self::V2 { parent, .. } => vec![(None, format!("/{parent}/{id}"))],
+        }
+    }
+
     fn dir(&self, ctrl: &str, id: &str) -> PathBuf {
         match self {
             Self::V1 { mount, parent } => mount.join(ctrl).join(parent).join(id),

@@ -363,7 +363,7 @@ pub(crate) fn usage(path: &Path) -> io::Result<(u64, u64)> {
 }
 
 /// Copies only the data extents of `src` into a new file `dst` of the same length.
-fn copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
+pub(crate) fn copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
     let input = File::open(src)?;
     let output = OpenOptions::new()
         .write(true)

@@ -99,7 +99,9 @@ mod record;
 mod seccomp;
 mod sys;
 
-pub use linux::{LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS, UID_RANGE_SIZE};
+pub use linux::{
+    CheckpointInfo, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS, UID_RANGE_SIZE,
+};
 
 use std::path::PathBuf;
 use std::time::SystemTime;

@@ -18,8 +18,12 @@ use crate::record::{self, Record};
 use crate::sys::{self, cpath};
 use crate::{RecoveryReport, Runtime, RuntimeError, SandboxInfo, SandboxSpec, SandboxStats};
 
+#[path = "checkpoint.rs"]
+mod checkpoint;
 #[path = "pause.rs"]
 mod pause;
+
+pub use checkpoint::CheckpointInfo;
 
 /// Size of each sandbox's uid/gid range (a full 16-bit range, like a normal Linux system).
 pub const UID_RANGE_SIZE: u32 = 65_536;

@@ -234,14 +234,18 @@ impl LinuxRuntime {
 /// The sandbox's root rebuilt in the host's mount namespace for CRIU: idmapped layers,
 /// the disk and the overlay, attached under the sandbox directory. Dropping it detaches
 /// them all.
-struct HostRoot {
+pub(super) struct HostRoot {
     /// Attached mountpoints, in attach order.
     attached: Vec<CString>,
     disk: Option<OwnedFd>,
 }
 
 impl HostRoot {
-    fn mount(dir: &Path, layers: &[PathBuf], uid_base: u32) -> Result<Self, RuntimeError> {
+    pub(super) fn mount(
+        dir: &Path,
+        layers: &[PathBuf],
+        uid_base: u32,
+    ) -> Result<Self, RuntimeError> {
         let mut root = Self {
             attached: Vec::new(),
             disk: None,
@@ -295,7 +299,7 @@ impl HostRoot {
     }
 
     /// Detaches the host mounts and returns the daemon's reference to the disk mount.
-    fn release(mut self) -> Option<OwnedFd> {
+    pub(super) fn release(mut self) -> Option<OwnedFd> {
         self.disk.take()
     }
 }

@@ -8,6 +8,8 @@ use std::sync::OnceLock;
 
 use berth_runtime::{LinuxRuntime, LinuxRuntimeConfig, Runtime, SandboxSpec};
 
+pub mod checkpoint;
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// The template layers to run sandboxes on: `BERTH_TEST_ROOTFS` if set, else berth's

@@ -1,0 +1,480 @@
+//! Snapshots and fork: a running sandbox checkpointed with its disk while it keeps
+//! running, and new sandboxes restored from such a checkpoint.
+//!
+//! **Checkpoint** (`LinuxRuntime::checkpoint`) runs `criu dump --leave-running` on the
+//! sandbox's init tree. The disk must match the memory images exactly (an open file's
+//! offset, a write the process believes done), so it is copied while CRIU still holds
+//! every task stopped: CRIU's action script runs at `post-dump` after the images are
+//! written and before the tasks are resumed. The script syncs the sandbox's filesystem
+//! (`sync -f /proc/<init>/root/`: syncfs on the overlay root syncs its upper layer, the
+//! sandbox's ext4 disk, down through the loop device into `disk.img`) and copies
+//! `disk.img` sparsely. It is a small shell script file rather than a `berth-launch`
+//! subcommand because CRIU execs the script path without arguments, and the launcher
+//! may be the daemon's own executable recognised by its `argv[0]` (see
+//! `launch::run_if_launcher`), which CRIU cannot set; `sync` and `cp` are coreutils, on
+//! every host. A failing script fails the dump and the sandbox keeps running.
+//!
+//! The checkpoint is built in `<dest>.tmp` and renamed to `dest` once complete and on
+//! disk, so a crash leaves a complete checkpoint or none (plus a stale `.tmp` the next
+//! checkpoint to the same `dest` removes):
+//!
+//! ```text
+//! dest/checkpoint.json   what was checkpointed (spec, uid base, size)
+//! dest/disk.img          the sandbox's disk, sparse
+//! dest/images/           CRIU images (plus CRIU's dump.log)
+//! ```
+//!
+//! **Restore** (`LinuxRuntime::restore_checkpoint`) makes a new sandbox: new slot (uid
+//! range), cgroups, directory and record, like `create`, and then brings the checkpoint's
+//! processes back in it. The checkpoint is only read, so any number of restores may run
+//! from it at once:
+//!
+//! - *User ids.* The CRIU images hold the source's uid/gid maps (host ids); a per-restore
+//!   images directory gets rewritten copies pointing at the new slot's range, and hard
+//!   links to every other image (copies if the checkpoint is on another filesystem than
+//!   the state dir) (`berth_checkpoint::images`; all other ids in the images are
+//!   namespace-relative). The disk's files are owned by host ids of the source's range
+//!   (the ext4 disk is mounted by the host), so the new copy's files in that range are
+//!   chowned into the new range before the root is built (the upper layer only: what the
+//!   sandbox changed). POSIX ACLs and namespaced file capabilities on the disk keep the
+//!   source's ids.
+//! - *Hostname.* The uts namespace image gets the new id as nodename.
+//! - *Cgroups.* CRIU's `--cgroup-root` per berth-managed controller puts the tree (and
+//!   its cgroup namespace root) in the new sandbox's groups, created with the new spec's
+//!   limits beforehand; other hierarchies keep the dumped paths, as at create.
+//! - *Root and mounts.* The root is rebuilt on the host under the new sandbox's
+//!   directory exactly as resume does (`HostRoot`); the other external mounts (device
+//!   binds, the init binary) are keyed by host paths, not by the sandbox directory.
+//! - *Network.* The sandbox's network namespace (loopback only) is part of the dump.
+//!
+//! On failure everything of the new sandbox goes (processes, cgroups, slot, directory).
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use berth_checkpoint::{prepare_restore_images, Criu, Dump, ImageRewrite, Restore};
+
+use super::pause::HostRoot;
+use super::{io_err, valid_id, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
+use crate::cgroup::CgroupLimits;
+use crate::disk;
+use crate::record::{self, Record};
+use crate::sys;
+use crate::{RuntimeError, SandboxInfo, SandboxSpec};
+
+const META_FILE: &str = "checkpoint.json";
+const DISK_FILE: &str = "disk.img";
+const IMAGES_DIR: &str = "images";
+const HOOK_FILE: &str = "post-dump-hook";
+/// Bumped when the layout of a checkpoint changes incompatibly.
+const FORMAT: u32 = 1;
+
+/// What a checkpoint holds, as recorded in its `checkpoint.json`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CheckpointInfo {
+    /// The sandbox that was checkpointed.
+    pub source: String,
+    pub template: String,
+    /// Template layers the checkpointed processes run on; restores use the same.
+    pub layers: Vec<PathBuf>,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_size_mb: u64,
+    pub created_at: SystemTime,
+    /// Bytes the checkpoint takes on disk (allocated blocks; `disk.img` is sparse).
+    pub size_bytes: u64,
+}
+
+/// `checkpoint.json`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Metadata {
+    format: u32,
+    #[serde(flatten)]
+    info: CheckpointInfo,
+    /// First host id of the source's uid/gid range: the owner range of `disk.img`'s files.
+    uid_base: u32,
+}
+
+impl Metadata {
+    fn read(checkpoint: &Path) -> Result<Self, RuntimeError> {
+        let path = checkpoint.join(META_FILE);
+        let bytes = fs::read(&path).map_err(io_err(format!("read {}", path.display())))?;
+        let meta: Self = serde_json::from_slice(&bytes)
+            .map_err(|e| RuntimeError::Other(format!("{}: {e}", path.display())))?;
+        if meta.format != FORMAT {
+            return Err(RuntimeError::Other(format!(
+                "{}: checkpoint format {} (this berth reads {FORMAT})",
+                path.display(),
+                meta.format
+            )));
+        }
+        Ok(meta)
+    }
+}
+
+impl LinuxRuntime {
+    /// Checkpoints running sandbox `id` into the new directory `dest` (its parent must
+    /// exist; `dest` must not) while the sandbox keeps running: its processes' memory and
+    /// a copy of its disk taken at the same instant. The checkpoint is self-contained and
+    /// read-only afterwards; [`LinuxRuntime::restore_checkpoint`] makes sandboxes from it.
+    /// A frozen sandbox is thawed (CRIU cannot seize frozen tasks). Only one checkpoint
+    /// into a given `dest` may run at a time.
+    pub fn checkpoint(
+        &self,
+        criu: &Criu,
+        id: &str,
+        dest: &Path,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let sandbox = self.get(id)?;
+        if dest.exists() {
+            return Err(RuntimeError::Other(format!(
+                "checkpoint {} already exists",
+                dest.display()
+            )));
+        }
+        let tmp = tmp_path(dest);
+        if tmp.exists() {
+            // A crashed earlier checkpoint into the same place.
+            fs::remove_dir_all(&tmp).map_err(io_err(format!("remove {}", tmp.display())))?;
+        }
+        let result = self.build_checkpoint(criu, &sandbox, &tmp, dest);
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        result
+    }
+
+    fn build_checkpoint(
+        &self,
+        criu: &Criu,
+        sandbox: &Sandbox,
+        tmp: &Path,
+        dest: &Path,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let id = sandbox.info.id.as_str();
+        let images = tmp.join(IMAGES_DIR);
+        fs::create_dir_all(&images).map_err(io_err(format!("create {}", images.display())))?;
+        let hook = tmp.join(HOOK_FILE);
+        write_hook(
+            &hook,
+            &self.sandbox_dir(id).join(DISK_FILE),
+            &tmp.join(DISK_FILE),
+        )
+        .map_err(io_err("write post-dump hook"))?;
+        let _ = self.cgroups.set_frozen(id, false);
+        let created_at = SystemTime::now();
+        criu.dump_with_action_script(
+            &Dump {
+                pid: sandbox.info.init_pid,
+                images,
+                leave_running: true,
+            },
+            &hook,
+        )
+        .map_err(|e| RuntimeError::Other(format!("checkpoint {id}: {e}")))?;
+        fs::remove_file(&hook).map_err(io_err("remove post-dump hook"))?;
+        let spec = &sandbox.info.spec;
+        let mut meta = Metadata {
+            format: FORMAT,
+            info: CheckpointInfo {
+                source: id.to_owned(),
+                template: spec.template.clone(),
+                layers: spec.layers.clone(),
+                cpu_count: spec.cpu_count,
+                memory_mb: spec.memory_mb,
+                disk_size_mb: spec.disk_size_mb,
+                created_at,
+                size_bytes: 0,
+            },
+            uid_base: self.uid_base_of(sandbox.slot),
+        };
+        // The metadata file is a few hundred bytes: one block, counted up front.
+        meta.info.size_bytes = allocated_bytes(tmp).map_err(io_err("measure checkpoint"))? + 4096;
+        let mut file = File::create(tmp.join(META_FILE)).map_err(io_err("write metadata"))?;
+        file.write_all(
+            &serde_json::to_vec_pretty(&meta)
+                .map_err(io::Error::other)
+                .map_err(io_err("encode metadata"))?,
+        )
+        .map_err(io_err("write metadata"))?;
+        drop(file);
+        // One syncfs instead of an fsync per file: a dump has dozens of images and each
+        // fsync is a journal commit (~16 ms here); syncfs commits once for all of them.
+        let dir = File::open(tmp).map_err(io_err("open checkpoint dir"))?;
+        syncfs(&dir).map_err(io_err("sync checkpoint"))?;
+        fs::rename(tmp, dest).map_err(io_err(format!("rename to {}", dest.display())))?;
+        let parent = dest.parent().unwrap_or(Path::new("."));
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("sync checkpoint parent dir"))?;
+        Ok(meta.info)
+    }
+
+    /// Creates sandbox `spec.id` from the checkpoint at `checkpoint`: a new sandbox (own
+    /// uid range, cgroups, disk copy, directory and record; `kill`, `list`, `recover`
+    /// treat it like any other) whose processes continue from the checkpoint's memory
+    /// and whose hostname is its id. `spec.layers`, `spec.template` and
+    /// `spec.disk_size_mb` must be the checkpoint's (see [`LinuxRuntime::read_checkpoint`]);
+    /// `cpu_count` and `memory_mb` are the new sandbox's limits. The checkpoint is only
+    /// read: restores from one checkpoint may run concurrently. On failure nothing of the
+    /// new sandbox is left.
+    pub fn restore_checkpoint(
+        &self,
+        criu: &Criu,
+        checkpoint: &Path,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxInfo, RuntimeError> {
+        if !valid_id(&spec.id) {
+            return Err(RuntimeError::Other(format!(
+                "invalid sandbox id {:?}",
+                spec.id
+            )));
+        }
+        let meta = Metadata::read(checkpoint)?;
+        let source = &meta.info;
+        if spec.layers != source.layers
+            || spec.template != source.template
+            || spec.disk_size_mb != source.disk_size_mb
+        {
+            return Err(RuntimeError::Other(format!(
+                "sandbox {}: template, layers and disk size must be the checkpoint's ({}, {} layers, {} MB)",
+                spec.id,
+                source.template,
+                source.layers.len(),
+                source.disk_size_mb
+            )));
+        }
+        let dir = self.sandbox_dir(&spec.id);
+        fs::create_dir(&dir).map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => {
+                RuntimeError::Other(format!("sandbox {} already exists", spec.id))
+            }
+            _ => io_err("create sandbox dir")(e),
+        })?;
+        let slot = match self.take_slot() {
+            Ok(slot) => slot,
+            Err(e) => {
+                let _ = fs::remove_dir(&dir);
+                return Err(e);
+            }
+        };
+        let mut record = Record {
+            spec: spec.clone(),
+            slot,
+            created_at: SystemTime::now(),
+            init_pid: None,
+            init_start_ticks: None,
+        };
+        let restored = record
+            .write(&dir)
+            .map_err(io_err("write record"))
+            .and_then(|()| self.restore_into(criu, checkpoint, &meta, spec, slot, &dir));
+        let (pidfd, pid, disk) = match restored {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = self.teardown(&spec.id, None, None);
+                self.release_slot(slot);
+                return Err(e);
+            }
+        };
+        record.init_pid = Some(pid);
+        record.init_start_ticks = record::process_start_ticks(pid);
+        if let Err(e) = record.write(&dir) {
+            let _ = self.teardown(&spec.id, Some((&pidfd, false)), disk);
+            self.release_slot(slot);
+            return Err(io_err("write record")(e));
+        }
+        let info = SandboxInfo {
+            id: spec.id.clone(),
+            template: spec.template.clone(),
+            init_pid: pid,
+            created_at: record.created_at,
+            spec: spec.clone(),
+        };
+        let sandbox = Arc::new(Sandbox {
+            info: info.clone(),
+            slot,
+            pidfd,
+            // CRIU detaches the restored tree: tracked by pidfd, never reaped by us.
+            own_child: false,
+            disk: Mutex::new(disk),
+        });
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(spec.id.clone(), sandbox);
+        Ok(info)
+    }
+
+    /// What the checkpoint at `checkpoint` holds (its `checkpoint.json`).
+    pub fn read_checkpoint(checkpoint: &Path) -> Result<CheckpointInfo, RuntimeError> {
+        Metadata::read(checkpoint).map(|m| m.info)
+    }
+
+    /// The restore proper, into the prepared directory `dir` of slot `slot`: cgroups, disk
+    /// copy, images, root, CRIU. Returns the init's pidfd and pid and the disk mount.
+    fn restore_into(
+        &self,
+        criu: &Criu,
+        checkpoint: &Path,
+        meta: &Metadata,
+        spec: &SandboxSpec,
+        slot: u32,
+        dir: &Path,
+    ) -> Result<(OwnedFd, i32, Option<OwnedFd>), RuntimeError> {
+        let uid_base = self.uid_base_of(slot);
+        self.cgroups
+            .create(
+                &spec.id,
+                CgroupLimits {
+                    cpu_count: spec.cpu_count,
+                    memory_bytes: spec.memory_mb * 1024 * 1024,
+                    pids_max: self.config.pids_max,
+                },
+            )
+            .map_err(io_err("create cgroups"))?;
+        let image = dir.join(DISK_FILE);
+        disk::copy_sparse(&checkpoint.join(DISK_FILE), &image).map_err(io_err("copy disk"))?;
+        if meta.uid_base != uid_base {
+            let mount = disk::mount_image(&image).map_err(io_err("mount disk copy"))?;
+            let root = PathBuf::from(format!("/proc/self/fd/{}", mount.as_raw_fd()));
+            shift_owners(&root, meta.uid_base, uid_base)
+                .map_err(io_err("move disk files into the sandbox's uid range"))?;
+            // Unmounted here (last reference), before HostRoot mounts the image again.
+            drop(mount);
+        }
+        for sub in ["disk", "root"] {
+            fs::create_dir(dir.join(sub)).map_err(io_err(format!("create {sub} mountpoint")))?;
+        }
+        let images = dir.join("restore-images");
+        prepare_restore_images(
+            &checkpoint.join(IMAGES_DIR),
+            &images,
+            &ImageRewrite {
+                lower_ids: uid_base,
+                hostname: spec.id.clone(),
+            },
+        )
+        .map_err(|e| RuntimeError::Other(format!("sandbox {}: {e}", spec.id)))?;
+        let root = HostRoot::mount(dir, &spec.layers, uid_base)?;
+        let work = dir.join("restore");
+        fs::create_dir(&work).map_err(io_err("create restore work dir"))?;
+        let roots = self.cgroups.criu_roots(&spec.id);
+        let per_controller: Vec<(&str, &str)> = roots
+            .iter()
+            .filter_map(|(c, r)| c.map(|c| (c, r.as_str())))
+            .collect();
+        let global = roots
+            .iter()
+            .find(|(c, _)| c.is_none())
+            .map(|(_, r)| r.clone());
+        let pid = criu
+            .restore_with_cgroup_roots(
+                &Restore {
+                    images: images.clone(),
+                    work: work.clone(),
+                    root: Some(dir.join("root")),
+                    cgroup_root: global,
+                },
+                &per_controller,
+            )
+            .map_err(|e| RuntimeError::Other(format!("restore {}: {e}", spec.id)))?;
+        let disk = root.release();
+        let pidfd = sys::pidfd_open(pid).map_err(io_err("open restored init"))?;
+        let _ = fs::remove_dir_all(&images);
+        let _ = fs::remove_dir_all(&work);
+        Ok((pidfd, pid, disk))
+    }
+}
+
+/// Flushes the whole filesystem holding `file`.
+fn syncfs(file: &File) -> io::Result<()> {
+    // SAFETY: syncfs on an open fd we own.
+    sys::check(unsafe { libc::syncfs(file.as_raw_fd()) }.into())?;
+    Ok(())
+}
+
+fn tmp_path(dest: &Path) -> PathBuf {
+    let mut name = dest.as_os_str().to_owned();
+    name.push(".tmp");
+    PathBuf::from(name)
+}
+
+/// The action script CRIU runs at each dump step; at `post-dump` (tasks still stopped)
+/// it flushes the sandbox's filesystem and copies its disk image.
+fn write_hook(path: &Path, disk: &Path, copy: &Path) -> io::Result<()> {
+    let script = format!(
+        "#!/bin/sh\n\
+         [ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n\
+         set -e\n\
+         sync -f \"/proc/$CRTOOLS_INIT_PID/root/\"\n\
+         cp --sparse=always {} {}\n",
+        shell_quote(disk)?,
+        shell_quote(copy)?
+    );
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o700)
+        .open(path)?;
+    file.write_all(script.as_bytes())
+}
+
+/// `path` as one single-quoted shell word.
+fn shell_quote(path: &Path) -> io::Result<String> {
+    let text = path
+        .to_str()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path is not UTF-8"))?;
+    Ok(format!("'{}'", text.replace('\'', r"'\''")))
+}
+
+/// Bytes allocated to the files under `dir`.
+fn allocated_bytes(dir: &Path) -> io::Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += meta.blocks() * 512;
+        if meta.is_dir() {
+            total += allocated_bytes(&entry.path())?;
+        }
+    }
+    Ok(total)
+}
+
+/// Re-owns every file below `dir` (not `dir` itself, which may be a `/proc/self/fd` link)
+/// owned by an id in `[from, from + 65536)` to the same offset from `to` (uid and gid
+/// separately), keeping setuid/setgid bits (chown clears them).
+fn shift_owners(dir: &Path, from: u32, to: u32) -> io::Result<()> {
+    let shift = |id: u32| {
+        id.checked_sub(from)
+            .filter(|offset| *offset < UID_RANGE_SIZE)
+            .map(|offset| to + offset)
+    };
+    let mut stack = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        stack.push(entry?.path());
+    }
+    while let Some(path) = stack.pop() {
+        let meta = fs::symlink_metadata(&path)?;
+        let (uid, gid) = (shift(meta.uid()), shift(meta.gid()));
+        if uid.is_some() || gid.is_some() {
+            std::os::unix::fs::lchown(&path, uid, gid)?;
+            let mode = meta.mode();
+            if !meta.file_type().is_symlink() && mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                fs::set_permissions(&path, fs::Permissions::from_mode(mode & 0o7777))?;
+            }
+        }
+        if meta.is_dir() {
+            for entry in fs::read_dir(&path)? {
+                stack.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}

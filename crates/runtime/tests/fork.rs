@@ -1,0 +1,221 @@
+//! Snapshots and fork through CRIU: a running sandbox checkpointed with its disk while it
+//! keeps running, and new sandboxes restored from the checkpoint, each with the source's
+//! memory and files but its own id, hostname, uid range, cgroups and disk. Privileged;
+//! needs CRIU >= 4.2 (provisioned under /var/lib/berth on first need).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use berth_runtime::{LinuxRuntime, Runtime, SandboxInfo};
+use common::checkpoint::{alive, ask, assert_clean, criu, start_holder, KillGuard};
+use common::TestRuntime;
+
+fn checkpoint_path(t: &TestRuntime, name: &str) -> PathBuf {
+    let dir = t.state.join("checkpoints");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn uid_map(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/uid_map"))
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Removes a checkpoint directory when the test ends.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn three_forks_of_a_running_sandbox_share_memory_not_identity() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let source = t.rt.create(&t.spec("fork-src")).unwrap();
+    let _source_guard = KillGuard {
+        rt: &t.rt,
+        id: source.id.clone(),
+    };
+    let src = source.id.as_str();
+    start_holder(&t, src, 1);
+    let secret = ask(&t.rt, src);
+    t.sh_ok(
+        src,
+        0,
+        "echo source > /root/who; echo in-tmpfs > /tmp/file; chmod u+s /root/who",
+    );
+    t.sh_ok(src, 1000, "echo user > /tmp/user-file");
+
+    let path = checkpoint_path(&t, "three");
+    let _remove = RemoveDir(path.clone());
+    let started = Instant::now();
+    let info = t.rt.checkpoint(&criu, src, &path).unwrap();
+    let checkpointed_in = started.elapsed();
+    assert_eq!(info.source, src);
+    assert!(info.size_bytes > 1 << 20, "{info:?}");
+    for file in ["checkpoint.json", "disk.img", "images/inventory.img"] {
+        assert!(path.join(file).exists(), "{file} missing");
+    }
+    assert!(!Path::new(&format!("{}.tmp", path.display())).exists());
+    assert_eq!(
+        LinuxRuntime::read_checkpoint(&path).unwrap().size_bytes,
+        info.size_bytes
+    );
+
+    // The source keeps running, unchanged.
+    assert!(alive(source.init_pid));
+    assert_eq!(ask(&t.rt, src), secret);
+
+    let started = Instant::now();
+    let forks: Vec<SandboxInfo> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let spec = t.spec("fork");
+                let (rt, criu, path) = (&t.rt, &criu, &path);
+                scope.spawn(move || rt.restore_checkpoint(criu, path, &spec))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect()
+    });
+    let forked_in = started.elapsed();
+    eprintln!(
+        "checkpoint {checkpointed_in:?} ({} KiB), 3 concurrent restores {forked_in:?}",
+        info.size_bytes / 1024
+    );
+    let _guards: Vec<KillGuard> = forks
+        .iter()
+        .map(|f| KillGuard {
+            rt: &t.rt,
+            id: f.id.clone(),
+        })
+        .collect();
+
+    let mut maps = vec![uid_map(source.init_pid)];
+    for fork in &forks {
+        let id = fork.id.as_str();
+        assert_eq!(ask(&t.rt, id), secret, "{id}: the in-memory secret changed");
+        assert_eq!(t.sh_ok(id, 0, "hostname"), id);
+        assert_eq!(
+            t.sh_ok(id, 0, "cat /root/who /tmp/file /tmp/user-file"),
+            "source\nin-tmpfs\nuser"
+        );
+        // Files keep their owners and modes inside the new uid range.
+        assert_eq!(
+            t.sh_ok(id, 0, "stat -c '%u %a' /root/who /tmp/user-file"),
+            "0 4644\n1000 644"
+        );
+        assert_eq!(t.sh_ok(id, 1000, "touch /tmp/u; stat -c %u /tmp/u"), "1000");
+        assert!(t.rt.stats(id).unwrap().mem_used > 0);
+        t.sh_ok(id, 0, &format!("echo {id} > /root/who"));
+        maps.push(uid_map(fork.init_pid));
+    }
+    // Each sandbox maps its root to its own host range.
+    let mut distinct = maps.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "{maps:?}");
+    for map in &maps {
+        assert!(map.starts_with("0 ") && map.ends_with(" 65536"), "{map}");
+    }
+    // Writes stay in their own sandbox.
+    assert_eq!(t.sh_ok(src, 0, "cat /root/who"), "source");
+    for fork in &forks {
+        assert_eq!(t.sh_ok(&fork.id, 0, "cat /root/who"), fork.id);
+    }
+    let listed: Vec<String> = t.rt.list().into_iter().map(|s| s.id).collect();
+    for fork in &forks {
+        assert!(listed.contains(&fork.id));
+    }
+
+    for fork in &forks {
+        t.rt.kill(&fork.id).unwrap();
+        assert!(!alive(fork.init_pid));
+    }
+    // Killing the forks leaves the source and the checkpoint alone.
+    assert_eq!(ask(&t.rt, src), secret);
+    assert!(path.join("checkpoint.json").exists());
+    t.rt.kill(src).unwrap();
+    for id in forks.iter().map(|f| f.id.as_str()).chain([src]) {
+        assert_clean(&t, id, &[]);
+    }
+}
+
+/// A process writing a sequence into a file through one fd (offset in memory, data on
+/// disk): after restore the file continues exactly where the process thinks it is.
+const WRITER: &str = r#"
+import os, time
+f = open('/root/seq', 'w')
+n = 0
+while True:
+    n += 1
+    f.write('%d\n' % n)
+    f.flush()
+    time.sleep(0.0005)
+"#;
+
+#[test]
+fn restored_disk_matches_restored_memory() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let source = t.rt.create(&t.spec("fork-disk")).unwrap();
+    let _source_guard = KillGuard {
+        rt: &t.rt,
+        id: source.id.clone(),
+    };
+    let src = source.id.as_str();
+    t.sh_ok(
+        src,
+        0,
+        &format!(
+            "cat > /root/writer.py <<'EOF'\n{WRITER}\nEOF\n\
+             setsid python3 /root/writer.py </dev/null >/dev/null 2>&1 &\n\
+             while [ ! -s /root/seq ]; do sleep 0.01; done"
+        ),
+    );
+    // Written right before the checkpoint and not synced: only in the page cache.
+    let digest = t.sh_ok(
+        src,
+        0,
+        "head -c 8M /dev/urandom > /root/fresh; md5sum < /root/fresh",
+    );
+    let path = checkpoint_path(&t, "disk");
+    let _remove = RemoveDir(path.clone());
+    t.rt.checkpoint(&criu, src, &path).unwrap();
+
+    let fork =
+        t.rt.restore_checkpoint(&criu, &path, &t.spec("fork-disk"))
+            .unwrap();
+    let _fork_guard = KillGuard {
+        rt: &t.rt,
+        id: fork.id.clone(),
+    };
+    assert_eq!(t.sh_ok(&fork.id, 0, "md5sum < /root/fresh"), digest);
+    // Let the restored writer go on, then check the file is one unbroken sequence.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for id in [src, fork.id.as_str()] {
+        let seq = t.sh_ok(id, 0, "cat /root/seq");
+        let numbers: Vec<u64> = seq
+            .lines()
+            .map(|l| l.parse().unwrap_or_else(|_| panic!("{id}: bad line {l:?}")))
+            .collect();
+        assert!(numbers.len() > 10, "{id}: {} lines", numbers.len());
+        for (i, n) in numbers.iter().enumerate() {
+            assert_eq!(*n, i as u64 + 1, "{id}: sequence broken at line {i}");
+        }
+    }
+    t.rt.kill(&fork.id).unwrap();
+    t.rt.kill(src).unwrap();
+    assert_clean(&t, &fork.id, &[]);
+    assert_clean(&t, src, &[]);
+}
