@@ -35,22 +35,23 @@ pub struct NewSandbox {
     pub metadata: Option<StringMap>,
     #[serde(default, rename = "envVars", skip_serializing_if = "Option::is_none")]
     pub env_vars: Option<StringMap>,
+    /// Pause instead of kill at the end time.
     #[serde(default, rename = "autoPause", skip_serializing_if = "Option::is_none")]
-    #[schema(ignore)]
     pub auto_pause: Option<bool>,
+    /// An automatic pause keeps memory (default true); false keeps only the files.
     #[serde(
         default,
         rename = "autoPauseMemory",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(ignore)]
     pub auto_pause_memory: Option<bool>,
+    /// `{"enabled": true}`: traffic through the proxy resumes the sandbox when paused.
     #[serde(
         default,
         rename = "autoResume",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(ignore)]
+    #[schema(value_type = Option<Object>)]
     pub auto_resume: Option<serde_json::Value>,
     /// Snake case on the wire, as in E2B's API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -205,6 +206,77 @@ pub struct SandboxRefreshRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 3600)]
     pub duration: Option<i64>,
+}
+
+/// Body of `POST /sandboxes/{id}/pause` (optional).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct SandboxPauseRequest {
+    /// Keep every process's memory (default); false keeps only the filesystem and the
+    /// sandbox boots afresh on resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
+    /// Accepted for compatibility; berth checkpoints the processes as they are.
+    #[serde(
+        default,
+        rename = "requireHealthyGuest",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub require_healthy_guest: Option<bool>,
+}
+
+/// Body of `POST /sandboxes/{id}/resume`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ResumedSandbox {
+    /// Seconds from now after which the resumed sandbox expires (default 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 2147483647)]
+    pub timeout: Option<i64>,
+    /// Deprecated: pause instead of kill at the new end time.
+    #[serde(default, rename = "autoPause", skip_serializing_if = "Option::is_none")]
+    pub auto_pause: Option<bool>,
+}
+
+/// Body of `POST /sandboxes/{id}/fork` (optional).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct SandboxForkRequest {
+    /// Seconds the forks live (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 2147483647)]
+    pub timeout: Option<i64>,
+    /// Number of forks, 1..=100 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 100)]
+    pub count: Option<i64>,
+}
+
+/// One fork's outcome: exactly one of `sandbox` and `error`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxForkResult {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::Error>,
+}
+
+/// Body of `POST /sandboxes/{id}/snapshots`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct SandboxSnapshotRequest {
+    /// Name of the snapshot (usable as `templateID`); a snapshot of that name is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Keep memory (default); false is not supported for snapshots yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
+}
+
+/// A snapshot as E2B reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotInfo {
+    /// The name (or id) to pass as `templateID`.
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    /// Full names of the snapshot.
+    pub names: Vec<String>,
 }
 
 /// One resource-usage sample of a sandbox.

@@ -108,6 +108,13 @@ struct UpArgs {
     /// sandboxes must use other installed templates).
     #[arg(long, env = "BERTH_SKIP_BASE")]
     skip_base: bool,
+    /// Which agent tools `/mcp` offers: session, connector or all.
+    #[arg(long, env = "BERTH_MCP_TOOLSET", default_value = "all")]
+    mcp_toolset: berth_mcp::Toolset,
+    /// State directory whose `criu/` holds a provisioned CRIU (default: the state dir);
+    /// lets several berth instances share one provisioned CRIU.
+    #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
+    criu_state_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -197,6 +204,10 @@ impl berth_mcp::IdentityResolver for ApiKeyIdentity {
         let key = parts.headers.get("x-api-key")?.to_str().ok()?;
         let (team, _) = self.0.authenticate(key).ok()??;
         Some(format!("team:{}", team.id))
+    }
+
+    fn unauthenticated_message(&self) -> String {
+        "missing or invalid X-API-Key: /mcp takes an API key of this berth server".into()
     }
 }
 
@@ -357,8 +368,18 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         provision_base(&templates)?;
     }
     let envd_binary = args.envd_binary.unwrap_or_else(default_envd_binary);
-    let runtime = LinuxRuntime::new(LinuxRuntimeConfig::new(&state_dir, &envd_binary))
-        .context("starting the runtime")?;
+    let mut runtime_config = LinuxRuntimeConfig::new(&state_dir, &envd_binary);
+    if let Some(dir) = args.criu_state_dir {
+        runtime_config.criu_state_dir = dir;
+    }
+    let runtime = Arc::new(LinuxRuntime::new(runtime_config).context("starting the runtime")?);
+    // Pause, resume, snapshots and fork need CRIU; find or provision it now, in the
+    // background, so the first pause does not wait for a download.
+    let provisioning = runtime.clone();
+    std::thread::spawn(move || match provisioning.criu() {
+        Ok(criu) => eprintln!("criu {} ready", criu.version()),
+        Err(err) => eprintln!("warning: pause, snapshots and fork are unavailable: {err}"),
+    });
 
     let tokio = tokio::runtime::Runtime::new().context("starting tokio")?;
     tokio.block_on(async move {
@@ -369,12 +390,13 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             domain: args.domain.clone(),
             ..Default::default()
         };
-        let server = Server::start(store.clone(), Arc::new(runtime), templates, config)
+        let server = Server::start(store.clone(), runtime, templates, config)
             .await
             .context("starting the control plane")?;
         let url = client_url(listener.local_addr()?);
-        let mcp = berth_mcp::Mcp::open(berth_mcp::McpConfig::new(state_dir.clone(), &url))
-            .context("opening the agent tools' state")?;
+        let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
+        mcp_config.toolset = args.mcp_toolset;
+        let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
         let sweeping = tokio_util::sync::CancellationToken::new();
         let _sweeper = mcp.spawn_sweeper(sweeping.clone());
         let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity(store)));

@@ -1,7 +1,8 @@
 //! Forwarding one request to a sandbox port and streaming the answer back.
 
+use std::collections::HashMap;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -17,6 +18,7 @@ use crate::target::{
     is_internal_envd_route, RoutingConfig, SandboxId, Target, TargetError, ENVD_PORT,
     SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
 };
+use tokio_util::sync::CancellationToken;
 
 /// Boxed error of streamed bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -146,6 +148,44 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Proxy
     response
 }
 
+/// Every connection the proxy holds into sandboxes, idle or busy, so that all of one
+/// sandbox's can be closed at once (when it pauses: its end of them is gone, and a
+/// client stream through them must end instead of hanging). Cheap to clone.
+#[derive(Clone, Default)]
+pub struct SandboxConnections {
+    pool: ConnectionPool,
+    /// Cancelled (and replaced) to close every open connection of a sandbox.
+    closers: Arc<Mutex<HashMap<SandboxId, CancellationToken>>>,
+}
+
+impl SandboxConnections {
+    /// Closes every connection into sandbox `sandbox_id`: idle ones are dropped, busy
+    /// ones end (their responses end early, tunnels close).
+    pub fn close_all(&self, sandbox_id: &str) {
+        let Ok(id) = SandboxId::parse(sandbox_id) else {
+            return;
+        };
+        self.pool.forget(&id);
+        let closer = self
+            .closers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&id);
+        if let Some(closer) = closer {
+            closer.cancel();
+        }
+    }
+
+    fn closer(&self, sandbox_id: &SandboxId) -> CancellationToken {
+        self.closers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(sandbox_id.clone())
+            .or_default()
+            .clone()
+    }
+}
+
 /// The sandbox proxy. Cheap to clone; mount it in front of the API and send every
 /// request that [`Proxy::classify`] claims to [`Proxy::forward`].
 #[derive(Clone)]
@@ -153,14 +193,26 @@ pub struct Proxy {
     resolver: Arc<dyn SandboxResolver>,
     routing: RoutingConfig,
     pool: ConnectionPool,
+    connections: SandboxConnections,
 }
 
 impl Proxy {
     pub fn new(resolver: Arc<dyn SandboxResolver>, routing: RoutingConfig) -> Self {
+        Self::with_connections(resolver, routing, SandboxConnections::default())
+    }
+
+    /// A proxy whose connections `connections` can close (see
+    /// [`SandboxConnections::close_all`]).
+    pub fn with_connections(
+        resolver: Arc<dyn SandboxResolver>,
+        routing: RoutingConfig,
+        connections: SandboxConnections,
+    ) -> Self {
         Self {
             resolver,
             routing,
-            pool: ConnectionPool::default(),
+            pool: connections.pool.clone(),
+            connections,
         }
     }
 
@@ -251,7 +303,10 @@ impl Proxy {
         loop {
             let (mut sender, reused) = match self.pool.take(&target.sandbox_id, target.port) {
                 Some(sender) => (sender, true),
-                None => (open_connection(route, target, false).await?, false),
+                None => (
+                    open_connection(route, target, false, &self.connections).await?,
+                    false,
+                ),
             };
             if let Err(source) = sender.ready().await {
                 if reused {
@@ -292,7 +347,7 @@ impl Proxy {
         route: &Route,
         target: &Target,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let mut sender = open_connection(route, target, true).await?;
+        let mut sender = open_connection(route, target, true, &self.connections).await?;
         let mut response = sender
             .send_request(request)
             .await
@@ -303,9 +358,15 @@ impl Proxy {
         }
         let upstream_upgrade = hyper::upgrade::on(&mut response);
         let sandbox_id = target.sandbox_id.clone();
+        let closer = self.connections.closer(&target.sandbox_id);
         tokio::spawn(async move {
-            if let Err(error) = tunnel(client_upgrade, upstream_upgrade).await {
-                tracing::debug!(%sandbox_id, %error, "upgraded connection ended with an error");
+            tokio::select! {
+                result = tunnel(client_upgrade, upstream_upgrade) => if let Err(error) = result {
+                    tracing::debug!(%sandbox_id, %error, "upgraded connection ended with an error");
+                },
+                () = closer.cancelled() => {
+                    tracing::debug!(%sandbox_id, "upgraded connection closed: the sandbox paused");
+                }
             }
         });
         let (parts, _) = response.into_parts();
@@ -345,6 +406,7 @@ async fn open_connection(
     route: &Route,
     target: &Target,
     with_upgrades: bool,
+    connections: &SandboxConnections,
 ) -> Result<Sender, ProxyError> {
     let stream = route
         .connector
@@ -358,11 +420,19 @@ async fn open_connection(
         .await
         .map_err(|source| upstream_error(target, source))?;
     let sandbox_id = target.sandbox_id.clone();
+    let closer = connections.closer(&target.sandbox_id);
     tokio::spawn(async move {
-        let result = if with_upgrades {
-            connection.with_upgrades().await
-        } else {
-            connection.await
+        let run = async {
+            if with_upgrades {
+                connection.with_upgrades().await
+            } else {
+                connection.await
+            }
+        };
+        // Dropping the connection closes the socket and ends any response on it.
+        let result = tokio::select! {
+            result = run => result,
+            () = closer.cancelled() => Ok(()),
         };
         if let Err(error) = result {
             tracing::debug!(%sandbox_id, %error, "sandbox connection ended with an error");

@@ -19,7 +19,8 @@ mod resolver;
 mod target;
 
 pub use forward::{
-    BoxError, Proxy, ProxyBody, ProxyError, ENVD_ACCESS_TOKEN_HEADER, TRAFFIC_ACCESS_TOKEN_HEADER,
+    BoxError, Proxy, ProxyBody, ProxyError, SandboxConnections, ENVD_ACCESS_TOKEN_HEADER,
+    TRAFFIC_ACCESS_TOKEN_HEADER,
 };
 pub use resolver::{
     connect_blocking, BoxFuture, PortConnector, ResolveError, Route, SandboxResolver,

@@ -131,6 +131,15 @@ pub struct SandboxInfo {
     pub spec: SandboxSpec,
 }
 
+/// A sandbox brought back by [`Runtime::resume`].
+#[derive(Debug, Clone)]
+pub struct ResumedSandbox {
+    pub info: SandboxInfo,
+    /// True when its processes continue from memory; false when its init started afresh
+    /// (and needs initialising again).
+    pub memory_restored: bool,
+}
+
 /// Resource usage sampled from the sandbox's cgroup and disk.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct SandboxStats {
@@ -186,4 +195,12 @@ pub trait Runtime: Send + Sync + 'static {
     fn connect(&self, id: &str, port: u16) -> Result<std::net::TcpStream, RuntimeError>;
     /// Where the runtime keeps its state (records, upper dirs, templates).
     fn state_dir(&self) -> PathBuf;
+    /// Stop sandbox `id`, keeping its disk and, with `memory`, a checkpoint of every
+    /// process's state; its RAM is freed and it leaves [`Runtime::list`] until
+    /// [`Runtime::resume`]. Paused sandboxes survive daemon restarts and reboots.
+    fn pause(&self, id: &str, memory: bool) -> Result<(), RuntimeError>;
+    /// Bring paused sandbox `id` back under the same id: processes continue (paused with
+    /// memory, unless `keep_memory` is false: then the checkpoint is dropped) or a fresh
+    /// init starts on the kept disk. On failure it stays paused.
+    fn resume(&self, id: &str, keep_memory: bool) -> Result<ResumedSandbox, RuntimeError>;
 }

@@ -1,6 +1,7 @@
 //! [`LinuxRuntime`]: sandboxes made of Linux namespaces, an overlay root, cgroups and a
 //! per-sandbox ext4 disk. See the crate docs for the design decisions.
 
+use berth_checkpoint::Criu;
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::CString;
 use std::fs;
@@ -16,7 +17,9 @@ use crate::disk::{self, DiskStore, Janitor};
 use crate::launch::{self, LaunchConfig, CONTROL_FD};
 use crate::record::{self, Record};
 use crate::sys::{self, cpath};
-use crate::{RecoveryReport, Runtime, RuntimeError, SandboxInfo, SandboxSpec, SandboxStats};
+use crate::{
+    RecoveryReport, ResumedSandbox, Runtime, RuntimeError, SandboxInfo, SandboxSpec, SandboxStats,
+};
 
 #[path = "checkpoint.rs"]
 mod checkpoint;
@@ -60,6 +63,9 @@ pub struct LinuxRuntimeConfig {
     pub cgroup_parent: String,
     /// Ready-mounted disks kept per disk size in use (0: make each disk on demand).
     pub disk_pool_size: usize,
+    /// State directory whose `criu/` holds (or will hold) a provisioned CRIU, when the
+    /// host's is too old; default `state_dir`.
+    pub criu_state_dir: PathBuf,
 }
 
 impl LinuxRuntimeConfig {
@@ -69,8 +75,10 @@ impl LinuxRuntimeConfig {
             .ok()
             .and_then(|exe| exe.parent().map(|dir| dir.join("berth-launch")))
             .unwrap_or_else(|| PathBuf::from("berth-launch"));
+        let state_dir = state_dir.into();
         Self {
-            state_dir: state_dir.into(),
+            criu_state_dir: state_dir.clone(),
+            state_dir,
             envd_binary: envd_binary.into(),
             envd_args: DEFAULT_ENVD_ARGS.iter().map(|s| s.to_string()).collect(),
             launcher_binary,
@@ -82,6 +90,15 @@ impl LinuxRuntimeConfig {
             disk_pool_size: 4,
         }
     }
+}
+
+/// Where a starting sandbox's disk comes from.
+#[derive(Debug, Clone, Copy)]
+enum DiskOrigin {
+    /// A fresh disk (create).
+    New,
+    /// `disk.img` already in the sandbox directory (resume after a pause without memory).
+    Kept,
 }
 
 struct Sandbox {
@@ -105,7 +122,12 @@ pub struct LinuxRuntime {
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
     /// Slots in use, including sandboxes being created or killed.
     slots: Mutex<BTreeSet<u32>>,
+    /// CRIU, located or provisioned on first need (pause, resume, checkpoint).
+    criu: Mutex<Option<Criu>>,
 }
+
+/// Directory of a paused sandbox's CRIU images, inside its sandbox directory.
+const CHECKPOINT_DIR: &str = "checkpoint";
 
 fn io_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
     let op = op.into();
@@ -154,11 +176,25 @@ impl LinuxRuntime {
             janitor,
             sandboxes: Mutex::new(HashMap::new()),
             slots: Mutex::new(BTreeSet::new()),
+            criu: Mutex::new(None),
         })
     }
 
     pub fn config(&self) -> &LinuxRuntimeConfig {
         &self.config
+    }
+
+    /// The CRIU this runtime checkpoints with: the host's if new enough, else one
+    /// provisioned under the state dir on first call (progress goes to the log).
+    pub fn criu(&self) -> Result<Criu, RuntimeError> {
+        let mut criu = self.criu.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(criu) = criu.as_ref() {
+            return Ok(criu.clone());
+        }
+        let found = Criu::ensure(&self.config.criu_state_dir, |line| tracing::info!("{line}"))
+            .map_err(|e| RuntimeError::Other(format!("CRIU is not available: {e}")))?;
+        *criu = Some(found.clone());
+        Ok(found)
     }
 
     fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -250,14 +286,21 @@ impl LinuxRuntime {
         spec: &SandboxSpec,
         slot: u32,
         dir: &Path,
+        origin: DiskOrigin,
     ) -> Result<(OwnedFd, i32, OwnedFd), RuntimeError> {
         let uid_base = self.uid_base_of(slot);
         let mount = dir.join("disk");
-        fs::create_dir(&mount).map_err(io_err("create disk mountpoint"))?;
-        let disk = self
-            .disks
-            .create(spec.disk_size_mb.max(16), &dir.join("disk.img"), uid_base)
-            .map_err(io_err("create sandbox disk"))?;
+        let disk = match origin {
+            DiskOrigin::New => {
+                fs::create_dir(&mount).map_err(io_err("create disk mountpoint"))?;
+                self.disks
+                    .create(spec.disk_size_mb.max(16), &dir.join("disk.img"), uid_base)
+                    .map_err(io_err("create sandbox disk"))?
+            }
+            DiskOrigin::Kept => {
+                disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount kept disk"))?
+            }
+        };
         let limits = CgroupLimits {
             cpu_count: spec.cpu_count,
             memory_bytes: spec.memory_mb * 1024 * 1024,
@@ -440,7 +483,7 @@ impl Runtime for LinuxRuntime {
         let started = record
             .write(&dir)
             .map_err(io_err("write record"))
-            .and_then(|()| self.start(spec, slot, &dir));
+            .and_then(|()| self.start(spec, slot, &dir, DiskOrigin::New));
         let (pidfd, pid, disk) = match started {
             Ok(v) => v,
             Err(e) => {
@@ -639,6 +682,30 @@ impl Runtime for LinuxRuntime {
         })
         .join()
         .map_err(|_| RuntimeError::Other("connect thread panicked".into()))?
+    }
+
+    fn pause(&self, id: &str, memory: bool) -> Result<(), RuntimeError> {
+        if !memory {
+            return self.pause_filesystem(id);
+        }
+        let criu = self.criu()?;
+        self.pause_with_memory(&criu, id, &self.sandbox_dir(id).join(CHECKPOINT_DIR))
+    }
+
+    fn resume(&self, id: &str, keep_memory: bool) -> Result<ResumedSandbox, RuntimeError> {
+        if !keep_memory {
+            self.drop_checkpoint(id);
+        }
+        let memory_restored = self.paused_with_memory(id);
+        let info = if memory_restored {
+            self.resume_paused(&self.criu()?, id)?
+        } else {
+            self.resume_paused_filesystem(id)?
+        };
+        Ok(ResumedSandbox {
+            info,
+            memory_restored,
+        })
     }
 
     fn state_dir(&self) -> PathBuf {

@@ -30,7 +30,7 @@ use std::time::SystemTime;
 
 use berth_checkpoint::{Criu, Dump, Restore};
 
-use super::{io_err, valid_id, CloneArgs, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
+use super::{io_err, valid_id, CloneArgs, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::record::{self, Record};
@@ -39,10 +39,11 @@ use crate::{RuntimeError, SandboxInfo};
 
 const PAUSED_FILE: &str = "paused.json";
 
-/// What `paused.json` holds: where the checkpoint is.
+/// What `paused.json` holds: where the checkpoint is, if memory was kept.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct PausedMarker {
-    images: PathBuf,
+    /// CRIU images; None when only the disk was kept.
+    images: Option<PathBuf>,
     paused_at: SystemTime,
 }
 
@@ -70,7 +71,12 @@ impl LinuxRuntime {
     /// here; must not exist) and stops it, freeing its RAM. The disk, cgroups and uid slot
     /// are kept; the sandbox leaves [`crate::Runtime::list`] until [`LinuxRuntime::resume`].
     /// On failure the sandbox keeps running.
-    pub fn pause(&self, criu: &Criu, id: &str, images: &Path) -> Result<(), RuntimeError> {
+    pub fn pause_with_memory(
+        &self,
+        criu: &Criu,
+        id: &str,
+        images: &Path,
+    ) -> Result<(), RuntimeError> {
         let sandbox = self.get(id)?;
         // CRIU cannot seize frozen tasks.
         let _ = self.cgroups.set_frozen(id, false);
@@ -117,7 +123,7 @@ impl LinuxRuntime {
                 .take(),
         );
         let marker = PausedMarker {
-            images: images.to_path_buf(),
+            images: Some(images.to_path_buf()),
             paused_at: SystemTime::now(),
         };
         marker
@@ -125,10 +131,61 @@ impl LinuxRuntime {
             .map_err(io_err("write paused marker"))
     }
 
-    /// Restores paused sandbox `id` under the same id: its processes continue with their
-    /// memory, its files are intact and [`crate::Runtime::connect`] reaches it again. The
-    /// checkpoint is deleted once the sandbox runs; on failure it stays paused.
-    pub fn resume(&self, criu: &Criu, id: &str) -> Result<SandboxInfo, RuntimeError> {
+    /// Stops sandbox `id` keeping only its disk: every process is killed, the disk
+    /// unmounted; cgroups and uid slot are kept. [`LinuxRuntime::resume_paused`] starts a
+    /// fresh init on the same disk.
+    pub fn pause_filesystem(&self, id: &str) -> Result<(), RuntimeError> {
+        let sandbox = self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        let _ = self.cgroups.set_frozen(id, false);
+        // Killing a pid namespace's init with SIGKILL kills every process in it.
+        match sys::pidfd_send_signal(sandbox.pidfd.as_fd(), libc::SIGKILL) {
+            Err(e) if e.raw_os_error() != Some(libc::ESRCH) => {
+                return Err(io_err("kill sandbox init")(e))
+            }
+            _ => {}
+        }
+        if !sys::pidfd_wait_exit(sandbox.pidfd.as_fd(), 30_000)
+            .map_err(io_err("wait for sandbox init"))?
+        {
+            return Err(RuntimeError::Other(format!(
+                "sandbox {id}: init did not exit"
+            )));
+        }
+        if sandbox.own_child {
+            let _ = sys::pidfd_reap(sandbox.pidfd.as_fd());
+        }
+        self.cgroups
+            .kill_all(id)
+            .map_err(io_err("kill remaining processes"))?;
+        let disk = sandbox
+            .disk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        // Flush the disk before the marker says it is the sandbox's state.
+        if let Some(disk) = &disk {
+            sys::syncfs_mount(disk.as_fd()).map_err(io_err("sync sandbox disk"))?;
+        }
+        drop(disk);
+        let marker = PausedMarker {
+            images: None,
+            paused_at: SystemTime::now(),
+        };
+        marker
+            .write(&self.sandbox_dir(id))
+            .map_err(io_err("write paused marker"))
+    }
+
+    /// Brings paused sandbox `id` back under the same id. Paused with memory: its
+    /// processes continue where they were (the checkpoint is deleted once it runs).
+    /// Paused without: a fresh init starts on the kept disk. [`crate::Runtime::connect`]
+    /// reaches it again; on failure it stays paused.
+    pub fn resume_paused(&self, criu: &Criu, id: &str) -> Result<SandboxInfo, RuntimeError> {
         if self
             .sandboxes
             .lock()
@@ -141,6 +198,11 @@ impl LinuxRuntime {
         let marker = self
             .paused_marker(id)
             .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        let Some(images) = marker.images.clone() else {
+            return Err(RuntimeError::Other(format!(
+                "sandbox {id} was paused without memory"
+            )));
+        };
         let mut record = Record::read(&dir).map_err(io_err("read record"))?;
         let spec = record.spec.clone();
         // Gone after a reboot; creating them again is harmless otherwise.
@@ -158,7 +220,7 @@ impl LinuxRuntime {
         let work = dir.join("restore");
         fs::create_dir_all(&work).map_err(io_err("create restore work dir"))?;
         let restored = criu.restore(&Restore {
-            images: marker.images.clone(),
+            images: images.clone(),
             work: work.clone(),
             root: Some(dir.join("root")),
             cgroup_root: None,
@@ -170,7 +232,7 @@ impl LinuxRuntime {
         record.init_start_ticks = record::process_start_ticks(pid);
         record.write(&dir).map_err(io_err("write record"))?;
         fs::remove_file(dir.join(PAUSED_FILE)).map_err(io_err("remove paused marker"))?;
-        let _ = fs::remove_dir_all(&marker.images);
+        let _ = fs::remove_dir_all(&images);
         let _ = fs::remove_dir_all(&work);
         let info = SandboxInfo {
             id: id.to_owned(),
@@ -193,9 +255,86 @@ impl LinuxRuntime {
         Ok(info)
     }
 
-    /// True when sandbox `id` is paused (its checkpoint on disk, no process running).
+    /// True when sandbox `id` is paused (its disk and maybe a checkpoint kept, no process
+    /// running).
     pub fn is_paused(&self, id: &str) -> bool {
         self.paused_marker(id).is_some()
+    }
+
+    /// True when sandbox `id` is paused with a checkpoint of its memory.
+    pub fn paused_with_memory(&self, id: &str) -> bool {
+        self.paused_marker(id)
+            .is_some_and(|marker| marker.images.is_some())
+    }
+
+    /// Turns a pause with memory into one without: the checkpoint is deleted (after the
+    /// marker stops naming it, so a crash never leaves a marker without its images).
+    pub(super) fn drop_checkpoint(&self, id: &str) {
+        let Some(PausedMarker {
+            images: Some(images),
+            paused_at,
+        }) = self.paused_marker(id)
+        else {
+            return;
+        };
+        let marker = PausedMarker {
+            images: None,
+            paused_at,
+        };
+        if marker.write(&self.sandbox_dir(id)).is_ok() {
+            let _ = fs::remove_dir_all(images);
+        }
+    }
+
+    /// Resumes a sandbox paused without memory: a new init on the kept disk.
+    pub fn resume_paused_filesystem(&self, id: &str) -> Result<SandboxInfo, RuntimeError> {
+        if self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(id)
+        {
+            return Err(RuntimeError::Other(format!("sandbox {id} is not paused")));
+        }
+        if self.paused_marker(id).is_none() {
+            return Err(RuntimeError::NotFound(id.to_owned()));
+        }
+        let dir = self.sandbox_dir(id);
+        let mut record = Record::read(&dir).map_err(io_err("read record"))?;
+        let spec = record.spec.clone();
+        let (pidfd, pid, disk) = self.start(&spec, record.slot, &dir, DiskOrigin::Kept)?;
+        record.init_pid = Some(pid);
+        record.init_start_ticks = record::process_start_ticks(pid);
+        let written = record
+            .write(&dir)
+            .and_then(|()| fs::remove_file(dir.join(PAUSED_FILE)));
+        if let Err(e) = written {
+            // Still paused on disk: stop the new init so the two never disagree.
+            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            let _ = sys::pidfd_wait_exit(pidfd.as_fd(), 30_000);
+            let _ = sys::pidfd_reap(pidfd.as_fd());
+            let _ = self.cgroups.kill_all(id);
+            return Err(io_err("write record")(e));
+        }
+        let info = SandboxInfo {
+            id: id.to_owned(),
+            template: spec.template.clone(),
+            init_pid: pid,
+            created_at: record.created_at,
+            spec,
+        };
+        let sandbox = Arc::new(Sandbox {
+            info: info.clone(),
+            slot: record.slot,
+            pidfd,
+            own_child: true,
+            disk: Mutex::new(Some(disk)),
+        });
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_owned(), sandbox);
+        Ok(info)
     }
 
     fn paused_marker(&self, id: &str) -> Option<PausedMarker> {
@@ -214,8 +353,8 @@ impl LinuxRuntime {
         let dir = self.sandbox_dir(id);
         let slot = Record::read(&dir).ok().map(|r| r.slot);
         let result = self.teardown(id, None, None);
-        if !marker.images.starts_with(&dir) {
-            let _ = fs::remove_dir_all(&marker.images);
+        if let Some(images) = marker.images.filter(|images| !images.starts_with(&dir)) {
+            let _ = fs::remove_dir_all(images);
         }
         if let Some(slot) = slot {
             self.release_slot(slot);

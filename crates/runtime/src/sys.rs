@@ -248,3 +248,19 @@ pub(crate) fn cpath(path: &std::path::Path) -> io::Result<std::ffi::CString> {
     std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
 }
+
+/// Flushes the filesystem of the (possibly detached) mount `mount` to its device.
+pub(crate) fn syncfs_mount(mount: BorrowedFd<'_>) -> io::Result<()> {
+    // Mount fds from fsmount/open_tree are O_PATH, which syncfs refuses: open the root.
+    // SAFETY: openat with a valid dirfd and a NUL-terminated path.
+    let root = owned(unsafe {
+        libc::openat(
+            mount.as_raw_fd(),
+            c".".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    } as libc::c_long)?;
+    // SAFETY: syncfs on an fd we own.
+    check(unsafe { libc::syncfs(root.as_raw_fd()) } as libc::c_long)?;
+    Ok(())
+}

@@ -168,7 +168,7 @@ fn memory_survives_pause_and_resume_and_kill_cleans_up() {
 
     let images = images_dir(&t, id);
     let started = Instant::now();
-    t.rt.pause(&criu, id, &images).unwrap();
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
     let paused_in = started.elapsed();
     assert!(t.rt.is_paused(id));
     assert!(!alive(info.init_pid));
@@ -188,7 +188,7 @@ fn memory_survives_pause_and_resume_and_kill_cleans_up() {
     );
 
     let started = Instant::now();
-    let resumed = t.rt.resume(&criu, id).unwrap();
+    let resumed = t.rt.resume_paused(&criu, id).unwrap();
     let resumed_in = started.elapsed();
     eprintln!("pause {paused_in:?}, resume {resumed_in:?} (1 MiB holder)");
     assert!(!t.rt.is_paused(id));
@@ -219,15 +219,15 @@ fn kill_while_paused_cleans_up() {
     };
     let id = info.id.as_str();
     let images = images_dir(&t, id);
-    t.rt.pause(&criu, id, &images).unwrap();
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
     assert!(matches!(
-        t.rt.pause(&criu, id, &images_dir(&t, "again")),
+        t.rt.pause_with_memory(&criu, id, &images_dir(&t, "again")),
         Err(RuntimeError::NotFound(_))
     ));
     t.rt.kill(id).unwrap();
     assert!(matches!(t.rt.kill(id), Err(RuntimeError::NotFound(_))));
     assert!(matches!(
-        t.rt.resume(&criu, id),
+        t.rt.resume_paused(&criu, id),
         Err(RuntimeError::NotFound(_))
     ));
     drop(guard);
@@ -248,7 +248,7 @@ fn paused_sandbox_survives_a_daemon_restart() {
     let before = ask(&t.rt, &id);
     let images = images_dir(&t, &id);
     let started = Instant::now();
-    t.rt.pause(&criu, &id, &images).unwrap();
+    t.rt.pause_with_memory(&criu, &id, &images).unwrap();
     let paused_in = started.elapsed();
     // From here the restarted runtime's guard owns the cleanup.
     std::mem::forget(early_guard);
@@ -262,7 +262,7 @@ fn paused_sandbox_survives_a_daemon_restart() {
     assert_eq!(report.paused, std::slice::from_ref(&id));
     assert!(report.cleaned.is_empty() && report.reattached.is_empty());
     let started = Instant::now();
-    let resumed = restarted.resume(&criu, &id).unwrap();
+    let resumed = restarted.resume_paused(&criu, &id).unwrap();
     let resumed_in = started.elapsed();
     eprintln!("pause {paused_in:?}, resume {resumed_in:?} (64 MiB resident holder)");
     assert_eq!(ask(&restarted, &id), before, "the in-memory secret changed");
@@ -286,10 +286,10 @@ fn envd_answers_again_after_resume() {
     assert!(status.starts_with("HTTP/1.1 2"), "{status}");
     let images = images_dir(&t, id);
     let started = Instant::now();
-    t.rt.pause(&criu, id, &images).unwrap();
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
     let paused_in = started.elapsed();
     let started = Instant::now();
-    t.rt.resume(&criu, id).unwrap();
+    t.rt.resume_paused(&criu, id).unwrap();
     let resumed_in = started.elapsed();
     eprintln!("pause {paused_in:?}, resume {resumed_in:?} (envd)");
     let status = t.wait_envd_health(id);

@@ -127,13 +127,15 @@ pub async fn init(
     runtime: &Arc<dyn Runtime>,
     sandbox_id: &str,
     body: &InitRequest,
+    presented_token: Option<&str>,
 ) -> Result<(), EnvdError> {
     let json = serde_json::to_vec(body).map_err(|err| EnvdError::Http(err.to_string()))?;
     let mut builder = Request::post("/init")
         .header("host", "localhost")
         .header("content-type", "application/json");
-    // A secured envd already started with a token would want it; a fresh one has none.
-    if let Some(token) = &body.access_token {
+    // An envd restored from a checkpoint wants the token it holds; a fresh one has none
+    // and takes the new token without one.
+    if let Some(token) = presented_token.or(body.access_token.as_deref()) {
         builder = builder.header("x-access-token", token);
     }
     let init = builder

@@ -10,6 +10,9 @@ use crate::AppState;
 pub const CREATED: &str = "sandbox.lifecycle.created";
 pub const KILLED: &str = "sandbox.lifecycle.killed";
 pub const UPDATED: &str = "sandbox.lifecycle.updated";
+pub const PAUSED: &str = "sandbox.lifecycle.paused";
+pub const RESUMED: &str = "sandbox.lifecycle.resumed";
+pub const CHECKPOINTED: &str = "sandbox.lifecycle.checkpointed";
 
 /// The wire form of a stored event (also the webhook delivery body).
 pub fn to_api(event: &EventRecord) -> SandboxEvent {

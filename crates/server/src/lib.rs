@@ -32,7 +32,6 @@ use berth_template::TemplateStore;
 use tokio::sync::Notify;
 
 pub use openapi::openapi_document;
-pub use resolver::StoreResolver;
 
 /// envd version berth's sandboxes report to SDKs (they gate features on it): the version
 /// of the envd berth ships.
@@ -91,6 +90,55 @@ pub(crate) struct AppState {
     pub cpu_readings: Mutex<HashMap<String, metrics::CpuReading>>,
     /// Serializes creates that share an idempotency key.
     pub idempotency_locks: Mutex<HashMap<IdempotencyScope, Arc<tokio::sync::Mutex<()>>>>,
+    /// One lock per sandbox: pause, resume, kill, snapshot and fork of the same sandbox
+    /// run one at a time, each seeing the state the previous one left.
+    pub sandbox_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The proxy's connections into sandboxes, closed when a sandbox pauses or dies.
+    pub connections: berth_proxy::SandboxConnections,
+}
+
+impl AppState {
+    /// Hold sandbox `id`'s lifecycle lock; state read after this is not changed by
+    /// another pause, resume, kill, snapshot or fork until the guard drops.
+    pub(crate) async fn lock_sandbox(&self, id: &str) -> SandboxGuard<'_> {
+        let lock = self
+            .sandbox_locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(id.to_string())
+            .or_default()
+            .clone();
+        SandboxGuard {
+            guard: Some(lock.lock_owned().await),
+            state: self,
+            id: id.to_string(),
+        }
+    }
+}
+
+/// A held sandbox lock; the map entry goes when nobody else waits on it.
+pub(crate) struct SandboxGuard<'a> {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    state: &'a AppState,
+    id: String,
+}
+
+impl Drop for SandboxGuard<'_> {
+    fn drop(&mut self) {
+        let mut locks = self
+            .state
+            .sandbox_locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        drop(self.guard.take());
+        // The map and this guard's mutex are the only references: nobody waits.
+        if locks
+            .get(&self.id)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            locks.remove(&self.id);
+        }
+    }
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -122,6 +170,8 @@ impl Server {
             delivery_wakeup: Notify::new(),
             cpu_readings: Mutex::new(HashMap::new()),
             idempotency_locks: Mutex::new(HashMap::new()),
+            sandbox_locks: Mutex::new(HashMap::new()),
+            connections: berth_proxy::SandboxConnections::default(),
         });
         lifecycle::recover(&state).await?;
         let tasks = vec![
@@ -141,14 +191,12 @@ impl Server {
 
     /// Like [`Server::router`], with `extra` routes (e.g. `/mcp`) served beside the API.
     pub fn router_with(&self, extra: axum::Router) -> axum::Router {
-        let proxy = berth_proxy::Proxy::new(
-            Arc::new(StoreResolver::new(
-                self.state.store.clone(),
-                self.state.runtime.clone(),
-            )),
+        let proxy = berth_proxy::Proxy::with_connections(
+            Arc::new(resolver::StoreResolver::new(self.state.clone())),
             berth_proxy::RoutingConfig {
                 domain: self.state.config.domain.clone(),
             },
+            self.state.connections.clone(),
         );
         handlers::router(self.state.clone())
             .merge(extra)

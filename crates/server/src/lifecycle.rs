@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use berth_api::{ApiError, LogLevel, StringMap};
 use berth_runtime::{RuntimeError, SandboxSpec};
-use berth_store::{SandboxRecord, SandboxStatus};
+use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
 use time::OffsetDateTime;
 
@@ -29,6 +29,7 @@ pub struct CreateRequest {
     pub metadata: StringMap,
     pub env_vars: StringMap,
     pub allow_internet_access: Option<bool>,
+    pub lifecycle: Lifecycle,
 }
 
 /// A new sandbox id: `i` + 20 characters of `[a-z0-9]`.
@@ -89,6 +90,188 @@ pub fn build_id(layer_ids: &[berth_template::LayerId]) -> String {
         .to_string()
 }
 
+/// What envd's `/init` gets for sandbox `id`: the template's env vars, the caller's, and
+/// E2B's own, plus the template's default user and workdir.
+fn init_request(
+    template: &berth_template::Template,
+    env_vars: &StringMap,
+    id: &str,
+    access_token: Option<String>,
+) -> InitRequest {
+    let mut all = template.envs.clone();
+    all.extend(env_vars.clone());
+    all.insert("E2B_SANDBOX".into(), "true".into());
+    all.insert("E2B_SANDBOX_ID".into(), id.to_string());
+    all.insert("E2B_TEMPLATE_ID".into(), template.id.clone());
+    InitRequest {
+        env_vars: all,
+        access_token,
+        default_user: template.default_user.clone(),
+        default_workdir: template.default_workdir.clone(),
+        timestamp: OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+    }
+}
+
+async fn load_template(state: &AppState, name: &str) -> Result<berth_template::Template, ApiError> {
+    let templates = state.templates.clone();
+    let owned = name.to_string();
+    tokio::task::spawn_blocking(move || templates.get(&owned))
+        .await
+        .map_err(|err| ApiError::Internal(format!("template lookup failed: {err}")))?
+        .map_err(|err| template_error(name, err))
+}
+
+/// Runs blocking runtime work off the async threads.
+async fn blocking<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> Result<T, RuntimeError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| ApiError::Internal(format!("{what}: task failed: {err}")))?
+        .map_err(|err| ApiError::Internal(format!("{what}: {err}")))
+}
+
+/// The live sandbox `id`, read under its lock.
+fn live(state: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
+    state
+        .store
+        .live_sandbox_any_team(id)
+        .map_err(crate::handlers::store_error)?
+        .ok_or_else(|| ApiError::sandbox_not_found(id))
+}
+
+/// Pause running sandbox `id` (with its memory, or only its disk): 409 when it is
+/// already paused. Emits `paused`.
+pub async fn pause(
+    state: &AppState,
+    id: &str,
+    memory: bool,
+    reason: &str,
+) -> Result<SandboxRecord, ApiError> {
+    let _guard = state.lock_sandbox(id).await;
+    let record = live(state, id)?;
+    if let SandboxStatus::Paused { .. } = record.status {
+        return Err(ApiError::Conflict(format!(
+            "sandbox {id} is already paused"
+        )));
+    }
+    let runtime = state.runtime.clone();
+    let owned = id.to_string();
+    blocking(&format!("pausing sandbox {id}"), move || {
+        runtime.pause(&owned, memory)
+    })
+    .await?;
+    // The sandbox's end of every proxied connection is gone: end them, do not let them hang.
+    state.connections.close_all(id);
+    state
+        .store
+        .mark_paused(id, memory)
+        .map_err(crate::handlers::store_error)?;
+    let what = if memory {
+        "memory and files"
+    } else {
+        "files only"
+    };
+    log(
+        state,
+        id,
+        LogLevel::Info,
+        &format!("sandbox paused, {what} kept ({reason})"),
+    );
+    events::record(
+        state,
+        &record,
+        events::PAUSED,
+        Some(serde_json::json!({ "memory": memory })),
+    );
+    crate::metrics::forget(state, id);
+    Ok(record)
+}
+
+/// How [`resume`] found the sandbox.
+pub enum Resumed {
+    /// It was running; nothing changed.
+    WasRunning(SandboxRecord),
+    /// It was paused and runs again, until the record's new end time.
+    Resumed(SandboxRecord),
+}
+
+/// Resume paused sandbox `id` for `timeout_secs` (default: its create timeout), with its
+/// memory unless `keep_memory` is false. A running sandbox is returned as is. Emits
+/// `resumed`.
+pub async fn resume(
+    state: &Arc<AppState>,
+    id: &str,
+    timeout_secs: Option<i64>,
+    keep_memory: bool,
+) -> Result<Resumed, ApiError> {
+    let _guard = state.lock_sandbox(id).await;
+    let mut record = live(state, id)?;
+    if record.status == SandboxStatus::Running {
+        return Ok(Resumed::WasRunning(record));
+    }
+    let runtime = state.runtime.clone();
+    let owned = id.to_string();
+    let resumed = blocking(&format!("resuming sandbox {id}"), move || {
+        runtime.resume(&owned, keep_memory)
+    })
+    .await?;
+    let ready = async {
+        envd::wait_healthy(&state.runtime, id, ENVD_READY_LIMIT).await?;
+        if resumed.memory_restored {
+            return Ok(());
+        }
+        // A fresh envd: it needs the sandbox's settings again.
+        let template = load_template(state, &record.template_id)
+            .await
+            .map_err(|err| envd::EnvdError::Http(err.to_string()))?;
+        let init = init_request(
+            &template,
+            &record.env_vars,
+            id,
+            record.envd_access_token.clone(),
+        );
+        envd::init(&state.runtime, id, &init, None).await
+    }
+    .await;
+    if let Err(err) = ready {
+        // Half-resumed is worse than gone: the caller gets an error and no sandbox.
+        let _ = kill_in_runtime(state, id).await;
+        if state.store.mark_killed(id).unwrap_or(false) {
+            events::record(state, &record, events::KILLED, None);
+        }
+        return Err(ApiError::Unavailable(format!(
+            "sandbox {id} resumed but its envd failed: {err}"
+        )));
+    }
+    let end_at = OffsetDateTime::now_utc()
+        + time::Duration::seconds(timeout_secs.unwrap_or(record.timeout_secs));
+    state
+        .store
+        .mark_resumed(id, end_at)
+        .map_err(crate::handlers::store_error)?;
+    record.status = SandboxStatus::Running;
+    record.end_at = end_at;
+    let how = if resumed.memory_restored {
+        "processes continue from memory"
+    } else {
+        "booted afresh on its kept disk"
+    };
+    log(
+        state,
+        id,
+        LogLevel::Info,
+        &format!("sandbox resumed, {how}"),
+    );
+    events::record(state, &record, events::RESUMED, None);
+    state.reaper_wakeup.notify_one();
+    crate::metrics::sample_soon(state.clone(), id.to_string());
+    Ok(Resumed::Resumed(record))
+}
+
 async fn kill_in_runtime(state: &AppState, id: &str) -> Result<(), RuntimeError> {
     let runtime = state.runtime.clone();
     let id = id.to_string();
@@ -104,12 +287,7 @@ pub async fn create(
     state: &Arc<AppState>,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ApiError> {
-    let templates = state.templates.clone();
-    let name = request.template.clone();
-    let template = tokio::task::spawn_blocking(move || templates.get(&name))
-        .await
-        .map_err(|err| ApiError::Internal(format!("template lookup failed: {err}")))?
-        .map_err(|err| template_error(&request.template, err))?;
+    let template = load_template(state, &request.template).await?;
 
     let id = new_sandbox_id();
     let resources = state.config.resources;
@@ -128,23 +306,10 @@ pub async fn create(
         .map_err(|err| ApiError::Internal(format!("starting sandbox: {err}")))?;
 
     let access_token = request.secure.then(new_token);
-    let mut env_vars = template.envs.clone();
-    env_vars.extend(request.env_vars.clone());
-    env_vars.insert("E2B_SANDBOX".into(), "true".into());
-    env_vars.insert("E2B_SANDBOX_ID".into(), id.clone());
-    env_vars.insert("E2B_TEMPLATE_ID".into(), template.id.clone());
-    let init = InitRequest {
-        env_vars,
-        access_token: access_token.clone(),
-        default_user: template.default_user.clone(),
-        default_workdir: template.default_workdir.clone(),
-        timestamp: OffsetDateTime::now_utc()
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default(),
-    };
+    let init = init_request(&template, &request.env_vars, &id, access_token.clone());
     let ready = async {
         envd::wait_healthy(&state.runtime, &id, ENVD_READY_LIMIT).await?;
-        envd::init(&state.runtime, &id, &init).await
+        envd::init(&state.runtime, &id, &init, None).await
     }
     .await;
     if let Err(err) = ready {
@@ -173,6 +338,9 @@ pub async fn create(
         started_at: now,
         end_at: now + time::Duration::seconds(request.timeout_secs),
         status: SandboxStatus::Running,
+        env_vars: request.env_vars,
+        timeout_secs: request.timeout_secs,
+        lifecycle: request.lifecycle,
     };
     if let Err(err) = state.store.insert_sandbox(&record) {
         if let Err(kill_err) = kill_in_runtime(state, &id).await {
@@ -192,16 +360,18 @@ pub async fn create(
     Ok(record)
 }
 
-/// Kill a running sandbox: remove it from the runtime, mark it killed, emit `killed`.
-/// Returns false when it was not running (already killed by someone else).
+/// Kill a running or paused sandbox: remove it (and any checkpoint) from the runtime,
+/// mark it killed, emit `killed`. Returns false when it was already killed.
 pub async fn kill(
     state: &AppState,
     sandbox: &SandboxRecord,
     reason: &str,
 ) -> Result<bool, ApiError> {
+    let _guard = state.lock_sandbox(&sandbox.id).await;
     kill_in_runtime(state, &sandbox.id)
         .await
         .map_err(|err| ApiError::Internal(format!("killing sandbox {}: {err}", sandbox.id)))?;
+    state.connections.close_all(&sandbox.id);
     let was_running = state
         .store
         .mark_killed(&sandbox.id)
@@ -226,19 +396,29 @@ pub fn log(state: &AppState, sandbox_id: &str, level: LogLevel, message: &str) {
     }
 }
 
-/// Reconcile at start: sandboxes the runtime reattached and the store knows stay;
-/// rows whose sandbox is gone are marked killed (with an event); sandboxes nobody
-/// recorded are killed so nothing runs unaccounted for.
+/// Reconcile at start: sandboxes the runtime reattached (or found paused) and the store
+/// knows stay; rows whose sandbox is gone are marked killed (with an event); sandboxes
+/// nobody recorded are killed so nothing runs, or waits on disk, unaccounted for.
 pub async fn recover(state: &Arc<AppState>) -> Result<(), ServerError> {
     let runtime = state.runtime.clone();
     let report = tokio::task::spawn_blocking(move || runtime.recover())
         .await
         .map_err(|err| RuntimeError::Other(format!("recover task failed: {err}")))??;
     let alive: HashSet<String> = report.reattached.iter().map(|s| s.id.clone()).collect();
-    let rows = state.store.all_running_sandboxes()?;
-    let recorded: HashSet<String> = rows.iter().map(|s| s.id.clone()).collect();
-    for row in &rows {
-        if !alive.contains(&row.id) && state.store.mark_killed(&row.id)? {
+    let paused: HashSet<String> = report.paused.iter().cloned().collect();
+    let running_rows = state.store.all_running_sandboxes()?;
+    let paused_rows = state.store.all_paused_sandboxes()?;
+    for row in &running_rows {
+        if alive.contains(&row.id) {
+            continue;
+        }
+        if paused.contains(&row.id) {
+            // A crash between the runtime's pause and the store's record of it. Only the
+            // runtime knows whether memory was kept; resume reads it from there.
+            state.store.mark_paused(&row.id, true)?;
+            continue;
+        }
+        if state.store.mark_killed(&row.id)? {
             log(
                 state,
                 &row.id,
@@ -248,7 +428,28 @@ pub async fn recover(state: &Arc<AppState>) -> Result<(), ServerError> {
             events::record(state, row, events::KILLED, None);
         }
     }
-    for orphan in alive.difference(&recorded) {
+    for row in &paused_rows {
+        if alive.contains(&row.id) {
+            // A crash between the runtime's resume and the store's record of it.
+            let end_at = OffsetDateTime::now_utc() + time::Duration::seconds(row.timeout_secs);
+            state.store.mark_resumed(&row.id, end_at)?;
+        } else if !paused.contains(&row.id) && state.store.mark_killed(&row.id)? {
+            log(
+                state,
+                &row.id,
+                LogLevel::Warn,
+                "paused sandbox was gone after a berth restart",
+            );
+            events::record(state, row, events::KILLED, None);
+        }
+    }
+    let recorded: HashSet<String> = running_rows
+        .iter()
+        .chain(&paused_rows)
+        .map(|s| s.id.clone())
+        .collect();
+    let found: HashSet<String> = alive.union(&paused).cloned().collect();
+    for orphan in found.difference(&recorded) {
         tracing::warn!(sandbox = %orphan, "killing a sandbox no record knows of");
         if let Err(err) = kill_in_runtime(state, orphan).await {
             tracing::error!(sandbox = %orphan, %err, "killing an orphaned sandbox");
@@ -256,6 +457,7 @@ pub async fn recover(state: &Arc<AppState>) -> Result<(), ServerError> {
     }
     tracing::info!(
         reattached = alive.intersection(&recorded).count(),
+        paused = paused.intersection(&recorded).count(),
         cleaned = report.cleaned.len(),
         "recovered sandboxes"
     );

@@ -35,6 +35,8 @@ impl Modify for ApiKeyScheme {
         handlers::refresh,
         handlers::connect_v1,
         handlers::connect_v2,
+        handlers::pause_sandbox,
+        handlers::resume_sandbox,
         handlers::logs_v1,
         handlers::logs_v2,
         handlers::sandbox_metrics,
@@ -76,12 +78,14 @@ mod tests {
         let paths = doc["paths"].as_object().unwrap();
         assert!(paths.contains_key("/v2/sandboxes"));
         assert!(paths.contains_key("/events/webhooks/{webhookID}"));
-        assert!(!paths.contains_key("/sandboxes/{sandboxID}/pause"));
+        assert!(paths.contains_key("/sandboxes/{sandboxID}/pause"));
+        assert!(!paths.contains_key("/sandboxes/{sandboxID}/network"));
         let sandbox = &doc["components"]["schemas"]["Sandbox"]["properties"];
         assert!(sandbox.get("sandboxID").is_some());
         assert!(sandbox.get("envdAccessToken").is_some());
         // Fields berth refuses are not advertised.
         let new_sandbox = &doc["components"]["schemas"]["NewSandbox"]["properties"];
-        assert!(new_sandbox.get("autoPause").is_none());
+        assert!(new_sandbox.get("network").is_none());
+        assert!(new_sandbox.get("autoPause").is_some());
     }
 }

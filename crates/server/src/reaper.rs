@@ -1,7 +1,9 @@
-//! The reaper: kills every sandbox at its end time.
+//! The reaper: at each sandbox's end time, kills it, or pauses it when it asked for
+//! `autoPause`.
 
 use std::time::Duration;
 
+use berth_api::ApiError;
 use time::OffsetDateTime;
 
 use crate::{lifecycle, SharedState};
@@ -31,6 +33,18 @@ pub async fn run(state: SharedState) {
         match state.store.expired_sandboxes(now) {
             Ok(expired) => {
                 for sandbox in expired {
+                    if sandbox.lifecycle.auto_pause {
+                        let memory = sandbox.lifecycle.auto_pause_memory;
+                        match lifecycle::pause(&state, &sandbox.id, memory, "timeout").await {
+                            Ok(_) => continue,
+                            // Someone paused or killed it meanwhile: nothing left to do.
+                            Err(ApiError::Conflict(_) | ApiError::NotFound(_)) => continue,
+                            // Running past the end time forever is not an option either.
+                            Err(err) => tracing::error!(
+                                sandbox = %sandbox.id, %err, "auto-pause failed; killing instead"
+                            ),
+                        }
+                    }
                     if let Err(err) = lifecycle::kill(&state, &sandbox, "timeout").await {
                         tracing::error!(sandbox = %sandbox.id, %err, "reaping sandbox");
                     }

@@ -8,18 +8,20 @@ use berth_proxy::{
     connect_blocking, BoxFuture, PortConnector, ResolveError, Route, SandboxId, SandboxResolver,
 };
 use berth_runtime::{Runtime, RuntimeError};
-use berth_store::Store;
+use berth_store::SandboxStatus;
 use tokio::net::TcpStream;
 
-/// Resolves running sandboxes from the store and connects through the runtime.
+use crate::{lifecycle, SharedState};
+
+/// Resolves running sandboxes from the store and connects through the runtime; a
+/// paused sandbox with `autoResume` is resumed first.
 pub struct StoreResolver {
-    store: Arc<Store>,
-    runtime: Arc<dyn Runtime>,
+    state: SharedState,
 }
 
 impl StoreResolver {
-    pub fn new(store: Arc<Store>, runtime: Arc<dyn Runtime>) -> Self {
-        StoreResolver { store, runtime }
+    pub(crate) fn new(state: SharedState) -> Self {
+        StoreResolver { state }
     }
 }
 
@@ -50,14 +52,27 @@ impl SandboxResolver for StoreResolver {
         sandbox_id: &'a SandboxId,
     ) -> BoxFuture<'a, Result<Route, ResolveError>> {
         Box::pin(async move {
-            let sandbox = self
+            let mut sandbox = self
+                .state
                 .store
-                .running_sandbox_any_team(sandbox_id.as_str())
+                .live_sandbox_any_team(sandbox_id.as_str())
                 .map_err(|err| ResolveError::Lookup(err.to_string()))?
                 .ok_or(ResolveError::NotFound)?;
+            if let SandboxStatus::Paused { memory } = sandbox.status {
+                // Only a pause with memory may be undone by traffic: a cold boot would
+                // surprise whoever paused it on purpose.
+                if !(sandbox.lifecycle.auto_resume && memory) {
+                    return Err(ResolveError::NotFound);
+                }
+                sandbox = match lifecycle::resume(&self.state, &sandbox.id, None, true).await {
+                    Ok(lifecycle::Resumed::Resumed(record))
+                    | Ok(lifecycle::Resumed::WasRunning(record)) => record,
+                    Err(err) => return Err(ResolveError::Lookup(err.to_string())),
+                };
+            }
             Ok(Route {
                 connector: Arc::new(RuntimeConnector {
-                    runtime: self.runtime.clone(),
+                    runtime: self.state.runtime.clone(),
                     sandbox_id: sandbox.id,
                 }),
                 envd_access_token: sandbox.envd_access_token,

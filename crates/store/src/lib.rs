@@ -64,6 +64,10 @@ pub struct ApiKeyRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SandboxStatus {
     Running,
+    /// Stopped with its disk and, with `memory`, its processes' memory kept.
+    Paused {
+        memory: bool,
+    },
     Killed,
 }
 
@@ -71,15 +75,46 @@ impl SandboxStatus {
     fn as_str(self) -> &'static str {
         match self {
             SandboxStatus::Running => "running",
+            SandboxStatus::Paused { .. } => "paused",
             SandboxStatus::Killed => "killed",
         }
     }
 
-    fn parse(text: &str) -> Self {
-        if text == "running" {
-            SandboxStatus::Running
-        } else {
-            SandboxStatus::Killed
+    fn parse(text: &str, paused_memory: Option<bool>) -> Self {
+        match text {
+            "running" => SandboxStatus::Running,
+            "paused" => SandboxStatus::Paused {
+                memory: paused_memory.unwrap_or(true),
+            },
+            _ => SandboxStatus::Killed,
+        }
+    }
+
+    fn paused_memory(self) -> Option<bool> {
+        match self {
+            SandboxStatus::Paused { memory } => Some(memory),
+            _ => None,
+        }
+    }
+}
+
+/// What happens at a sandbox's end time and on traffic while it is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// Pause instead of kill at the end time.
+    pub auto_pause: bool,
+    /// An automatic pause keeps memory (else only the disk).
+    pub auto_pause_memory: bool,
+    /// Traffic through the proxy resumes the sandbox when it is paused (with memory).
+    pub auto_resume: bool,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Lifecycle {
+            auto_pause: false,
+            auto_pause_memory: true,
+            auto_resume: false,
         }
     }
 }
@@ -102,6 +137,36 @@ pub struct SandboxRecord {
     pub started_at: OffsetDateTime,
     pub end_at: OffsetDateTime,
     pub status: SandboxStatus,
+    /// Env vars given at create (envd gets them again when it boots afresh).
+    pub env_vars: berth_api::StringMap,
+    /// Time to live given at create, in seconds (used again on automatic resume).
+    pub timeout_secs: i64,
+    pub lifecycle: Lifecycle,
+}
+
+/// A snapshot: a sandbox's processes and files checkpointed under a name, usable as a
+/// template id.
+#[derive(Debug, Clone)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub team_id: String,
+    /// Unique per team; the name `templateID` refers to.
+    pub name: String,
+    pub source_sandbox_id: String,
+    /// Template the source was created from.
+    pub template_id: String,
+    pub build_id: String,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_size_mb: u64,
+    /// The source's env vars (its envd holds them; new sandboxes start with them).
+    pub env_vars: berth_api::StringMap,
+    /// The token the checkpointed envd accepts (needed to re-initialise it).
+    pub envd_access_token: Option<String>,
+    /// Checkpoint directory.
+    pub path: String,
+    pub size_bytes: u64,
+    pub created_at: OffsetDateTime,
 }
 
 /// Filters of a sandbox listing.
@@ -113,6 +178,23 @@ pub struct SandboxFilter {
     pub template: Option<String>,
     pub started_after: Option<OffsetDateTime>,
     pub ascending: bool,
+    pub states: StateFilter,
+}
+
+/// Which live states a listing includes (default: running only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateFilter {
+    pub running: bool,
+    pub paused: bool,
+}
+
+impl Default for StateFilter {
+    fn default() -> Self {
+        StateFilter {
+            running: true,
+            paused: false,
+        }
+    }
 }
 
 /// One page of a sandbox listing.
@@ -217,11 +299,13 @@ fn new_id() -> String {
 
 const SANDBOX_COLUMNS: &str = "id, team_id, template_id, alias, build_id, cpu_count, memory_mb, \
      disk_size_mb, metadata, envd_version, envd_access_token, allow_internet_access, \
-     started_at_ms, end_at_ms, status";
+     started_at_ms, end_at_ms, status, paused_memory, env_vars, timeout_secs, auto_pause, \
+     auto_pause_memory, auto_resume";
 
 fn sandbox_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SandboxRecord> {
     let metadata: String = row.get(8)?;
     let status: String = row.get(14)?;
+    let env_vars: String = row.get(16)?;
     Ok(SandboxRecord {
         id: row.get(0)?,
         team_id: row.get(1)?,
@@ -237,7 +321,14 @@ fn sandbox_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SandboxRecord> 
         allow_internet_access: row.get(11)?,
         started_at: from_ms(row.get(12)?),
         end_at: from_ms(row.get(13)?),
-        status: SandboxStatus::parse(&status),
+        status: SandboxStatus::parse(&status, row.get(15)?),
+        env_vars: serde_json::from_str(&env_vars).unwrap_or_default(),
+        timeout_secs: row.get(17)?,
+        lifecycle: Lifecycle {
+            auto_pause: row.get(18)?,
+            auto_pause_memory: row.get(19)?,
+            auto_resume: row.get(20)?,
+        },
     })
 }
 
@@ -508,7 +599,8 @@ impl Store {
         self.conn().execute(
             &format!(
                 "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES \
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+                 ?18, ?19, ?20, ?21)"
             ),
             params![
                 sandbox.id,
@@ -526,6 +618,12 @@ impl Store {
                 to_ms(sandbox.started_at),
                 to_ms(sandbox.end_at),
                 sandbox.status.as_str(),
+                sandbox.status.paused_memory(),
+                serde_json::to_string(&sandbox.env_vars)?,
+                sandbox.timeout_secs,
+                sandbox.lifecycle.auto_pause,
+                sandbox.lifecycle.auto_pause_memory,
+                sandbox.lifecycle.auto_resume,
             ],
         )?;
         Ok(())
@@ -546,6 +644,189 @@ impl Store {
             .optional()?)
     }
 
+    /// A running or paused sandbox of `team_id`.
+    pub fn live_sandbox(&self, team_id: &str, id: &str) -> Result<Option<SandboxRecord>> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!(
+                    "SELECT {SANDBOX_COLUMNS} FROM sandboxes \
+                     WHERE id = ?1 AND team_id = ?2 AND status IN ('running', 'paused')"
+                ),
+                params![id, team_id],
+                sandbox_from_row,
+            )
+            .optional()?)
+    }
+
+    /// A running or paused sandbox by id, whatever its team (for the proxy).
+    pub fn live_sandbox_any_team(&self, id: &str) -> Result<Option<SandboxRecord>> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!(
+                    "SELECT {SANDBOX_COLUMNS} FROM sandboxes \
+                     WHERE id = ?1 AND status IN ('running', 'paused')"
+                ),
+                [id],
+                sandbox_from_row,
+            )
+            .optional()?)
+    }
+
+    /// Every paused sandbox of every team.
+    pub fn all_paused_sandboxes(&self) -> Result<Vec<SandboxRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE status = 'paused' ORDER BY started_at_ms"
+        ))?;
+        let rows = stmt.query_map([], sandbox_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Turn pausing at the end time on or off for a live sandbox.
+    pub fn set_auto_pause(&self, id: &str, auto_pause: bool) -> Result<()> {
+        self.conn().execute(
+            "UPDATE sandboxes SET auto_pause = ?1 WHERE id = ?2 AND status IN ('running', 'paused')",
+            params![auto_pause, id],
+        )?;
+        Ok(())
+    }
+
+    /// Mark a running sandbox paused. False when it was not running.
+    pub fn mark_paused(&self, id: &str, memory: bool) -> Result<bool> {
+        let changed = self.conn().execute(
+            "UPDATE sandboxes SET status = 'paused', paused_memory = ?1 \
+             WHERE id = ?2 AND status = 'running'",
+            params![memory, id],
+        )?;
+        Ok(changed == 1)
+    }
+
+    /// Mark a paused sandbox running again until `end_at`. False when it was not paused.
+    pub fn mark_resumed(&self, id: &str, end_at: OffsetDateTime) -> Result<bool> {
+        let changed = self.conn().execute(
+            "UPDATE sandboxes SET status = 'running', paused_memory = NULL, end_at_ms = ?1 \
+             WHERE id = ?2 AND status = 'paused'",
+            params![to_ms(end_at), id],
+        )?;
+        Ok(changed == 1)
+    }
+
+    // ---- snapshots ----
+
+    /// Record `snapshot`; a snapshot of the same team and name is replaced, and its
+    /// checkpoint path returned so the caller can delete it.
+    pub fn put_snapshot(&self, snapshot: &SnapshotRecord) -> Result<Option<String>> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let old: Option<String> = tx
+            .query_row(
+                "SELECT path FROM snapshots WHERE team_id = ?1 AND name = ?2",
+                params![snapshot.team_id, snapshot.name],
+                |r| r.get(0),
+            )
+            .optional()?;
+        tx.execute(
+            "DELETE FROM snapshots WHERE team_id = ?1 AND name = ?2",
+            params![snapshot.team_id, snapshot.name],
+        )?;
+        tx.execute(
+            &format!(
+                "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES \
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+            ),
+            params![
+                snapshot.id,
+                snapshot.team_id,
+                snapshot.name,
+                snapshot.source_sandbox_id,
+                snapshot.template_id,
+                snapshot.build_id,
+                snapshot.cpu_count,
+                snapshot.memory_mb,
+                snapshot.disk_size_mb,
+                serde_json::to_string(&snapshot.env_vars)?,
+                snapshot.envd_access_token,
+                snapshot.path,
+                snapshot.size_bytes as i64,
+                to_ms(snapshot.created_at),
+            ],
+        )?;
+        tx.commit()?;
+        Ok(old)
+    }
+
+    /// A snapshot of `team_id` by name or id.
+    pub fn snapshot(&self, team_id: &str, name_or_id: &str) -> Result<Option<SnapshotRecord>> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!(
+                    "SELECT {SNAPSHOT_COLUMNS} FROM snapshots \
+                     WHERE team_id = ?1 AND (name = ?2 OR id = ?2)"
+                ),
+                params![team_id, name_or_id],
+                snapshot_from_row,
+            )
+            .optional()?)
+    }
+
+    /// Snapshots of `team_id`, newest first, optionally of one source sandbox or with
+    /// one name or id, paged by `limit` after `next_token` (an id).
+    pub fn list_snapshots(
+        &self,
+        team_id: &str,
+        source_sandbox_id: Option<&str>,
+        name_or_id: Option<&str>,
+        limit: usize,
+        next_token: Option<&str>,
+    ) -> Result<(Vec<SnapshotRecord>, Option<String>)> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE team_id = ?1 \
+             AND (?2 IS NULL OR source_sandbox_id = ?2) AND (?3 IS NULL OR name = ?3 OR id = ?3) \
+             ORDER BY created_at_ms DESC, id DESC"
+        ))?;
+        let all: Vec<SnapshotRecord> = stmt
+            .query_map(
+                params![team_id, source_sandbox_id, name_or_id],
+                snapshot_from_row,
+            )?
+            .collect::<rusqlite::Result<_>>()?;
+        let start = match next_token {
+            Some(token) => all
+                .iter()
+                .position(|s| s.id == token)
+                .map_or(all.len(), |i| i + 1),
+            None => 0,
+        };
+        let page: Vec<SnapshotRecord> = all.iter().skip(start).take(limit).cloned().collect();
+        let next = (start + page.len() < all.len())
+            .then(|| page.last().map(|s| s.id.clone()))
+            .flatten();
+        Ok((page, next))
+    }
+
+    /// Delete a snapshot of `team_id` by name or id; returns it (its checkpoint is the
+    /// caller's to delete).
+    pub fn delete_snapshot(&self, team_id: &str, name_or_id: &str) -> Result<SnapshotRecord> {
+        let snapshot = self
+            .snapshot(team_id, name_or_id)?
+            .ok_or_else(|| StoreError::NotFound(format!("snapshot {name_or_id}")))?;
+        self.conn()
+            .execute("DELETE FROM snapshots WHERE id = ?1", params![snapshot.id])?;
+        Ok(snapshot)
+    }
+
+    /// Every snapshot's checkpoint path (recovery keeps these, deletes the rest).
+    pub fn snapshot_paths(&self) -> Result<Vec<String>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT path FROM snapshots")?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// A sandbox of `team_id` in any state (killed ones keep their logs and metrics).
     pub fn sandbox(&self, team_id: &str, id: &str) -> Result<Option<SandboxRecord>> {
         Ok(self
@@ -553,20 +834,6 @@ impl Store {
             .query_row(
                 &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1 AND team_id = ?2"),
                 params![id, team_id],
-                sandbox_from_row,
-            )
-            .optional()?)
-    }
-
-    /// A running sandbox by id, whatever its team (for the proxy and the reaper).
-    pub fn running_sandbox_any_team(&self, id: &str) -> Result<Option<SandboxRecord>> {
-        Ok(self
-            .conn()
-            .query_row(
-                &format!(
-                    "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1 AND status = 'running'"
-                ),
-                [id],
                 sandbox_from_row,
             )
             .optional()?)
@@ -602,8 +869,8 @@ impl Store {
         Ok(ms.map(from_ms))
     }
 
-    /// Running sandboxes of a team matching `filter`, paged by `limit` after `next_token`.
-    pub fn list_running_sandboxes(
+    /// Live sandboxes of a team matching `filter`, paged by `limit` after `next_token`.
+    pub fn list_sandboxes(
         &self,
         team_id: &str,
         filter: &SandboxFilter,
@@ -613,7 +880,8 @@ impl Store {
         let conn = self.conn();
         let order = if filter.ascending { "ASC" } else { "DESC" };
         let mut stmt = conn.prepare(&format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE team_id = ?1 AND status = 'running' \
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes \
+             WHERE team_id = ?1 AND status IN ('running', 'paused') \
              ORDER BY started_at_ms {order}, id {order}"
         ))?;
         let rows = stmt.query_map([team_id], sandbox_from_row)?;
@@ -624,7 +892,10 @@ impl Store {
                 matching.push(sandbox);
             }
         }
-        let total = matching.len() as u64;
+        let total = matching
+            .iter()
+            .filter(|s| s.status == SandboxStatus::Running)
+            .count() as u64;
         // The cursor is the id of the last row of the previous page; ordering is total
         // (start time, then id), so the position after it is well defined.
         let start = match next_token {
@@ -659,12 +930,12 @@ impl Store {
         Ok(())
     }
 
-    /// Mark a running sandbox killed. Returns false when it was not running (someone else
-    /// killed it first), so exactly one caller records the `killed` event.
+    /// Mark a running or paused sandbox killed. Returns false when it was neither
+    /// (someone else killed it first), so exactly one caller records the `killed` event.
     pub fn mark_killed(&self, id: &str) -> Result<bool> {
         let changed = self.conn().execute(
-            "UPDATE sandboxes SET status = 'killed', end_at_ms = MIN(end_at_ms, ?1) \
-             WHERE id = ?2 AND status = 'running'",
+            "UPDATE sandboxes SET status = 'killed', paused_memory = NULL, \
+             end_at_ms = MIN(end_at_ms, ?1) WHERE id = ?2 AND status IN ('running', 'paused')",
             params![to_ms(now()), id],
         )?;
         Ok(changed == 1)
@@ -1076,7 +1347,39 @@ fn metric_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<MetricSample> {
     })
 }
 
+const SNAPSHOT_COLUMNS: &str = "id, team_id, name, source_sandbox_id, template_id, build_id, \
+     cpu_count, memory_mb, disk_size_mb, env_vars, envd_access_token, path, size_bytes, \
+     created_at_ms";
+
+fn snapshot_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotRecord> {
+    let env_vars: String = row.get(9)?;
+    Ok(SnapshotRecord {
+        id: row.get(0)?,
+        team_id: row.get(1)?,
+        name: row.get(2)?,
+        source_sandbox_id: row.get(3)?,
+        template_id: row.get(4)?,
+        build_id: row.get(5)?,
+        cpu_count: row.get(6)?,
+        memory_mb: row.get(7)?,
+        disk_size_mb: row.get(8)?,
+        env_vars: serde_json::from_str(&env_vars).unwrap_or_default(),
+        envd_access_token: row.get(10)?,
+        path: row.get(11)?,
+        size_bytes: row.get::<_, i64>(12)? as u64,
+        created_at: from_ms(row.get(13)?),
+    })
+}
+
 fn sandbox_matches(sandbox: &SandboxRecord, filter: &SandboxFilter) -> bool {
+    let wanted = match sandbox.status {
+        SandboxStatus::Running => filter.states.running,
+        SandboxStatus::Paused { .. } => filter.states.paused,
+        SandboxStatus::Killed => false,
+    };
+    if !wanted {
+        return false;
+    }
     if let Some(template) = &filter.template {
         if sandbox.template_id != *template && sandbox.alias.as_deref() != Some(template.as_str()) {
             return false;

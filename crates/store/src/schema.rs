@@ -3,7 +3,8 @@
 use rusqlite::Connection;
 
 /// Each entry moves the schema from version `index` to `index + 1`. Append only.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE teams (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL UNIQUE,
@@ -96,7 +97,33 @@ CREATE TABLE sandbox_metrics (
     disk_total INTEGER NOT NULL,
     PRIMARY KEY (sandbox_id, timestamp_unix)
 );
-"#];
+"#,
+    r#"
+ALTER TABLE sandboxes ADD COLUMN env_vars TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE sandboxes ADD COLUMN timeout_secs INTEGER NOT NULL DEFAULT 300;
+ALTER TABLE sandboxes ADD COLUMN auto_pause INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN auto_pause_memory INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN paused_memory INTEGER;
+CREATE TABLE snapshots (
+    id TEXT PRIMARY KEY,
+    team_id TEXT NOT NULL REFERENCES teams(id),
+    name TEXT NOT NULL,
+    source_sandbox_id TEXT NOT NULL,
+    template_id TEXT NOT NULL,
+    build_id TEXT NOT NULL,
+    cpu_count INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_size_mb INTEGER NOT NULL,
+    env_vars TEXT NOT NULL,
+    envd_access_token TEXT,
+    path TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    UNIQUE (team_id, name)
+);
+"#,
+];
 
 /// Bring the database to the newest schema, one transaction per migration.
 pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {

@@ -23,6 +23,9 @@ fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
         started_at: from_ms(started_ms),
         end_at: from_ms(started_ms + 60_000),
         status: SandboxStatus::Running,
+        env_vars: Default::default(),
+        timeout_secs: 300,
+        lifecycle: Default::default(),
     }
 }
 
@@ -92,20 +95,18 @@ fn sandboxes_are_scoped_filtered_and_paged() {
     assert!(store.running_sandbox(&a.id, "ia0").unwrap().is_some());
 
     let filter = SandboxFilter::default();
-    let first = store
-        .list_running_sandboxes(&a.id, &filter, 2, None)
-        .unwrap();
+    let first = store.list_sandboxes(&a.id, &filter, 2, None).unwrap();
     assert_eq!(first.total, 5);
     let ids: Vec<_> = first.sandboxes.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, ["ia4", "ia3"]);
     let token = first.next_token.unwrap();
     let second = store
-        .list_running_sandboxes(&a.id, &filter, 2, Some(&token))
+        .list_sandboxes(&a.id, &filter, 2, Some(&token))
         .unwrap();
     let ids: Vec<_> = second.sandboxes.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, ["ia2", "ia1"]);
     let third = store
-        .list_running_sandboxes(&a.id, &filter, 2, second.next_token.as_deref())
+        .list_sandboxes(&a.id, &filter, 2, second.next_token.as_deref())
         .unwrap();
     assert_eq!(third.sandboxes.len(), 1);
     assert!(third.next_token.is_none());
@@ -116,7 +117,7 @@ fn sandboxes_are_scoped_filtered_and_paged() {
     };
     assert_eq!(
         store
-            .list_running_sandboxes(&a.id, &by_meta, 10, None)
+            .list_sandboxes(&a.id, &by_meta, 10, None)
             .unwrap()
             .total,
         0
@@ -126,7 +127,7 @@ fn sandboxes_are_scoped_filtered_and_paged() {
     assert!(!store.mark_killed("ia0").unwrap());
     assert_eq!(
         store
-            .list_running_sandboxes(&a.id, &filter, 10, None)
+            .list_sandboxes(&a.id, &filter, 10, None)
             .unwrap()
             .total,
         4

@@ -140,7 +140,12 @@ class Berth:
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
+            env={
+                **os.environ,
+                "RUST_LOG": os.environ.get("RUST_LOG", "info"),
+                # The CRIU `berth provision` set up for the machine, not one per test run.
+                "BERTH_CRIU_STATE_DIR": os.environ.get("BERTH_CRIU_STATE_DIR", "/var/lib/berth"),
+            },
         )
         process = self.process
 

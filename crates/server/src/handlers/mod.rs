@@ -109,6 +109,14 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/sandboxes/{sandboxID}/refreshes", post(sandboxes::refresh))
         .route(
+            "/sandboxes/{sandboxID}/pause",
+            post(sandboxes::pause_sandbox),
+        )
+        .route(
+            "/sandboxes/{sandboxID}/resume",
+            post(sandboxes::resume_sandbox),
+        )
+        .route(
             "/sandboxes/{sandboxID}/connect",
             post(sandboxes::connect_v1),
         )

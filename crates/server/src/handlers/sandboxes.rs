@@ -8,12 +8,14 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use berth_api::{
-    ApiError, ConnectSandbox, ConnectSandboxV2, ListedSandbox, LogLevel, NewSandbox, Sandbox,
-    SandboxDetail, SandboxLog, SandboxLogEntry, SandboxLogs, SandboxLogsV2Response, SandboxMetric,
-    SandboxRefreshRequest, SandboxState, SandboxTimeoutRequest, SandboxesWithMetrics, StringMap,
-    CLIENT_ID,
+    ApiError, ConnectSandbox, ConnectSandboxV2, ListedSandbox, LogLevel, NewSandbox,
+    ResumedSandbox, Sandbox, SandboxDetail, SandboxLog, SandboxLogEntry, SandboxLogs,
+    SandboxLogsV2Response, SandboxMetric, SandboxPauseRequest, SandboxRefreshRequest, SandboxState,
+    SandboxTimeoutRequest, SandboxesWithMetrics, StringMap, CLIENT_ID,
 };
-use berth_store::{MetricSample, SandboxFilter, SandboxRecord};
+use berth_store::{
+    Lifecycle, MetricSample, SandboxFilter, SandboxRecord, SandboxStatus, StateFilter,
+};
 use serde::Deserialize;
 use time::OffsetDateTime;
 use utoipa::IntoParams;
@@ -57,17 +59,40 @@ fn listed(record: &SandboxRecord) -> ListedSandbox {
         memory_mb: record.memory_mb,
         disk_size_mb: record.disk_size_mb,
         metadata: record.metadata.clone(),
-        state: SandboxState::Running,
+        state: api_state(record),
         envd_version: record.envd_version.clone(),
     }
 }
 
-fn running(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRecord, ApiError> {
+fn api_state(record: &SandboxRecord) -> SandboxState {
+    match record.status {
+        SandboxStatus::Paused { .. } => SandboxState::Paused,
+        SandboxStatus::Running | SandboxStatus::Killed => SandboxState::Running,
+    }
+}
+
+/// A running or paused sandbox of the caller's team.
+fn live(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRecord, ApiError> {
     state
         .store
-        .running_sandbox(&caller.team.id, id)
+        .live_sandbox(&caller.team.id, id)
         .map_err(store_error)?
         .ok_or_else(|| ApiError::sandbox_not_found(id))
+}
+
+/// A running sandbox of the caller's team; 409 when it is paused.
+fn running_not_paused(
+    state: &SharedState,
+    caller: &Caller,
+    id: &str,
+) -> Result<SandboxRecord, ApiError> {
+    let record = live(state, caller, id)?;
+    if let SandboxStatus::Paused { .. } = record.status {
+        return Err(ApiError::Conflict(format!(
+            "sandbox {id} is paused; resume it first"
+        )));
+    }
+    Ok(record)
 }
 
 fn any_state(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRecord, ApiError> {
@@ -78,20 +103,47 @@ fn any_state(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRe
         .ok_or_else(|| ApiError::sandbox_not_found(id))
 }
 
-/// Refuse request fields for features berth does not have yet, naming them.
-fn refuse_unsupported(body: &NewSandbox) -> Result<(), ApiError> {
-    if body.auto_pause == Some(true) {
-        return Err(ApiError::NotImplemented(
-            "autoPause (pausing sandboxes on timeout)".into(),
+/// The lifecycle a create asks for: `autoPause`, `autoPauseMemory`, `autoResume`.
+fn requested_lifecycle(body: &NewSandbox) -> Result<Lifecycle, ApiError> {
+    let auto_resume = match &body.auto_resume {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Object(config)) => match config.get("enabled") {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Bool(enabled)) => *enabled,
+            Some(other) => {
+                return Err(ApiError::BadRequest(format!(
+                    "autoResume.enabled must be a boolean, got {other}"
+                )))
+            }
+        },
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "autoResume must be an object like {{\"enabled\": true}}, got {other}"
+            )))
+        }
+    };
+    let lifecycle = Lifecycle {
+        auto_pause: body.auto_pause.unwrap_or(false),
+        auto_pause_memory: body.auto_pause_memory.unwrap_or(true),
+        auto_resume,
+    };
+    if lifecycle.auto_resume && !lifecycle.auto_pause {
+        return Err(ApiError::BadRequest(
+            "autoResume needs autoPause: only a paused sandbox can be resumed by traffic".into(),
         ));
     }
-    if body
-        .auto_resume
-        .as_ref()
-        .is_some_and(|v| !v.is_null() && v.get("enabled") != Some(&serde_json::Value::Bool(false)))
-    {
-        return Err(ApiError::NotImplemented("autoResume".into()));
+    if lifecycle.auto_resume && !lifecycle.auto_pause_memory {
+        return Err(ApiError::BadRequest(
+            "autoResume cannot be combined with autoPauseMemory=false: a sandbox paused \
+             without memory must be resumed explicitly (connect or resume)"
+                .into(),
+        ));
     }
+    Ok(lifecycle)
+}
+
+/// Refuse request fields for features berth does not have yet, naming them.
+fn refuse_unsupported(body: &NewSandbox) -> Result<(), ApiError> {
     if body.allow_internet_access == Some(false) {
         return Err(ApiError::NotImplemented(
             "allow_internet_access=false (egress network policy)".into(),
@@ -135,6 +187,7 @@ async fn create(
         return Err(ApiError::BadRequest("templateID is required".into()));
     }
     refuse_unsupported(&body)?;
+    let lifecycle = requested_lifecycle(&body)?;
     let timeout_secs = lifecycle::validate_timeout(body.timeout.unwrap_or(default_timeout))?;
     let idempotency_key = headers
         .get(IDEMPOTENCY_KEY_HEADER)
@@ -164,7 +217,7 @@ async fn create(
         {
             if let Some(record) = state
                 .store
-                .running_sandbox(&caller.team.id, &existing)
+                .live_sandbox(&caller.team.id, &existing)
                 .map_err(store_error)?
             {
                 return Ok(
@@ -181,6 +234,7 @@ async fn create(
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
         allow_internet_access: body.allow_internet_access,
+        lifecycle,
     };
     let created = lifecycle::create(&state, request).await;
     if let Some(key) = &idempotency_key {
@@ -314,7 +368,7 @@ pub async fn list_sandboxes_v1(
     };
     let page = state
         .store
-        .list_running_sandboxes(&caller.team.id, &filter, usize::MAX, None)
+        .list_sandboxes(&caller.team.id, &filter, usize::MAX, None)
         .map_err(store_error)?;
     Ok(Json(page.sandboxes.iter().map(listed).collect()))
 }
@@ -356,13 +410,19 @@ pub async fn list_sandboxes_v2(
     caller: Caller,
     ApiQuery(query): ApiQuery<ListV2Query>,
 ) -> Result<Response, ApiError> {
-    let mut want_running = true;
-    if let Some(states) = &query.state {
-        want_running = false;
-        for item in states.split(',').filter(|s| !s.is_empty()) {
+    let mut states = StateFilter {
+        running: true,
+        paused: true,
+    };
+    if let Some(wanted) = &query.state {
+        states = StateFilter {
+            running: false,
+            paused: false,
+        };
+        for item in wanted.split(',').filter(|s| !s.is_empty()) {
             match item {
-                "running" => want_running = true,
-                "paused" => {}
+                "running" => states.running = true,
+                "paused" => states.paused = true,
                 other => {
                     return Err(ApiError::BadRequest(format!(
                         "unknown sandbox state \"{other}\" (running, paused)"
@@ -412,29 +472,25 @@ pub async fn list_sandboxes_v2(
         template: query.template.clone(),
         started_after,
         ascending,
+        states,
     };
     let mut headers = HeaderMap::new();
-    // No sandbox is ever paused until pause exists, so a paused-only listing is empty.
-    let body = if want_running {
-        let page = state
-            .store
-            .list_running_sandboxes(
-                &caller.team.id,
-                &filter,
-                limit as usize,
-                query.next_token.as_deref(),
-            )
-            .map_err(store_error)?;
-        headers.insert("x-total-running", HeaderValue::from(page.total));
-        if let Some(token) = page.next_token {
-            if let Ok(value) = HeaderValue::from_str(&token) {
-                headers.insert("x-next-token", value);
-            }
+    let page = state
+        .store
+        .list_sandboxes(
+            &caller.team.id,
+            &filter,
+            limit as usize,
+            query.next_token.as_deref(),
+        )
+        .map_err(store_error)?;
+    headers.insert("x-total-running", HeaderValue::from(page.total));
+    if let Some(token) = page.next_token {
+        if let Ok(value) = HeaderValue::from_str(&token) {
+            headers.insert("x-next-token", value);
         }
-        page.sandboxes.iter().map(listed).collect()
-    } else {
-        Vec::new()
-    };
+    }
+    let body: Vec<ListedSandbox> = page.sandboxes.iter().map(listed).collect();
     Ok((headers, Json(body)).into_response())
 }
 
@@ -451,7 +507,7 @@ pub async fn get_sandbox(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<SandboxDetail>, ApiError> {
-    let record = running(&state, &caller, &id)?;
+    let record = live(&state, &caller, &id)?;
     Ok(Json(SandboxDetail {
         template_id: record.template_id.clone(),
         alias: record.alias.clone(),
@@ -467,7 +523,7 @@ pub async fn get_sandbox(
         memory_mb: record.memory_mb,
         disk_size_mb: record.disk_size_mb,
         metadata: record.metadata.clone(),
-        state: SandboxState::Running,
+        state: api_state(&record),
     }))
 }
 
@@ -484,7 +540,7 @@ pub async fn kill_sandbox(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let record = running(&state, &caller, &id)?;
+    let record = live(&state, &caller, &id)?;
     if lifecycle::kill(&state, &record, "killed by request").await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -533,7 +589,7 @@ pub async fn set_timeout(
     ApiJson(body): ApiJson<SandboxTimeoutRequest>,
 ) -> Result<StatusCode, ApiError> {
     let seconds = lifecycle::validate_timeout(body.timeout)?;
-    let record = running(&state, &caller, &id)?;
+    let record = running_not_paused(&state, &caller, &id)?;
     set_end(
         &state,
         &record,
@@ -564,7 +620,7 @@ pub async fn refresh(
             "duration must be between 0 and 3600 seconds, got {seconds}"
         )));
     }
-    let record = running(&state, &caller, &id)?;
+    let record = running_not_paused(&state, &caller, &id)?;
     let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(seconds);
     if wanted > record.end_at {
         set_end(&state, &record, wanted)?;
@@ -577,9 +633,18 @@ async fn connect(
     caller: Caller,
     id: String,
     timeout: i64,
+    keep_memory: bool,
 ) -> Result<Response, ApiError> {
     let seconds = lifecycle::validate_timeout(timeout)?;
-    let mut record = running(&state, &caller, &id)?;
+    live(&state, &caller, &id)?;
+    let mut record = match lifecycle::resume(&state, &id, Some(seconds), keep_memory).await? {
+        lifecycle::Resumed::Resumed(record) => {
+            return Ok(
+                (StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response(),
+            )
+        }
+        lifecycle::Resumed::WasRunning(record) => record,
+    };
     // Connect only ever extends the end time.
     let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(seconds);
     if wanted > record.end_at {
@@ -595,6 +660,7 @@ async fn connect(
     request_body = ConnectSandbox,
     responses(
         (status = 200, body = Sandbox, description = "The sandbox was already running"),
+        (status = 201, body = Sandbox, description = "The sandbox was paused and is resumed"),
         (status = 400, body = berth_api::Error, description = "Bad request"),
         (status = 401, body = berth_api::Error, description = "Bad API key"),
         (status = 404, body = berth_api::Error, description = "No such sandbox"),
@@ -605,7 +671,7 @@ pub async fn connect_v1(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ConnectSandbox>,
 ) -> Result<Response, ApiError> {
-    connect(state, caller, id, body.timeout).await
+    connect(state, caller, id, body.timeout, true).await
 }
 
 /// Connect to a running sandbox (SDK 2.63), extending (never shortening) its end time.
@@ -614,6 +680,7 @@ pub async fn connect_v1(
     request_body = ConnectSandboxV2,
     responses(
         (status = 200, body = Sandbox, description = "The sandbox was already running"),
+        (status = 201, body = Sandbox, description = "The sandbox was paused and is resumed"),
         (status = 400, body = berth_api::Error, description = "Bad request"),
         (status = 401, body = berth_api::Error, description = "Bad API key"),
         (status = 404, body = berth_api::Error, description = "No such sandbox"),
@@ -629,8 +696,63 @@ pub async fn connect_v2(
         caller,
         id,
         body.timeout.unwrap_or(DEFAULT_TIMEOUT_V2),
+        body.memory != Some(false),
     )
     .await
+}
+
+/// Pause a running sandbox, with its memory (default) or only its files.
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/pause", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    request_body(content = Option<SandboxPauseRequest>),
+    responses(
+        (status = 204, description = "The sandbox is paused and can be resumed"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+        (status = 409, body = berth_api::Error, description = "The sandbox is already paused"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn pause_sandbox(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<SandboxPauseRequest>,
+) -> Result<StatusCode, ApiError> {
+    live(&state, &caller, &id)?;
+    let memory = body.memory.unwrap_or(true);
+    lifecycle::pause(&state, &id, memory, "paused by request").await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Resume a paused sandbox under the same id.
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/resume", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    request_body = ResumedSandbox,
+    responses(
+        (status = 201, body = Sandbox, description = "The sandbox was resumed"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+        (status = 409, body = berth_api::Error, description = "The sandbox is already running"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn resume_sandbox(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ResumedSandbox>,
+) -> Result<Response, ApiError> {
+    let seconds = lifecycle::validate_timeout(body.timeout.unwrap_or(DEFAULT_TIMEOUT_V1))?;
+    live(&state, &caller, &id)?;
+    if body.auto_pause == Some(true) {
+        state.store.set_auto_pause(&id, true).map_err(store_error)?;
+    }
+    match lifecycle::resume(&state, &id, Some(seconds), true).await? {
+        lifecycle::Resumed::Resumed(record) => {
+            Ok((StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response())
+        }
+        lifecycle::Resumed::WasRunning(_) => Err(ApiError::Conflict(format!(
+            "sandbox {id} is already running"
+        ))),
+    }
 }
 
 /// Query of `GET /sandboxes/{id}/logs`.
@@ -912,12 +1034,12 @@ mod tests {
     fn unsupported_features_are_named() {
         let body = NewSandbox {
             template_id: "base".into(),
-            auto_pause: Some(true),
+            network: Some(serde_json::json!({"denyOut": ["0.0.0.0/0"]})),
             ..Default::default()
         };
         let err = refuse_unsupported(&body).unwrap_err();
         assert_eq!(err.status(), 501);
-        assert!(err.to_string().contains("autoPause"));
+        assert!(err.to_string().contains("network"));
         let defaults = NewSandbox {
             template_id: "base".into(),
             auto_pause: Some(false),
@@ -926,5 +1048,32 @@ mod tests {
             ..Default::default()
         };
         assert!(refuse_unsupported(&defaults).is_ok());
+    }
+
+    #[test]
+    fn lifecycle_combinations_are_checked() {
+        let body =
+            |pause: Option<bool>, memory: Option<bool>, resume: serde_json::Value| NewSandbox {
+                template_id: "base".into(),
+                auto_pause: pause,
+                auto_pause_memory: memory,
+                auto_resume: Some(resume),
+                ..Default::default()
+            };
+        let on = serde_json::json!({"enabled": true});
+        let lifecycle = requested_lifecycle(&body(Some(true), None, on.clone())).unwrap();
+        assert!(lifecycle.auto_pause && lifecycle.auto_pause_memory && lifecycle.auto_resume);
+        for bad in [
+            body(None, None, on.clone()),
+            body(Some(true), Some(false), on.clone()),
+            body(Some(true), None, serde_json::json!(true)),
+            body(Some(true), None, serde_json::json!({"enabled": "yes"})),
+        ] {
+            let err = requested_lifecycle(&bad).unwrap_err();
+            assert_eq!(err.status(), 400, "{err}");
+            assert!(err.to_string().contains("autoResume"), "{err}");
+        }
+        let off = requested_lifecycle(&body(None, None, serde_json::Value::Null)).unwrap();
+        assert_eq!(off, Lifecycle::default());
     }
 }

@@ -9,7 +9,6 @@ use berth_api::ApiError;
 use crate::auth::Caller;
 use crate::SharedState;
 
-const PAUSE: &str = "pausing and resuming sandboxes";
 const FORK: &str = "forking sandboxes";
 const SNAPSHOTS: &str = "sandbox snapshots";
 const NETWORK: &str = "sandbox network policy";
@@ -34,8 +33,6 @@ fn writes(feature: &'static str) -> MethodRouter<SharedState> {
 
 pub fn add_routes(router: Router<SharedState>) -> Router<SharedState> {
     router
-        .route("/sandboxes/{sandboxID}/pause", missing(PAUSE))
-        .route("/sandboxes/{sandboxID}/resume", missing(PAUSE))
         .route("/sandboxes/{sandboxID}/fork", missing(FORK))
         .route("/sandboxes/{sandboxID}/snapshots", missing(SNAPSHOTS))
         .route("/snapshots", missing(SNAPSHOTS))

@@ -1,0 +1,233 @@
+"""Pause and resume through `berth up` with the official SDK: memory kept (processes
+continue), memory dropped (files kept, fresh boot), auto-pause at the end time and
+auto-resume on traffic, streams cut by a pause, and kill of a paused sandbox."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from conftest import Berth, poll
+
+# A Python process holding a secret only in memory and serving it over HTTP.
+HOLDER = """
+import http.server, secrets, sys
+secret = secrets.token_hex(16)
+hits = 0
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global hits
+        hits += 1
+        body = ('%s %d' % (secret, hits)).encode()
+        self.send_response(200)
+        self.send_header('content-length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(('0.0.0.0', int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def sandbox_state(api: httpx.Client, sandbox_id: str) -> str:
+    response = api.get(f"/sandboxes/{sandbox_id}")
+    assert response.status_code == 200, response.text
+    return response.json()["state"]
+
+
+def start_holder(sandbox: Sandbox, port: int) -> None:
+    sandbox.files.write("/home/user/holder.py", HOLDER)
+    sandbox.commands.run(f"python3 /home/user/holder.py {port}", background=True)
+
+    def serving() -> bool:
+        return sandbox.commands.run(f"curl -sf localhost:{port}/ || true").stdout != ""
+
+    poll(serving, timeout=60, interval=0.2, what=f"the holder on port {port}")
+
+
+def ask_holder(sandbox: Sandbox, port: int) -> tuple[str, int]:
+    secret, hits = sandbox.commands.run(f"curl -sf localhost:{port}/").stdout.split()
+    return secret, int(hits)
+
+
+def checkpoint_dirs(berth: Berth, sandbox_id: str) -> list[Path]:
+    return list((berth.state_dir / "sandboxes" / sandbox_id).glob("checkpoint*"))
+
+
+@pytest.fixture
+def pausable(berth: Berth) -> Iterator[Sandbox]:
+    created = Sandbox.create(timeout=600, metadata={"suite": "pause"}, envs={"MARK": "kept"})
+    try:
+        yield created
+    finally:
+        try:
+            Sandbox.kill(created.sandbox_id)
+        except Exception:
+            pass
+
+
+def test_pause_then_connect_continues_processes(berth: Berth, api: httpx.Client, pausable: Sandbox) -> None:
+    start_holder(pausable, 8000)
+    pausable.commands.run("python3 -m http.server 8001 --directory /home/user", background=True)
+    pausable.files.write("/home/user/note.txt", "before pause")
+    pausable.commands.run("mkdir -p /tmp/work")
+    secret, hits = ask_holder(pausable, 8000)
+
+    assert pausable.pause() is True
+    assert sandbox_state(api, pausable.sandbox_id) == "paused"
+    assert checkpoint_dirs(berth, pausable.sandbox_id), "a paused sandbox keeps its checkpoint"
+    # A second pause is a conflict, reported by the SDK as "already paused".
+    assert Sandbox.pause(pausable.sandbox_id) is False
+    listed = api.get("/v2/sandboxes", params={"state": "paused"}).json()
+    assert pausable.sandbox_id in [s["sandboxID"] for s in listed]
+
+    resumed = Sandbox.connect(pausable.sandbox_id, timeout=600)
+    assert resumed.sandbox_id == pausable.sandbox_id
+    assert sandbox_state(api, pausable.sandbox_id) == "running"
+    again, later_hits = ask_holder(resumed, 8000)
+    assert again == secret and later_hits == hits + 1, "the holder's memory survived"
+    served = resumed.commands.run("curl -sf localhost:8001/note.txt").stdout
+    assert served == "before pause", "the background HTTP server still answers"
+    assert resumed.files.read("/home/user/note.txt") == "before pause"
+    assert resumed.commands.run("echo $MARK").stdout.strip() == "kept"
+    info = resumed.get_info()
+    assert info.metadata == {"suite": "pause"}
+    assert not checkpoint_dirs(berth, pausable.sandbox_id), "the checkpoint goes once resumed"
+
+    # Connect on a running sandbox is a plain connect (200, nothing resumed).
+    assert Sandbox.connect(pausable.sandbox_id).sandbox_id == pausable.sandbox_id
+    types = [e["type"] for e in api.get(f"/events/sandboxes/{pausable.sandbox_id}", params={"orderAsc": "true"}).json()]
+    assert types[:3] == [
+        "sandbox.lifecycle.created",
+        "sandbox.lifecycle.paused",
+        "sandbox.lifecycle.resumed",
+    ]
+
+
+def test_pause_without_memory_keeps_files_and_boots_fresh(api: httpx.Client, pausable: Sandbox) -> None:
+    start_holder(pausable, 8000)
+    pausable.files.write("/home/user/kept.txt", "on disk")
+    assert pausable.pause(keep_memory=False) is True
+    assert sandbox_state(api, pausable.sandbox_id) == "paused"
+
+    resumed = Sandbox.connect(pausable.sandbox_id, timeout=600)
+    assert resumed.files.read("/home/user/kept.txt") == "on disk"
+    processes = resumed.commands.run("ps -eo args").stdout
+    assert "holder.py" not in processes, "processes start fresh after a pause without memory"
+    assert resumed.commands.run("echo $MARK $E2B_SANDBOX_ID").stdout.split() == ["kept", pausable.sandbox_id]
+    assert resumed.commands.run("whoami").stdout.strip() == "user"
+
+
+def test_resume_endpoint_and_conflicts(api: httpx.Client, pausable: Sandbox) -> None:
+    sid = pausable.sandbox_id
+    assert api.post(f"/sandboxes/{sid}/resume", json={"timeout": 60}).status_code == 409
+    assert api.post(f"/sandboxes/{sid}/pause", json={"memory": "yes"}).status_code == 400
+    assert api.post(f"/sandboxes/{sid}/pause").status_code == 204
+    assert api.post(f"/sandboxes/{sid}/pause", json={}).status_code == 409
+    assert api.post(f"/sandboxes/{sid}/timeout", json={"timeout": 60}).status_code == 409
+    resumed = api.post(f"/sandboxes/{sid}/resume", json={"timeout": 120})
+    assert resumed.status_code == 201, resumed.text
+    assert resumed.json()["sandboxID"] == sid
+    assert pausable.commands.run("echo alive").stdout.strip() == "alive"
+    assert api.post("/sandboxes/inotthere0000000000000/pause").status_code == 404
+
+
+def test_kill_of_a_paused_sandbox_deletes_its_checkpoint(berth: Berth, api: httpx.Client) -> None:
+    sandbox = Sandbox.create(timeout=600)
+    sandbox.pause()
+    directory = berth.state_dir / "sandboxes" / sandbox.sandbox_id
+    assert checkpoint_dirs(berth, sandbox.sandbox_id)
+    assert Sandbox.kill(sandbox.sandbox_id) is True
+
+    def gone() -> bool:
+        return not directory.exists()
+
+    poll(gone, timeout=60, what="the paused sandbox's directory to be deleted")
+    assert api.get(f"/sandboxes/{sandbox.sandbox_id}").status_code == 404
+    assert Sandbox.kill(sandbox.sandbox_id) is False
+
+
+def test_auto_pause_at_end_time_and_auto_resume_on_traffic(berth: Berth, api: httpx.Client) -> None:
+    sandbox = Sandbox.create(timeout=600, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        start_holder(sandbox, 8000)
+        secret, _ = ask_holder(sandbox, 8000)
+        sandbox.set_timeout(2)
+        poll(
+            lambda: sandbox_state(api, sandbox.sandbox_id) == "paused",
+            timeout=120,
+            interval=0.5,
+            what="the sandbox to pause at its end time",
+        )
+        # Plain traffic to a user port, through the proxy, wakes it up.
+        answer = httpx.get(f"{berth.sandbox_url}/proxy/{sandbox.sandbox_id}/8000/", timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert answer.text.split()[0] == secret
+        assert sandbox_state(api, sandbox.sandbox_id) == "running"
+    finally:
+        Sandbox.kill(sandbox.sandbox_id)
+
+
+def test_paused_without_auto_resume_is_not_woken_by_traffic(berth: Berth, api: httpx.Client, pausable: Sandbox) -> None:
+    start_holder(pausable, 8000)
+    pausable.pause()
+    answer = httpx.get(f"{berth.sandbox_url}/proxy/{pausable.sandbox_id}/8000/", timeout=60)
+    assert answer.status_code == 502
+    assert sandbox_state(api, pausable.sandbox_id) == "paused"
+
+
+def test_lifecycle_combinations_are_validated(api: httpx.Client) -> None:
+    response = api.post(
+        "/v2/sandboxes",
+        json={"templateID": "base", "autoPause": True, "autoPauseMemory": False, "autoResume": {"enabled": True}},
+    )
+    assert response.status_code == 400
+    assert "autoResume" in response.json()["message"]
+
+
+def test_pause_ends_an_active_stream_and_connect_reattaches(pausable: Sandbox) -> None:
+    marker = secrets.token_hex(4)
+    handle = pausable.commands.run(
+        f"for i in $(seq 1 100000); do echo {marker}-$i; sleep 0.05; done", background=True
+    )
+    seen: list[str] = []
+    ended = threading.Event()
+    outcome: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            handle.wait(on_stdout=seen.append)
+        except BaseException as err:  # the stream may end with an error: it was cut
+            outcome.append(err)
+        finally:
+            ended.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    poll(lambda: len(seen) > 3, timeout=30, what="the command's first lines")
+    pausable.pause()
+    assert ended.wait(60), "the stream must end when its sandbox pauses"
+
+    resumed = Sandbox.connect(pausable.sandbox_id, timeout=600)
+    running = [p for p in resumed.commands.list() if p.pid == handle.pid]
+    assert running, "the command is still running after resume"
+    reattached = resumed.commands.connect(handle.pid)
+    more: list[str] = []
+
+    def follow_again() -> None:
+        try:
+            reattached.wait(on_stdout=more.append)
+        except BaseException:
+            pass
+
+    threading.Thread(target=follow_again, daemon=True).start()
+    poll(lambda: len(more) > 3, timeout=30, what="output after reattaching")
+    numbers = [int(line.strip().rsplit("-", 1)[1]) for chunk in more for line in chunk.splitlines() if marker in line]
+    last_before = max(int(line.strip().rsplit("-", 1)[1]) for chunk in seen for line in chunk.splitlines() if marker in line)
+    assert numbers and min(numbers) > last_before, "the loop continued where it was"
+    reattached.kill()
