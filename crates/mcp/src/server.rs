@@ -19,6 +19,9 @@ use crate::store::{unix_now, ConnectionRow, Store};
 use crate::tools::{self, ToolSpec};
 use crate::vault::Vault;
 
+/// JSON-RPC error code (server-defined range) of a request to `/mcp` without identity.
+const UNAUTHENTICATED_CODE: i64 = -32001;
+
 /// How long a connect link stays usable.
 const CONNECT_LINK_SECONDS: i64 = 30 * 60;
 
@@ -67,6 +70,11 @@ pub struct RotationReport {
 /// The server supplies one that matches its own authentication.
 pub trait IdentityResolver: Send + Sync + 'static {
     fn identity(&self, parts: &http::request::Parts) -> Option<String>;
+
+    /// What a request without an identity lacks, for the 401 answer of `/mcp`.
+    fn unauthenticated_message(&self) -> String {
+        "this request carries no identity".into()
+    }
 }
 
 /// Takes the identity from a request header (for deployments where a trusted front end
@@ -89,6 +97,10 @@ impl IdentityResolver for HeaderIdentity {
             .map(str::trim)
             .filter(|value| !value.is_empty())
             .map(str::to_owned)
+    }
+
+    fn unauthenticated_message(&self) -> String {
+        format!("missing {} header", self.0)
     }
 }
 
@@ -428,7 +440,12 @@ impl Mcp {
             Arc::new(LocalSessionManager::default()),
             config,
         );
-        crate::web::routes(self.clone(), resolver).route_service("/mcp", service)
+        // Every request to `/mcp` needs an identity before it reaches the MCP service, so
+        // an unauthenticated client gets a 401 instead of a session it cannot use.
+        let guarded = axum::Router::new().route_service("/mcp", service).layer(
+            axum::middleware::from_fn_with_state(resolver.clone(), require_identity),
+        );
+        crate::web::routes(self.clone(), resolver).merge(guarded)
     }
 
     pub(crate) async fn dispatch(
@@ -459,6 +476,28 @@ impl Mcp {
         };
         Some(result)
     }
+}
+
+/// Answers 401 with a JSON-RPC error (which MCP clients surface as the request's error)
+/// when the resolver finds no identity in the request.
+async fn require_identity(
+    axum::extract::State(resolver): axum::extract::State<Arc<dyn IdentityResolver>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (parts, body) = request.into_parts();
+    if resolver.identity(&parts).is_some() {
+        return next
+            .run(axum::extract::Request::from_parts(parts, body))
+            .await;
+    }
+    let error = json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": UNAUTHENTICATED_CODE, "message": resolver.unauthenticated_message()},
+    });
+    (http::StatusCode::UNAUTHORIZED, axum::Json(error)).into_response()
 }
 
 pub(crate) fn connection_context(identity: &str) -> String {
