@@ -14,14 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import shutil
-import signal
-import socket
 import subprocess
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 import anyio
@@ -29,102 +22,11 @@ import httpx
 import pytest
 
 import seeds
+from berth_up import BerthUp, free_port, wait_for
 from conftest import server_command, stdio_session
-
-E2B_LINE = re.compile(r"^\s*(?:export\s+)?(E2B_API_URL|E2B_SANDBOX_URL|E2B_API_KEY)=(\S+)\s*$")
 
 # Every tool output seen in this module; scanned for keys at the end.
 OUTPUTS: list[str] = []
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
-
-
-class BerthUp:
-    def __init__(self, binary: str):
-        self.binary = binary
-        self.state_dir = Path(tempfile.mkdtemp(prefix="berth-mcp-live-"))
-        templates = Path(os.environ.get("BERTH_TEMPLATES_DIR", "/var/lib/berth/templates"))
-        if templates.is_dir():
-            (self.state_dir / "templates").symlink_to(templates)
-        self.log_path = self.state_dir / "berth-up.log"
-        self.env: dict[str, str] = {}
-        listen = f"127.0.0.1:{free_port()}"
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [binary, "up", "--listen", listen, "--state-dir", str(self.state_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            start_new_session=True,
-        )
-        ready = threading.Event()
-
-        def read() -> None:
-            for raw in self.process.stdout:
-                log.write(raw)
-                log.flush()
-                match = E2B_LINE.match(raw.decode(errors="replace"))
-                if match:
-                    self.env[match.group(1)] = match.group(2)
-                    if len(self.env) == 3:
-                        ready.set()
-            ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(900) or len(self.env) != 3:
-            self.stop()
-            raise AssertionError(f"berth up did not start:\n{self.log_path.read_text()[-4000:]}")
-
-    @property
-    def api_url(self) -> str:
-        return self.env["E2B_API_URL"]
-
-    @property
-    def sandbox_url(self) -> str:
-        return self.env["E2B_SANDBOX_URL"]
-
-    @property
-    def api_key(self) -> str:
-        return self.env["E2B_API_KEY"]
-
-    def create_key(self, team: str) -> str:
-        result = subprocess.run(
-            [self.binary, "keys", "create", "--team", team, "--state-dir", str(self.state_dir)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-        return result.stdout.strip().splitlines()[-1].split("=")[-1]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def kill_all(api_url: str, key: str) -> None:
-    headers = {"X-API-Key": key}
-    listed = httpx.get(f"{api_url}/v2/sandboxes", headers=headers, params={"limit": 100}, timeout=30)
-    if listed.status_code == 200:
-        for sandbox in listed.json():
-            httpx.delete(f"{api_url}/sandboxes/{sandbox['sandboxID']}", headers=headers, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -133,27 +35,16 @@ def berth():
     if not binary:
         pytest.exit("test_live.py needs BERTH_BIN (the berth binary)", returncode=2)
     instance = BerthUp(binary)
-    keys = [instance.api_key]
-    instance.extra_keys = keys
     try:
         yield instance
     finally:
-        for key in keys:
-            try:
-                kill_all(instance.api_url, key)
-            except httpx.HTTPError:
-                pass
-        instance.stop()
+        instance.shutdown()
         # berth up prints its own key once on stdout (E2B_API_KEY=...); nothing else may.
-        logs = "\n".join(
-            line
-            for line in instance.log_path.read_text(errors="replace").splitlines()
-            if not E2B_LINE.match(line)
-        )
-        for key in keys:
+        logs = instance.logs_without_key_lines()
+        instance.remove_state()
+        for key in instance.keys():
             assert key not in logs, "an API key appeared in the berth up log"
             assert key not in "".join(OUTPUTS), "an API key appeared in a tool output"
-        shutil.rmtree(instance.state_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -337,7 +228,6 @@ def test_session_tools_end_to_end(berth, mcp_state):
 
 def test_identities_are_isolated_and_ended_sessions_are_swept(berth, mcp_state):
     bob_key = berth.create_key("bob-team")
-    berth.extra_keys.append(bob_key)
     connect_cli(mcp_state, "alice", berth, berth.api_key)
     connect_cli(mcp_state, "bob", berth, bob_key)
 

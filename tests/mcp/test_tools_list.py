@@ -66,8 +66,7 @@ def check_annotations(tool, seed_tool):
         assert annotations.idempotent_hint is not True
 
 
-def test_session_toolset(state_dir):
-    tools = list_tools(state_dir, "session")
+def verify_session_toolset(tools):
     seed = seeds.session_tools()
     assert sorted(tools) == sorted(t.name for t in seed)
     for seed_tool in seed:
@@ -77,9 +76,7 @@ def test_session_toolset(state_dir):
         assert set(tool.input_schema["properties"]) == {p.name for p in seed_tool.params}
 
 
-@pytest.mark.parametrize("seed_tool", seeds.connector_tools(), ids=lambda t: t.name)
-def test_connector_tool(seed_tool, connector_tools):
-    tool = connector_tools[seed_tool.name]
+def verify_connector_tool(tool, seed_tool):
     assert tool.description == seed_tool.description
     assert tool.title == seed_tool.title
     check_params(tool, seed_tool)
@@ -87,19 +84,15 @@ def test_connector_tool(seed_tool, connector_tools):
     check_annotations(tool, seed_tool)
 
 
-@pytest.fixture(scope="module")
-def connector_tools(tmp_path_factory):
-    return list_tools(tmp_path_factory.mktemp("connector"), "connector")
-
-
-def test_connector_toolset_names(connector_tools):
+def verify_connector_toolset(tools):
     seed = seeds.connector_tools()
     assert len(seed) == 38
-    assert sorted(connector_tools) == sorted(t.name for t in seed)
+    assert sorted(tools) == sorted(t.name for t in seed)
+    for seed_tool in seed:
+        verify_connector_tool(tools[seed_tool.name], seed_tool)
 
 
-def test_all_toolset(state_dir):
-    tools = list_tools(state_dir, "all")
+def verify_all_toolset(tools):
     session = {t.name: t for t in seeds.session_tools()}
     connector = {t.name: t for t in seeds.connector_tools()}
     assert sorted(tools) == sorted(set(session) | set(connector))
@@ -125,3 +118,35 @@ def test_all_toolset(state_dir):
         else:
             check_params(tool, session[name])
             assert tool.description == session[name].description
+
+
+# What each tool set's tools/list must match; shared with the `berth up` /mcp tests.
+VERIFY = {
+    "session": verify_session_toolset,
+    "connector": verify_connector_toolset,
+    "all": verify_all_toolset,
+}
+
+
+def test_session_toolset(state_dir):
+    verify_session_toolset(list_tools(state_dir, "session"))
+
+
+@pytest.mark.parametrize("seed_tool", seeds.connector_tools(), ids=lambda t: t.name)
+def test_connector_tool(seed_tool, connector_tools):
+    verify_connector_tool(connector_tools[seed_tool.name], seed_tool)
+
+
+@pytest.fixture(scope="module")
+def connector_tools(tmp_path_factory):
+    return list_tools(tmp_path_factory.mktemp("connector"), "connector")
+
+
+def test_connector_toolset_names(connector_tools):
+    seed = seeds.connector_tools()
+    assert len(seed) == 38
+    assert sorted(connector_tools) == sorted(t.name for t in seed)
+
+
+def test_all_toolset(state_dir):
+    verify_all_toolset(list_tools(state_dir, "all"))
