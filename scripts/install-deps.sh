@@ -113,6 +113,23 @@ else
 fi
 info "e2b $(node -p 'require("./'"$js_dir"'/node_modules/e2b/package.json").version')"
 
+# --- MCP conformance suite ---------------------------------------------------------
+# @modelcontextprotocol/conformance is written for Node >= 22 (fs.globSync; a dependency
+# declares engines >= 22); its server scenarios run on Node 20 with
+# tests/mcp/conformance/node20-fs-shim.mjs (see its README.md).
+step "MCP conformance suite (tests/mcp/conformance)"
+conformance_dir="tests/mcp/conformance"
+conformance_stamp="$conformance_dir/node_modules/.package-lock.sha256"
+wanted_conformance_hash="$(sha256sum "$conformance_dir/package-lock.json" | cut -d' ' -f1)"
+if [[ "$(cat "$conformance_stamp" 2>/dev/null)" == "$wanted_conformance_hash" ]]; then
+    info "node_modules up to date"
+else
+    info "npm ci"
+    (cd "$conformance_dir" && npm ci --no-audit --no-fund --loglevel=error --engine-strict=false)
+    printf '%s\n' "$wanted_conformance_hash" >"$conformance_stamp"
+fi
+info "conformance $(node -p 'require("./'"$conformance_dir"'/node_modules/@modelcontextprotocol/conformance/package.json").version')"
+
 # --- berth's own provisioning ------------------------------------------------------
 # The base template (debootstrap, a few minutes on first run) and a CRIU >= 4.2: what
 # `berth up` provisions on first need, done here so no test downloads anything.

@@ -105,7 +105,15 @@ control_plane_js() {
 
 mcp_suite() {
     [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
-    in_private_netns .venv/bin/python -m pytest tests/mcp -p no:cacheprovider
+    in_private_netns .venv/bin/python -m pytest tests/mcp -p no:cacheprovider \
+        --ignore=tests/mcp/test_conformance.py
+}
+
+# The official MCP conformance suite (npm, pinned in tests/mcp/conformance) against
+# berth up's /mcp, with tests/mcp/conformance/expected-failures.yml as its baseline.
+mcp_conformance() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    in_private_netns .venv/bin/python -m pytest tests/mcp/test_conformance.py -p no:cacheprovider -s
 }
 
 step "cargo fmt --check" cargo fmt --all -- --check
@@ -118,6 +126,7 @@ step "build berth" build_berth
 step "control plane: Python SDK suite" control_plane_suite
 step "control plane: JS SDK smoke" control_plane_js
 step "MCP suite (tests/mcp)" mcp_suite
+step "MCP conformance (tests/mcp/conformance)" mcp_conformance
 
 printf '\n==> summary (%ss total)\n' "$SECONDS"
 printf '    %s\n' "${summary[@]}"
