@@ -203,4 +203,14 @@ pub trait Runtime: Send + Sync + 'static {
     /// memory, unless `keep_memory` is false: then the checkpoint is dropped) or a fresh
     /// init starts on the kept disk. On failure it stays paused.
     fn resume(&self, id: &str, keep_memory: bool) -> Result<ResumedSandbox, RuntimeError>;
+    /// Checkpoint running sandbox `id` into the new directory `dest` while it keeps
+    /// running: every process's memory and a copy of its disk from the same instant.
+    /// Written to a temporary name and renamed, so `dest` is whole or absent.
+    fn checkpoint(&self, id: &str, dest: &std::path::Path) -> Result<CheckpointInfo, RuntimeError>;
+    /// Start new sandbox `id` from `checkpoint` (only read: several restores may share
+    /// it): its processes continue from the checkpoint's memory, on its own copy of the
+    /// disk, with the checkpoint's template and limits.
+    fn restore(&self, checkpoint: &std::path::Path, id: &str) -> Result<SandboxInfo, RuntimeError>;
+    /// Delete a checkpoint made by [`Runtime::checkpoint`].
+    fn delete_checkpoint(&self, checkpoint: &std::path::Path) -> Result<(), RuntimeError>;
 }

@@ -708,6 +708,34 @@ impl Runtime for LinuxRuntime {
         })
     }
 
+    fn checkpoint(&self, id: &str, dest: &Path) -> Result<CheckpointInfo, RuntimeError> {
+        let criu = self.criu()?;
+        LinuxRuntime::checkpoint(self, &criu, id, dest)
+    }
+
+    fn restore(&self, checkpoint: &Path, id: &str) -> Result<SandboxInfo, RuntimeError> {
+        let criu = self.criu()?;
+        let source = LinuxRuntime::read_checkpoint(checkpoint)?;
+        let spec = SandboxSpec {
+            id: id.to_owned(),
+            template: source.template,
+            layers: source.layers,
+            cpu_count: source.cpu_count,
+            memory_mb: source.memory_mb,
+            disk_size_mb: source.disk_size_mb,
+        };
+        self.restore_checkpoint(&criu, checkpoint, &spec)
+    }
+
+    fn delete_checkpoint(&self, checkpoint: &Path) -> Result<(), RuntimeError> {
+        match fs::remove_dir_all(checkpoint) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(io_err(format!("delete {}", checkpoint.display()))(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn state_dir(&self) -> PathBuf {
         self.config.state_dir.clone()
     }

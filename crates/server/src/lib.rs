@@ -11,6 +11,7 @@
 //! [`Server::serve`] (one listener for the API and the proxy).
 
 mod auth;
+mod checkpoints;
 mod envd;
 mod events;
 mod extract;

@@ -12,10 +12,10 @@ use berth_template::TemplateError;
 use time::OffsetDateTime;
 
 use crate::envd::{self, InitRequest};
-use crate::{events, AppState, ServerError, ENVD_VERSION};
+use crate::{checkpoints, events, AppState, ServerError, ENVD_VERSION};
 
 /// How long a new sandbox's envd may take to answer `/health`.
-const ENVD_READY_LIMIT: Duration = Duration::from_secs(30);
+pub(crate) const ENVD_READY_LIMIT: Duration = Duration::from_secs(30);
 
 /// Longest time to live a sandbox may be given, in seconds (E2B's largest plan: 24 h).
 pub const MAX_TIMEOUT_SECS: i64 = 24 * 60 * 60;
@@ -92,7 +92,7 @@ pub fn build_id(layer_ids: &[berth_template::LayerId]) -> String {
 
 /// What envd's `/init` gets for sandbox `id`: the template's env vars, the caller's, and
 /// E2B's own, plus the template's default user and workdir.
-fn init_request(
+pub(crate) fn init_request(
     template: &berth_template::Template,
     env_vars: &StringMap,
     id: &str,
@@ -114,7 +114,10 @@ fn init_request(
     }
 }
 
-async fn load_template(state: &AppState, name: &str) -> Result<berth_template::Template, ApiError> {
+pub(crate) async fn load_template(
+    state: &AppState,
+    name: &str,
+) -> Result<berth_template::Template, ApiError> {
     let templates = state.templates.clone();
     let owned = name.to_string();
     tokio::task::spawn_blocking(move || templates.get(&owned))
@@ -272,6 +275,13 @@ pub async fn resume(
     Ok(Resumed::Resumed(record))
 }
 
+/// Remove a sandbox that never made it into the store (its start failed half-way).
+pub(crate) async fn remove_unrecorded(state: &AppState, id: &str) {
+    if let Err(err) = kill_in_runtime(state, id).await {
+        tracing::error!(sandbox = %id, %err, "removing a sandbox whose start failed");
+    }
+}
+
 async fn kill_in_runtime(state: &AppState, id: &str) -> Result<(), RuntimeError> {
     let runtime = state.runtime.clone();
     let id = id.to_string();
@@ -287,6 +297,20 @@ pub async fn create(
     state: &Arc<AppState>,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ApiError> {
+    let snapshot = state
+        .store
+        .snapshot(&request.team_id, &request.template)
+        .map_err(crate::handlers::store_error)?;
+    if let Some(snapshot) = snapshot {
+        let start = checkpoints::Start {
+            timeout_secs: request.timeout_secs,
+            secure: request.secure,
+            metadata: Some(request.metadata),
+            env_vars: request.env_vars,
+            lifecycle: request.lifecycle,
+        };
+        return checkpoints::create_from_snapshot(state, &snapshot, start).await;
+    }
     let template = load_template(state, &request.template).await?;
 
     let id = new_sandbox_id();

@@ -5,6 +5,7 @@
 mod events;
 mod keys;
 mod sandboxes;
+mod snapshots;
 mod teams;
 mod templates;
 mod unimplemented;
@@ -24,6 +25,7 @@ use crate::SharedState;
 pub use events::*;
 pub use keys::*;
 pub use sandboxes::*;
+pub use snapshots::*;
 pub use teams::*;
 pub use templates::*;
 
@@ -140,7 +142,16 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v2/templates", get(templates::list_templates_v2))
         .route("/templates", get(templates::list_templates_v1))
-        .route("/templates/{templateID}", get(templates::get_template))
+        .route(
+            "/templates/{templateID}",
+            get(templates::get_template).delete(snapshots::delete_template),
+        )
+        .route("/sandboxes/{sandboxID}/fork", post(snapshots::fork_sandbox))
+        .route(
+            "/sandboxes/{sandboxID}/snapshots",
+            post(snapshots::create_snapshot),
+        )
+        .route("/snapshots", get(snapshots::list_snapshots))
         .route(
             "/templates/aliases/{alias}",
             get(templates::get_template_alias),

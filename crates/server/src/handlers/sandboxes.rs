@@ -34,7 +34,7 @@ const DEFAULT_TIMEOUT_V2: i64 = 300;
 const DEFAULT_REFRESH_SECS: i64 = 15;
 const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
-fn sandbox_response(state: &SharedState, record: &SandboxRecord) -> Sandbox {
+pub(super) fn sandbox_response(state: &SharedState, record: &SandboxRecord) -> Sandbox {
     Sandbox {
         template_id: record.template_id.clone(),
         sandbox_id: record.id.clone(),

@@ -9,8 +9,6 @@ use berth_api::ApiError;
 use crate::auth::Caller;
 use crate::SharedState;
 
-const FORK: &str = "forking sandboxes";
-const SNAPSHOTS: &str = "sandbox snapshots";
 const NETWORK: &str = "sandbox network policy";
 const BUILDS: &str = "building and changing templates";
 const VOLUMES: &str = "volumes";
@@ -31,11 +29,16 @@ fn writes(feature: &'static str) -> MethodRouter<SharedState> {
     post(handler).patch(handler).delete(handler)
 }
 
+/// Create and update methods of a path whose GET and DELETE berth implements.
+fn updates(feature: &'static str) -> MethodRouter<SharedState> {
+    let handler = move |_caller: Caller| async move {
+        Err::<(), ApiError>(ApiError::NotImplemented(feature.to_string()))
+    };
+    post(handler).patch(handler)
+}
+
 pub fn add_routes(router: Router<SharedState>) -> Router<SharedState> {
     router
-        .route("/sandboxes/{sandboxID}/fork", missing(FORK))
-        .route("/sandboxes/{sandboxID}/snapshots", missing(SNAPSHOTS))
-        .route("/snapshots", missing(SNAPSHOTS))
         .route("/sandboxes/{sandboxID}/network", missing(NETWORK))
         .route("/v3/templates", missing(BUILDS))
         .route("/templates/{templateID}/files/{hash}", missing(BUILDS))
@@ -61,5 +64,5 @@ pub fn add_routes(router: Router<SharedState>) -> Router<SharedState> {
         .route("/secrets/{secretID}", missing(SECRETS))
         .route("/templates", writes(BUILDS))
         .route("/v2/templates", writes(BUILDS))
-        .route("/templates/{templateID}", writes(BUILDS))
+        .route("/templates/{templateID}", updates(BUILDS))
 }

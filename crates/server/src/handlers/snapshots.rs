@@ -1,0 +1,229 @@
+//! Fork and snapshot routes: `POST /sandboxes/{id}/fork`, `POST
+//! /sandboxes/{id}/snapshots`, `GET /snapshots`, and `DELETE /templates/{id}` for a
+//! snapshot (how the SDKs delete one).
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use berth_api::{
+    ApiError, SandboxForkRequest, SandboxForkResult, SandboxSnapshotRequest, SnapshotInfo,
+};
+use berth_store::SnapshotRecord;
+use berth_template::TemplateError;
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::sandboxes::sandbox_response;
+use super::store_error;
+use crate::auth::Caller;
+use crate::checkpoints;
+use crate::extract::{ApiJson, ApiQuery, OptionalJson};
+use crate::{lifecycle, SharedState};
+
+/// Default time to live of a fork, in seconds (the SDKs' default timeout).
+const DEFAULT_FORK_TIMEOUT: i64 = 300;
+const MAX_FORKS: i64 = 100;
+const MAX_NAME_LEN: usize = 128;
+
+fn snapshot_info(record: &SnapshotRecord) -> SnapshotInfo {
+    SnapshotInfo {
+        snapshot_id: record.name.clone(),
+        names: vec![record.name.clone()],
+    }
+}
+
+/// The caller's live sandbox `id` (404 otherwise), before any work is done.
+fn check_owner(state: &SharedState, caller: &Caller, id: &str) -> Result<(), ApiError> {
+    state
+        .store
+        .live_sandbox(&caller.team.id, id)
+        .map_err(store_error)?
+        .map(drop)
+        .ok_or_else(|| ApiError::sandbox_not_found(id))
+}
+
+/// Fork a running sandbox: one checkpoint, `count` new sandboxes from it.
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/fork", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    request_body(content = Option<SandboxForkRequest>),
+    responses(
+        (status = 201, body = Vec<SandboxForkResult>, description = "One outcome per fork"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+        (status = 409, body = berth_api::Error, description = "The sandbox is paused"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn fork_sandbox(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<SandboxForkRequest>,
+) -> Result<Response, ApiError> {
+    let count = body.count.unwrap_or(1);
+    if !(1..=MAX_FORKS).contains(&count) {
+        return Err(ApiError::BadRequest(format!(
+            "count must be between 1 and {MAX_FORKS}, got {count}"
+        )));
+    }
+    let timeout = lifecycle::validate_timeout(body.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT))?;
+    check_owner(&state, &caller, &id)?;
+    let results = checkpoints::fork(&state, &id, count as usize, timeout).await?;
+    let body: Vec<SandboxForkResult> = results
+        .into_iter()
+        .map(|result| match result {
+            Ok(record) => SandboxForkResult {
+                sandbox: Some(sandbox_response(&state, &record)),
+                error: None,
+            },
+            Err(err) => SandboxForkResult {
+                sandbox: None,
+                error: Some(err.body()),
+            },
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// A snapshot name must be usable as a template id.
+fn check_name(name: &str) -> Result<(), ApiError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if valid {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "name \"{name}\" must be 1 to {MAX_NAME_LEN} letters, digits, '-', '_' or '.', \
+             starting with a letter or digit"
+        )))
+    }
+}
+
+/// Snapshot a running sandbox, which keeps running; the name works as `templateID`.
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/snapshots", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    request_body = SandboxSnapshotRequest,
+    responses(
+        (status = 201, body = SnapshotInfo, description = "The snapshot was taken"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+        (status = 409, body = berth_api::Error, description = "The sandbox is paused, or the name is a template's"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn create_snapshot(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<SandboxSnapshotRequest>,
+) -> Result<Response, ApiError> {
+    if body.memory == Some(false) {
+        return Err(ApiError::NotImplemented(
+            "filesystem-only snapshots (memory=false)".into(),
+        ));
+    }
+    let name = body.name.filter(|name| !name.is_empty());
+    if let Some(name) = &name {
+        check_name(name)?;
+        let templates = state.templates.clone();
+        let owned = name.clone();
+        let template = tokio::task::spawn_blocking(move || templates.get(&owned))
+            .await
+            .map_err(|err| ApiError::Internal(format!("template lookup failed: {err}")))?;
+        if !matches!(
+            template,
+            Err(TemplateError::NotFound(_) | TemplateError::InvalidId(_))
+        ) {
+            return Err(ApiError::Conflict(format!(
+                "\"{name}\" is the name of a template; choose another snapshot name"
+            )));
+        }
+    }
+    check_owner(&state, &caller, &id)?;
+    let record = checkpoints::snapshot(&state, &id, name).await?;
+    Ok((StatusCode::CREATED, Json(snapshot_info(&record))).into_response())
+}
+
+/// Query of `GET /snapshots`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SnapshotsQuery {
+    /// Only snapshots of this sandbox.
+    #[serde(rename = "sandboxID")]
+    sandbox_id: Option<String>,
+    /// Only the snapshot with this name (or id).
+    name: Option<String>,
+    /// Page size, 1..=100 (default 100).
+    #[param(minimum = 1, maximum = 100)]
+    limit: Option<i64>,
+    /// Cursor from a previous page's `X-Next-Token`.
+    #[serde(rename = "nextToken")]
+    next_token: Option<String>,
+}
+
+/// The team's snapshots, newest first.
+#[utoipa::path(get, path = "/snapshots", tag = "sandboxes", params(SnapshotsQuery),
+    responses(
+        (status = 200, body = Vec<SnapshotInfo>, description = "Matching snapshots",
+            headers(("X-Next-Token" = String, description = "Cursor of the next page, when there is one"))),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn list_snapshots(
+    State(state): State<SharedState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<SnapshotsQuery>,
+) -> Result<Response, ApiError> {
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be between 1 and 100, got {limit}"
+        )));
+    }
+    let (page, next) = state
+        .store
+        .list_snapshots(
+            &caller.team.id,
+            query.sandbox_id.as_deref(),
+            query.name.as_deref(),
+            limit as usize,
+            query.next_token.as_deref(),
+        )
+        .map_err(store_error)?;
+    let mut headers = HeaderMap::new();
+    if let Some(value) = next.and_then(|token| HeaderValue::from_str(&token).ok()) {
+        headers.insert("x-next-token", value);
+    }
+    let body: Vec<SnapshotInfo> = page.iter().map(snapshot_info).collect();
+    Ok((headers, Json(body)).into_response())
+}
+
+/// Delete a template: on berth, a snapshot (installed templates are read-only).
+#[utoipa::path(delete, path = "/templates/{templateID}", tag = "templates",
+    params(("templateID" = String, Path, description = "Snapshot name or id")),
+    responses(
+        (status = 204, description = "The snapshot was deleted"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such snapshot"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn delete_template(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let exists = state
+        .store
+        .snapshot(&caller.team.id, &id)
+        .map_err(store_error)?
+        .is_some();
+    if !exists {
+        return Err(ApiError::NotFound(format!(
+            "snapshot \"{id}\" not found (installed templates cannot be deleted through the API)"
+        )));
+    }
+    checkpoints::delete_snapshot(&state, &caller.team.id, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
