@@ -52,8 +52,12 @@ impl PausedMarker {
         let tmp = dir.join(".paused.json.tmp");
         let mut file = fs::File::create(&tmp)?;
         file.write_all(&serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
+        // The marker says the checkpoint (or kept disk) is the sandbox's state: it must
+        // not reach the disk before what it points to, nor be lost after we answered.
+        file.sync_all()?;
         drop(file);
-        fs::rename(&tmp, dir.join(PAUSED_FILE))
+        fs::rename(&tmp, dir.join(PAUSED_FILE))?;
+        fs::File::open(dir)?.sync_all()
     }
 
     fn read(dir: &Path) -> Option<Self> {
@@ -122,6 +126,10 @@ impl LinuxRuntime {
                 .unwrap_or_else(|e| e.into_inner())
                 .take(),
         );
+        // CRIU does not fsync its images; one syncfs of the state filesystem does (it
+        // also flushes the disk image, written back when its mount went away).
+        let images_dir = fs::File::open(images).map_err(io_err("open images dir"))?;
+        sys::syncfs_mount(images_dir.as_fd()).map_err(io_err("sync checkpoint"))?;
         let marker = PausedMarker {
             images: Some(images.to_path_buf()),
             paused_at: SystemTime::now(),

@@ -249,7 +249,7 @@ pub(crate) fn cpath(path: &std::path::Path) -> io::Result<std::ffi::CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
 }
 
-/// Flushes the filesystem of the (possibly detached) mount `mount` to its device.
+/// Flushes the filesystem of `mount` (a directory fd, or a detached mount) to its device.
 pub(crate) fn syncfs_mount(mount: BorrowedFd<'_>) -> io::Result<()> {
     // Mount fds from fsmount/open_tree are O_PATH, which syncfs refuses: open the root.
     // SAFETY: openat with a valid dirfd and a NUL-terminated path.

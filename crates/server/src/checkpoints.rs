@@ -308,6 +308,28 @@ pub async fn delete_snapshot(
     Ok(())
 }
 
+/// At start: delete checkpoints no snapshot owns (a fork's, or a snapshot's whose
+/// recording did not happen, left by a crash).
+pub async fn remove_unowned(state: &AppState) -> Result<(), crate::ServerError> {
+    let owned: std::collections::HashSet<PathBuf> = state
+        .store
+        .snapshot_paths()?
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    let Ok(entries) = std::fs::read_dir(checkpoint_root(state)) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !owned.contains(&path) {
+            tracing::info!(checkpoint = %path.display(), "deleting a checkpoint no snapshot owns");
+            delete_checkpoint(state, &path).await;
+        }
+    }
+    Ok(())
+}
+
 async fn delete_checkpoint(state: &AppState, path: &Path) {
     let runtime = state.runtime.clone();
     let owned = path.to_path_buf();

@@ -479,6 +479,7 @@ pub async fn recover(state: &Arc<AppState>) -> Result<(), ServerError> {
             tracing::error!(sandbox = %orphan, %err, "killing an orphaned sandbox");
         }
     }
+    checkpoints::remove_unowned(state).await?;
     tracing::info!(
         reattached = alive.intersection(&recorded).count(),
         paused = paused.intersection(&recorded).count(),

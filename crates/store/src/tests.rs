@@ -258,3 +258,144 @@ fn idempotency_keys_are_remembered_and_expire() {
     );
     assert!(store.idempotent_sandbox("t", "k").unwrap().is_none());
 }
+
+#[test]
+fn pause_and_resume_move_between_live_states_once() {
+    let (_dir, store) = open();
+    let team = store.create_team("a").unwrap();
+    let mut record = sandbox(&team.id, "ip0", 1_000);
+    record.env_vars = [("K".to_string(), "V".to_string())].into();
+    record.lifecycle = Lifecycle {
+        auto_pause: true,
+        auto_pause_memory: false,
+        auto_resume: false,
+    };
+    store.insert_sandbox(&record).unwrap();
+    assert!(store.mark_paused("ip0", false).unwrap());
+    assert!(!store.mark_paused("ip0", true).unwrap(), "already paused");
+    let paused = store.live_sandbox(&team.id, "ip0").unwrap().unwrap();
+    assert_eq!(paused.status, SandboxStatus::Paused { memory: false });
+    assert_eq!(paused.env_vars.get("K").map(String::as_str), Some("V"));
+    assert_eq!(paused.lifecycle, record.lifecycle);
+    assert!(store.running_sandbox(&team.id, "ip0").unwrap().is_none());
+    assert!(
+        store
+            .expired_sandboxes(from_ms(i64::MAX / 2))
+            .unwrap()
+            .is_empty(),
+        "paused never expires"
+    );
+    let running_only = SandboxFilter::default();
+    assert!(store
+        .list_sandboxes(&team.id, &running_only, 10, None)
+        .unwrap()
+        .sandboxes
+        .is_empty());
+    let both = SandboxFilter {
+        states: StateFilter {
+            running: true,
+            paused: true,
+        },
+        ..Default::default()
+    };
+    let page = store.list_sandboxes(&team.id, &both, 10, None).unwrap();
+    assert_eq!(page.sandboxes.len(), 1);
+    assert_eq!(page.total, 0, "the total counts running sandboxes only");
+
+    assert!(store.mark_resumed("ip0", from_ms(5_000)).unwrap());
+    assert!(
+        !store.mark_resumed("ip0", from_ms(5_000)).unwrap(),
+        "already running"
+    );
+    assert_eq!(
+        store
+            .running_sandbox(&team.id, "ip0")
+            .unwrap()
+            .unwrap()
+            .end_at,
+        from_ms(5_000)
+    );
+    assert!(store.mark_paused("ip0", true).unwrap());
+    assert!(
+        store.mark_killed("ip0").unwrap(),
+        "a paused sandbox can be killed"
+    );
+    assert!(store.live_sandbox(&team.id, "ip0").unwrap().is_none());
+}
+
+#[test]
+fn snapshots_are_per_team_replaced_by_name_and_paged() {
+    let (_dir, store) = open();
+    let a = store.create_team("a").unwrap();
+    let b = store.create_team("b").unwrap();
+    let snapshot = |id: &str, team: &str, name: &str, at: i64| SnapshotRecord {
+        id: id.into(),
+        team_id: team.into(),
+        name: name.into(),
+        source_sandbox_id: "isrc".into(),
+        template_id: "base".into(),
+        build_id: "b1".into(),
+        cpu_count: 2,
+        memory_mb: 512,
+        disk_size_mb: 1024,
+        env_vars: Default::default(),
+        envd_access_token: Some("tok".into()),
+        path: format!("/ckpt/{id}"),
+        size_bytes: 42,
+        created_at: from_ms(at),
+    };
+    assert_eq!(
+        store
+            .put_snapshot(&snapshot("s1", &a.id, "one", 1))
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .put_snapshot(&snapshot("s2", &a.id, "two", 2))
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .put_snapshot(&snapshot("s3", &a.id, "one", 3))
+            .unwrap(),
+        Some("/ckpt/s1".to_string()),
+        "same name replaces, handing back the old checkpoint"
+    );
+    store
+        .put_snapshot(&snapshot("s4", &b.id, "one", 4))
+        .unwrap();
+    assert_eq!(store.snapshot(&a.id, "one").unwrap().unwrap().id, "s3");
+    assert_eq!(store.snapshot(&a.id, "s2").unwrap().unwrap().name, "two");
+    assert!(
+        store.snapshot(&b.id, "two").unwrap().is_none(),
+        "other team's"
+    );
+    let (first, next) = store.list_snapshots(&a.id, None, None, 1, None).unwrap();
+    assert_eq!(first[0].id, "s3");
+    let (second, next) = store
+        .list_snapshots(&a.id, None, None, 1, next.as_deref())
+        .unwrap();
+    assert_eq!(second[0].id, "s2");
+    assert!(next.is_none());
+    assert_eq!(
+        store
+            .list_snapshots(&a.id, Some("other"), None, 10, None)
+            .unwrap()
+            .0
+            .len(),
+        0
+    );
+    assert_eq!(
+        store.delete_snapshot(&a.id, "one").unwrap().path,
+        "/ckpt/s3"
+    );
+    assert!(matches!(
+        store.delete_snapshot(&a.id, "one"),
+        Err(StoreError::NotFound(_))
+    ));
+    let mut paths = store.snapshot_paths().unwrap();
+    paths.sort();
+    assert_eq!(paths, ["/ckpt/s2", "/ckpt/s4"]);
+}

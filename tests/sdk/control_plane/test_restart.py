@@ -79,3 +79,36 @@ def test_restart_keeps_or_cleanly_reports_sandboxes(berth: Berth, api: httpx.Cli
                 pass
     for marker in markers.values():
         poll(lambda: not host_processes_with(marker), timeout=60, what=f"{marker} to be gone after kill")
+
+
+@pytest.mark.restarts_berth
+def test_paused_sandboxes_and_snapshots_survive_a_restart(berth: Berth, api: httpx.Client) -> None:
+    from test_pause import ask_holder, start_holder
+
+    paused = Sandbox.create(timeout=900)
+    source = Sandbox.create(timeout=900)
+    name = f"restart-snap-{secrets.token_hex(4)}"
+    children: list[str] = []
+    try:
+        start_holder(paused, 8000)
+        secret, hits = ask_holder(paused, 8000)
+        paused.pause()
+        start_holder(source, 8000)
+        snap_secret, snap_hits = ask_holder(source, 8000)
+        source.create_snapshot(name=name)
+
+        berth.restart()
+
+        assert api.get(f"/sandboxes/{paused.sandbox_id}").json()["state"] == "paused"
+        resumed = Sandbox.connect(paused.sandbox_id, timeout=600)
+        assert ask_holder(resumed, 8000) == (secret, hits + 1)
+        child = Sandbox.create(name, timeout=300)
+        children.append(child.sandbox_id)
+        assert ask_holder(child, 8000) == (snap_secret, snap_hits + 1)
+    finally:
+        for sandbox_id in [paused.sandbox_id, source.sandbox_id, *children]:
+            try:
+                Sandbox.kill(sandbox_id)
+            except Exception:
+                pass
+        api.delete(f"/templates/{name}")
