@@ -264,7 +264,8 @@ pub struct SandboxSnapshotRequest {
     /// Name of the snapshot (usable as `templateID`); a snapshot of that name is replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Keep memory (default); false is not supported for snapshots yet.
+    /// Keep memory (default): sandboxes from it continue its processes; false keeps only
+    /// the files and sandboxes from it boot afresh on them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<bool>,
 }

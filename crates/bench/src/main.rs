@@ -7,6 +7,7 @@
 
 mod peers;
 mod sandboxes;
+mod stateful;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +31,8 @@ struct Cli {
 enum Command {
     /// Start latency at several concurrencies, peer baselines, and density.
     Runtime(RuntimeArgs),
+    /// Pause/resume with memory, checkpoint sizes and fork, beside raw CRIU.
+    Checkpoint(stateful::CheckpointArgs),
 }
 
 #[derive(clap::Args)]
@@ -71,13 +74,18 @@ struct Row {
 }
 
 fn main() -> anyhow::Result<()> {
-    let Cli {
-        command: Command::Runtime(args),
-    } = Cli::parse();
+    let cli = Cli::parse();
     mark_inherited_fds_cloexec();
     if !rustix_is_root() {
         bail!("berth-bench needs root (namespaces, cgroups, mounts)");
     }
+    match cli.command {
+        Command::Runtime(args) => runtime(&args),
+        Command::Checkpoint(args) => stateful::run(&args),
+    }
+}
+
+fn runtime(args: &RuntimeArgs) -> anyhow::Result<()> {
     let store = berth_template::TemplateStore::open(&args.templates)?;
     let base = store.ensure_base(|event| eprintln!("base: {event:?}"))?;
     let rootfs = base.layers[0].clone();
@@ -137,6 +145,7 @@ fn main() -> anyhow::Result<()> {
             &launcher,
             base.layers.clone(),
             max_sandboxes,
+            None,
         )?;
         for i in 0..3 {
             let (id, _) = bench.start(&format!("w{i}")).context("warm-up sandbox")?;
@@ -197,7 +206,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    print_report(&args, &rows, density.as_ref());
+    print_report(args, &rows, density.as_ref());
     Ok(())
 }
 

@@ -21,7 +21,7 @@ const CGROUP_PARENT: &str = "berth-bench";
 
 /// Sizes of a benchmark sandbox (E2B's defaults for the base template).
 const CPU_COUNT: u32 = 2;
-const MEMORY_MB: u64 = 512;
+pub const MEMORY_MB: u64 = 512;
 const DISK_SIZE_MB: u64 = 1024;
 
 /// A runtime in the benchmark's own state dir and cgroup parent. Every sandbox it
@@ -85,8 +85,12 @@ impl SandboxBench {
         launcher: &Path,
         layers: Vec<PathBuf>,
         max_sandboxes: u32,
+        criu_state_dir: Option<&Path>,
     ) -> anyhow::Result<SandboxBench> {
         let mut config = LinuxRuntimeConfig::new(state_dir, envd);
+        if let Some(dir) = criu_state_dir {
+            config.criu_state_dir = dir.to_path_buf();
+        }
         config.launcher_binary = launcher.to_path_buf();
         config.cgroup_parent = CGROUP_PARENT.into();
         // A uid range of its own, away from a berth server's default one.
@@ -110,15 +114,37 @@ impl SandboxBench {
         })
     }
 
+    pub fn runtime(&self) -> &LinuxRuntime {
+        &self.runtime
+    }
+
+    /// The id of the bench's sandbox `tag`.
+    pub fn sandbox_id(&self, tag: &str) -> String {
+        format!("bench-{}-{tag}", std::process::id())
+    }
+
+    /// Kill sandbox `id` (made by the runtime directly, e.g. a restore) on drop.
+    pub fn track(&self, id: &str) {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(id.to_owned());
+    }
+
     /// Create sandbox `tag`, wait for envd's `/health`, return the times.
     pub fn start(&self, tag: &str) -> anyhow::Result<(String, StartTimes)> {
-        let id = format!("bench-{}-{tag}", std::process::id());
+        self.start_sized(tag, MEMORY_MB)
+    }
+
+    /// [`SandboxBench::start`] with a memory limit of `memory_mb`.
+    pub fn start_sized(&self, tag: &str, memory_mb: u64) -> anyhow::Result<(String, StartTimes)> {
+        let id = self.sandbox_id(tag);
         let spec = SandboxSpec {
             id: id.clone(),
             template: "base".into(),
             layers: self.layers.clone(),
             cpu_count: CPU_COUNT,
-            memory_mb: MEMORY_MB,
+            memory_mb,
             disk_size_mb: DISK_SIZE_MB,
         };
         let started = Instant::now();

@@ -60,7 +60,7 @@ use std::time::SystemTime;
 use berth_checkpoint::{prepare_restore_images, Criu, Dump, ImageRewrite, Restore};
 
 use super::pause::HostRoot;
-use super::{io_err, valid_id, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
+use super::{io_err, valid_id, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::record::{self, Record};
@@ -229,6 +229,26 @@ impl LinuxRuntime {
         checkpoint: &Path,
         spec: &SandboxSpec,
     ) -> Result<SandboxInfo, RuntimeError> {
+        self.restore_checkpoint_as(Some(criu), checkpoint, spec)
+    }
+
+    /// Like [`LinuxRuntime::restore_checkpoint`], but only the checkpoint's disk is used:
+    /// a fresh init boots on a copy of it (a filesystem-only snapshot).
+    pub fn restore_checkpoint_filesystem(
+        &self,
+        checkpoint: &Path,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxInfo, RuntimeError> {
+        self.restore_checkpoint_as(None, checkpoint, spec)
+    }
+
+    /// The restore with memory (`criu` given) or of the disk alone.
+    fn restore_checkpoint_as(
+        &self,
+        criu: Option<&Criu>,
+        checkpoint: &Path,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxInfo, RuntimeError> {
         if !valid_id(&spec.id) {
             return Err(RuntimeError::Other(format!(
                 "invalid sandbox id {:?}",
@@ -282,10 +302,13 @@ impl LinuxRuntime {
                 return Err(e);
             }
         };
+        // CRIU detaches the restored tree: tracked by pidfd, never reaped by us. A fresh
+        // boot's init is our child.
+        let own_child = criu.is_none();
         record.init_pid = Some(pid);
         record.init_start_ticks = record::process_start_ticks(pid);
         if let Err(e) = record.write(&dir) {
-            let _ = self.teardown(&spec.id, Some((&pidfd, false)), disk);
+            let _ = self.teardown(&spec.id, Some((&pidfd, own_child)), disk);
             self.release_slot(slot);
             return Err(io_err("write record")(e));
         }
@@ -300,8 +323,7 @@ impl LinuxRuntime {
             info: info.clone(),
             slot,
             pidfd,
-            // CRIU detaches the restored tree: tracked by pidfd, never reaped by us.
-            own_child: false,
+            own_child,
             disk: Mutex::new(disk),
         });
         self.sandboxes
@@ -320,7 +342,7 @@ impl LinuxRuntime {
     /// copy, images, root, CRIU. Returns the init's pidfd and pid and the disk mount.
     fn restore_into(
         &self,
-        criu: &Criu,
+        criu: Option<&Criu>,
         checkpoint: &Path,
         meta: &Metadata,
         spec: &SandboxSpec,
@@ -348,6 +370,10 @@ impl LinuxRuntime {
             // Unmounted here (last reference), before HostRoot mounts the image again.
             drop(mount);
         }
+        let Some(criu) = criu else {
+            let (pidfd, pid, disk) = self.start(spec, slot, dir, DiskOrigin::Kept)?;
+            return Ok((pidfd, pid, Some(disk)));
+        };
         for sub in ["disk", "root"] {
             fs::create_dir(dir.join(sub)).map_err(io_err(format!("create {sub} mountpoint")))?;
         }

@@ -208,9 +208,15 @@ pub trait Runtime: Send + Sync + 'static {
     /// Written to a temporary name and renamed, so `dest` is whole or absent.
     fn checkpoint(&self, id: &str, dest: &std::path::Path) -> Result<CheckpointInfo, RuntimeError>;
     /// Start new sandbox `id` from `checkpoint` (only read: several restores may share
-    /// it): its processes continue from the checkpoint's memory, on its own copy of the
-    /// disk, with the checkpoint's template and limits.
-    fn restore(&self, checkpoint: &std::path::Path, id: &str) -> Result<SandboxInfo, RuntimeError>;
+    /// it) on its own copy of the disk, with the checkpoint's template and limits: its
+    /// processes continue from the checkpoint's memory, or (`memory` false) a fresh init
+    /// boots on the disk.
+    fn restore(
+        &self,
+        checkpoint: &std::path::Path,
+        id: &str,
+        memory: bool,
+    ) -> Result<SandboxInfo, RuntimeError>;
     /// Delete a checkpoint made by [`Runtime::checkpoint`].
     fn delete_checkpoint(&self, checkpoint: &std::path::Path) -> Result<(), RuntimeError>;
 }

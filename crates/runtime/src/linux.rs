@@ -97,7 +97,8 @@ impl LinuxRuntimeConfig {
 enum DiskOrigin {
     /// A fresh disk (create).
     New,
-    /// `disk.img` already in the sandbox directory (resume after a pause without memory).
+    /// `disk.img` already in the sandbox directory (resume after a pause without memory,
+    /// a filesystem-only snapshot's copy).
     Kept,
 }
 
@@ -298,6 +299,7 @@ impl LinuxRuntime {
                     .map_err(io_err("create sandbox disk"))?
             }
             DiskOrigin::Kept => {
+                fs::create_dir_all(&mount).map_err(io_err("create disk mountpoint"))?;
                 disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount kept disk"))?
             }
         };
@@ -713,8 +715,12 @@ impl Runtime for LinuxRuntime {
         LinuxRuntime::checkpoint(self, &criu, id, dest)
     }
 
-    fn restore(&self, checkpoint: &Path, id: &str) -> Result<SandboxInfo, RuntimeError> {
-        let criu = self.criu()?;
+    fn restore(
+        &self,
+        checkpoint: &Path,
+        id: &str,
+        memory: bool,
+    ) -> Result<SandboxInfo, RuntimeError> {
         let source = LinuxRuntime::read_checkpoint(checkpoint)?;
         let spec = SandboxSpec {
             id: id.to_owned(),
@@ -724,7 +730,11 @@ impl Runtime for LinuxRuntime {
             memory_mb: source.memory_mb,
             disk_size_mb: source.disk_size_mb,
         };
-        self.restore_checkpoint(&criu, checkpoint, &spec)
+        if memory {
+            self.restore_checkpoint(&self.criu()?, checkpoint, &spec)
+        } else {
+            self.restore_checkpoint_filesystem(checkpoint, &spec)
+        }
     }
 
     fn delete_checkpoint(&self, checkpoint: &Path) -> Result<(), RuntimeError> {

@@ -36,6 +36,8 @@ pub struct Origin {
     pub env_vars: StringMap,
     /// The token the checkpointed envd holds, needed to initialise it again.
     pub envd_token: Option<String>,
+    /// Continue from the checkpoint's memory; false: boot afresh on its disk.
+    pub memory: bool,
 }
 
 /// What a sandbox started from a checkpoint is asked to be.
@@ -58,7 +60,8 @@ pub async fn start_from_checkpoint(
     let id = lifecycle::new_sandbox_id();
     let runtime = state.runtime.clone();
     let (path, new_id) = (checkpoint.to_path_buf(), id.clone());
-    let info = tokio::task::spawn_blocking(move || runtime.restore(&path, &new_id))
+    let memory = origin.memory;
+    let info = tokio::task::spawn_blocking(move || runtime.restore(&path, &new_id, memory))
         .await
         .map_err(|err| ApiError::Internal(format!("restore task failed: {err}")))?
         .map_err(|err| ApiError::Internal(format!("starting sandbox from a checkpoint: {err}")))?;
@@ -71,7 +74,9 @@ pub async fn start_from_checkpoint(
             .await
             .map_err(|err| envd::EnvdError::Http(err.to_string()))?;
         let init = lifecycle::init_request(&template, &env_vars, &id, access_token.clone());
-        envd::init(&state.runtime, &id, &init, origin.envd_token.as_deref()).await
+        // A fresh envd has no token yet; a restored one wants the one it holds.
+        let presented = origin.envd_token.as_deref().filter(|_| origin.memory);
+        envd::init(&state.runtime, &id, &init, presented).await
     }
     .await;
     if let Err(err) = ready {
@@ -164,6 +169,7 @@ fn origin_of(record: &SandboxRecord) -> Origin {
         metadata: record.metadata.clone(),
         env_vars: record.env_vars.clone(),
         envd_token: record.envd_access_token.clone(),
+        memory: true,
     }
 }
 
@@ -228,11 +234,15 @@ pub async fn fork(
         .collect())
 }
 
-/// Snapshot running sandbox `id` as `name` (a snapshot of that name is replaced).
+/// Snapshot running sandbox `id` as `name` (a snapshot of that name is replaced), with
+/// its memory or (`memory` false) only its files. Both take a full checkpoint, whose disk
+/// copy is consistent with a stopped instant; a filesystem-only one just never uses the
+/// memory.
 pub async fn snapshot(
     state: &Arc<AppState>,
     id: &str,
     name: Option<String>,
+    memory: bool,
 ) -> Result<SnapshotRecord, ApiError> {
     let snapshot_id = format!("s{}", &lifecycle::new_sandbox_id()[1..]);
     let name = name.unwrap_or_else(|| snapshot_id.clone());
@@ -253,6 +263,7 @@ pub async fn snapshot(
         path: dest.to_string_lossy().into_owned(),
         size_bytes: info.size_bytes,
         created_at: OffsetDateTime::now_utc(),
+        memory,
     };
     let replaced = match state.store.put_snapshot(&record) {
         Ok(replaced) => replaced,
@@ -290,6 +301,7 @@ pub async fn create_from_snapshot(
         metadata: StringMap::new(),
         env_vars: snapshot.env_vars.clone(),
         envd_token: snapshot.envd_access_token.clone(),
+        memory: snapshot.memory,
     };
     start_from_checkpoint(state, Path::new(&snapshot.path), &origin, start).await
 }

@@ -167,6 +167,9 @@ pub struct SnapshotRecord {
     pub path: String,
     pub size_bytes: u64,
     pub created_at: OffsetDateTime,
+    /// Processes continue from the snapshot's memory; false: only its files are used
+    /// (new sandboxes boot afresh on them).
+    pub memory: bool,
 }
 
 /// Filters of a sandbox listing.
@@ -734,7 +737,7 @@ impl Store {
         tx.execute(
             &format!(
                 "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES \
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
             ),
             params![
                 snapshot.id,
@@ -751,6 +754,7 @@ impl Store {
                 snapshot.path,
                 snapshot.size_bytes as i64,
                 to_ms(snapshot.created_at),
+                snapshot.memory,
             ],
         )?;
         tx.commit()?;
@@ -1349,7 +1353,7 @@ fn metric_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<MetricSample> {
 
 const SNAPSHOT_COLUMNS: &str = "id, team_id, name, source_sandbox_id, template_id, build_id, \
      cpu_count, memory_mb, disk_size_mb, env_vars, envd_access_token, path, size_bytes, \
-     created_at_ms";
+     created_at_ms, memory";
 
 fn snapshot_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotRecord> {
     let env_vars: String = row.get(9)?;
@@ -1368,6 +1372,7 @@ fn snapshot_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotRecord
         path: row.get(11)?,
         size_bytes: row.get::<_, i64>(12)? as u64,
         created_at: from_ms(row.get(13)?),
+        memory: row.get(14)?,
     })
 }
 

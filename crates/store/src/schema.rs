@@ -120,6 +120,7 @@ CREATE TABLE snapshots (
     path TEXT NOT NULL,
     size_bytes INTEGER NOT NULL,
     created_at_ms INTEGER NOT NULL,
+    memory INTEGER NOT NULL,
     UNIQUE (team_id, name)
 );
 "#,

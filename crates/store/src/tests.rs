@@ -343,6 +343,7 @@ fn snapshots_are_per_team_replaced_by_name_and_paged() {
         path: format!("/ckpt/{id}"),
         size_bytes: 42,
         created_at: from_ms(at),
+        memory: true,
     };
     assert_eq!(
         store

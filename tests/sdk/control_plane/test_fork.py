@@ -71,6 +71,22 @@ def test_snapshot_then_three_sandboxes_from_it(berth: Berth, api: httpx.Client, 
     assert api.delete(f"/templates/{name}").status_code == 404
 
 
+def test_filesystem_only_snapshot_boots_fresh_on_its_files(api: httpx.Client, source: Sandbox) -> None:
+    start_holder(source, 8000)
+    source.files.write("/home/user/state.txt", "files only")
+    name = f"fs-snap-{secrets.token_hex(4)}"
+    source.create_snapshot(name=name, mode="filesystem")
+    child = Sandbox.create(name, timeout=300)
+    try:
+        assert child.files.read("/home/user/state.txt") == "files only"
+        assert "holder.py" not in child.commands.run("ps -eo args").stdout, "no process comes along"
+        seen = child.commands.run("echo $MARK $E2B_SANDBOX_ID; whoami").stdout.split()
+        assert seen == ["from-source", child.sandbox_id, "user"]
+    finally:
+        kill_quietly(child.sandbox_id)
+        api.delete(f"/templates/{name}")
+
+
 def test_snapshot_input_is_checked(api: httpx.Client, source: Sandbox) -> None:
     bad = api.post(f"/sandboxes/{source.sandbox_id}/snapshots", json={"name": "no spaces"})
     assert bad.status_code == 400 and "name" in bad.json()["message"]

@@ -120,11 +120,6 @@ pub async fn create_snapshot(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<SandboxSnapshotRequest>,
 ) -> Result<Response, ApiError> {
-    if body.memory == Some(false) {
-        return Err(ApiError::NotImplemented(
-            "filesystem-only snapshots (memory=false)".into(),
-        ));
-    }
     let name = body.name.filter(|name| !name.is_empty());
     if let Some(name) = &name {
         check_name(name)?;
@@ -143,7 +138,8 @@ pub async fn create_snapshot(
         }
     }
     check_owner(&state, &caller, &id)?;
-    let record = checkpoints::snapshot(&state, &id, name).await?;
+    let memory = body.memory.unwrap_or(true);
+    let record = checkpoints::snapshot(&state, &id, name, memory).await?;
     Ok((StatusCode::CREATED, Json(snapshot_info(&record))).into_response())
 }
 
