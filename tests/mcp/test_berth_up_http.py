@@ -37,7 +37,7 @@ def berth_binary() -> str:
 
 @pytest.fixture(scope="module")
 def berth():
-    instance = BerthUp(berth_binary())
+    instance = BerthUp(berth_binary(), "--mcp-allowed-host", "berth.test")
     try:
         yield instance
     finally:
@@ -237,3 +237,26 @@ def test_two_teams_do_not_see_each_others_sandboxes(berth):
                 await call(alice, "e2b_manage_sandbox", {"sandbox_id": sandbox_id, "action": "delete"})
 
     anyio.run(run)
+
+
+@pytest.mark.parametrize("host, allowed", [("berth.test", True), ("berth.test:8080", True), ("evil.test", False)])
+def test_mcp_checks_the_host_header(berth, host, allowed):
+    """The DNS-rebinding guard: only loopback names, the listen address, --domain and
+    --mcp-allowed-host names reach /mcp."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "berth-test", "version": "0"}},
+    }
+    answer = httpx.post(
+        f"{berth.api_url}/mcp",
+        json=initialize,
+        headers={"X-API-Key": berth.api_key, "Host": host, "Accept": "application/json, text/event-stream"},
+        timeout=30,
+    )
+    if allowed:
+        assert answer.status_code == 200, answer.text
+    else:
+        assert answer.status_code == 403, answer.text

@@ -111,6 +111,14 @@ struct UpArgs {
     /// Which agent tools `/mcp` offers: session, connector or all.
     #[arg(long, env = "BERTH_MCP_TOOLSET", default_value = "all")]
     mcp_toolset: berth_mcp::Toolset,
+    /// Extra Host names `/mcp` accepts (a DNS-rebinding guard: loopback names, the
+    /// listen address and `--domain` are always accepted). Comma-separated in the env.
+    #[arg(
+        long = "mcp-allowed-host",
+        env = "BERTH_MCP_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    mcp_allowed_hosts: Vec<String>,
     /// State directory whose `criu/` holds a provisioned CRIU (default: the state dir);
     /// lets several berth instances share one provisioned CRIU.
     #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
@@ -396,6 +404,13 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         let url = client_url(listener.local_addr()?);
         let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
         mcp_config.toolset = args.mcp_toolset;
+        let listen_ip = args.listen.ip();
+        if !listen_ip.is_unspecified() && !listen_ip.is_loopback() {
+            mcp_config.allowed_hosts.push(listen_ip.to_string());
+        }
+        mcp_config
+            .allowed_hosts
+            .extend(args.domain.iter().cloned().chain(args.mcp_allowed_hosts.clone()));
         let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
         let sweeping = tokio_util::sync::CancellationToken::new();
         let _sweeper = mcp.spawn_sweeper(sweeping.clone());
