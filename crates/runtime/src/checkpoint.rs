@@ -276,7 +276,7 @@ impl LinuxRuntime {
             }
             _ => io_err("create sandbox dir")(e),
         })?;
-        let slot = match self.take_slot() {
+        let slot = match self.take_slot(&spec.id) {
             Ok(slot) => slot,
             Err(e) => {
                 let _ = fs::remove_dir(&dir);
@@ -298,7 +298,7 @@ impl LinuxRuntime {
             Ok(v) => v,
             Err(e) => {
                 let _ = self.teardown(&spec.id, None, None);
-                self.release_slot(slot);
+                self.release_slot(slot, &spec.id);
                 return Err(e);
             }
         };
@@ -309,7 +309,7 @@ impl LinuxRuntime {
         record.init_start_ticks = record::process_start_ticks(pid);
         if let Err(e) = record.write(&dir) {
             let _ = self.teardown(&spec.id, Some((&pidfd, own_child)), disk);
-            self.release_slot(slot);
+            self.release_slot(slot, &spec.id);
             return Err(io_err("write record")(e));
         }
         let info = SandboxInfo {

@@ -25,11 +25,13 @@
 //! host `uid_base + n * 65536` onwards; berth owns the host ids from `uid_base` (default
 //! 2^30 = 1073741824) for `max_sandboxes` (default 10,000) slots, a region no distribution
 //! tool allocates from (it is not in /etc/subuid; change `uid_base` if a host uses it).
-//! A shared range would be simpler and would let all sandboxes share one idmapped layer
-//! mount, but the kernel keeps some per-uid accounting across user namespaces (e.g. pipe
-//! buffer pages per user), so one sandbox could exhaust it for all others, and a process
-//! that ever escaped its mount namespace would own every other sandbox's files. A private
-//! range costs one idmapped mount per layer per create (well under a millisecond).
+//! Ranges are claimed machine-wide (see `slots`), so daemons with different state dirs on
+//! one host never hand out the same range. A shared range would be simpler and would let
+//! all sandboxes share one idmapped layer mount, but the kernel keeps some per-uid
+//! accounting across user namespaces (e.g. pipe buffer pages per user), so one sandbox
+//! could exhaust it for all others, and a process that ever escaped its mount namespace
+//! would own every other sandbox's files. A private range costs one idmapped mount per
+//! layer per create (well under a millisecond).
 //!
 //! **Root filesystem.** Template layers stay owned by host uid 0 as debootstrap made
 //! them; the daemon clones each (`open_tree(OPEN_TREE_CLONE)`) and idmaps it to the
@@ -97,6 +99,7 @@ pub mod launch;
 mod linux;
 mod record;
 mod seccomp;
+mod slots;
 mod sys;
 
 pub use linux::{

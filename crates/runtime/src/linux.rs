@@ -16,6 +16,7 @@ use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::disk::{self, DiskStore, Janitor};
 use crate::launch::{self, LaunchConfig, CONTROL_FD};
 use crate::record::{self, Record};
+use crate::slots::{Claim, SlotRegistry};
 use crate::sys::{self, cpath};
 use crate::{
     RecoveryReport, ResumedSandbox, Runtime, RuntimeError, SandboxInfo, SandboxSpec, SandboxStats,
@@ -66,6 +67,9 @@ pub struct LinuxRuntimeConfig {
     /// State directory whose `criu/` holds (or will hold) a provisioned CRIU, when the
     /// host's is too old; default `state_dir`.
     pub criu_state_dir: PathBuf,
+    /// Machine-wide directory of uid-range claims, shared by every daemon on the host
+    /// whatever its state dir (default `/var/lib/berth/uid-slots`).
+    pub uid_claims_dir: PathBuf,
 }
 
 impl LinuxRuntimeConfig {
@@ -78,6 +82,7 @@ impl LinuxRuntimeConfig {
         let state_dir = state_dir.into();
         Self {
             criu_state_dir: state_dir.clone(),
+            uid_claims_dir: PathBuf::from("/var/lib/berth/uid-slots"),
             state_dir,
             envd_binary: envd_binary.into(),
             envd_args: DEFAULT_ENVD_ARGS.iter().map(|s| s.to_string()).collect(),
@@ -123,6 +128,8 @@ pub struct LinuxRuntime {
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
     /// Slots in use, including sandboxes being created or killed.
     slots: Mutex<BTreeSet<u32>>,
+    /// Claims on uid ranges shared with other daemons on this host.
+    uid_claims: SlotRegistry,
     /// CRIU, located or provisioned on first need (pause, resume, checkpoint).
     criu: Mutex<Option<Criu>>,
 }
@@ -159,6 +166,8 @@ impl LinuxRuntime {
         let disks = DiskStore::new(&config.state_dir, config.disk_pool_size)
             .map_err(io_err("create disk template dir"))?;
         let janitor = Janitor::new(&config.state_dir).map_err(io_err("start janitor"))?;
+        let uid_claims = SlotRegistry::new(&config.uid_claims_dir, &config.state_dir)
+            .map_err(io_err("open uid range claims"))?;
         for (what, path) in [
             ("envd binary", &config.envd_binary),
             ("launcher binary", &config.launcher_binary),
@@ -177,6 +186,7 @@ impl LinuxRuntime {
             janitor,
             sandboxes: Mutex::new(HashMap::new()),
             slots: Mutex::new(BTreeSet::new()),
+            uid_claims,
             criu: Mutex::new(None),
         })
     }
@@ -215,21 +225,49 @@ impl LinuxRuntime {
         self.config.uid_base + slot * UID_RANGE_SIZE
     }
 
-    fn take_slot(&self) -> Result<u32, RuntimeError> {
+    /// A free slot for sandbox `id` (whose directory exists): free here and not claimed
+    /// by a live sandbox of another daemon on this host.
+    fn take_slot(&self, id: &str) -> Result<u32, RuntimeError> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = (0..self.config.max_sandboxes)
-            .find(|s| !slots.contains(s))
-            .ok_or_else(|| {
-                RuntimeError::Other(format!(
-                    "all {} sandbox slots are in use",
-                    self.config.max_sandboxes
-                ))
-            })?;
-        slots.insert(slot);
-        Ok(slot)
+        for slot in 0..self.config.max_sandboxes {
+            if slots.contains(&slot) {
+                continue;
+            }
+            let claimed = self
+                .uid_claims
+                .claim(self.uid_base_of(slot), id)
+                .map_err(io_err("claim a uid range"))?;
+            if claimed == Claim::Taken {
+                slots.insert(slot);
+                return Ok(slot);
+            }
+        }
+        Err(RuntimeError::Other(format!(
+            "all {} sandbox slots are in use",
+            self.config.max_sandboxes
+        )))
     }
 
-    fn release_slot(&self, slot: u32) {
+    /// Marks `slot` used by sandbox `id` found on disk (recovery).
+    fn keep_slot(&self, slot: u32, id: &str) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(slot);
+        match self.uid_claims.claim(self.uid_base_of(slot), id) {
+            Ok(Claim::Taken) => {}
+            Ok(Claim::Held) => tracing::error!(
+                sandbox = %id, slot,
+                "another daemon's live sandbox claims this sandbox's uid range"
+            ),
+            Err(err) => tracing::warn!(sandbox = %id, %err, "claiming a uid range"),
+        }
+    }
+
+    fn release_slot(&self, slot: u32, id: &str) {
+        if let Err(err) = self.uid_claims.release(self.uid_base_of(slot), id) {
+            tracing::warn!(sandbox = %id, %err, "releasing a uid range claim");
+        }
         self.slots
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -468,7 +506,7 @@ impl Runtime for LinuxRuntime {
             }
             _ => io_err("create sandbox dir")(e),
         })?;
-        let slot = match self.take_slot() {
+        let slot = match self.take_slot(&spec.id) {
             Ok(slot) => slot,
             Err(e) => {
                 let _ = fs::remove_dir(&dir);
@@ -490,7 +528,7 @@ impl Runtime for LinuxRuntime {
             Ok(v) => v,
             Err(e) => {
                 let _ = self.teardown(&spec.id, None, None);
-                self.release_slot(slot);
+                self.release_slot(slot, &spec.id);
                 return Err(e);
             }
         };
@@ -498,7 +536,7 @@ impl Runtime for LinuxRuntime {
         record.init_start_ticks = record::process_start_ticks(pid);
         if let Err(e) = record.write(&dir) {
             let _ = self.teardown(&spec.id, Some((&pidfd, true)), Some(disk));
-            self.release_slot(slot);
+            self.release_slot(slot, &spec.id);
             return Err(io_err("write record")(e));
         }
         let info = SandboxInfo {
@@ -539,7 +577,7 @@ impl Runtime for LinuxRuntime {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         let result = self.teardown(id, Some((&sandbox.pidfd, sandbox.own_child)), disk);
-        self.release_slot(sandbox.slot);
+        self.release_slot(sandbox.slot, id);
         result
     }
 
@@ -603,10 +641,7 @@ impl Runtime for LinuxRuntime {
             }
             let dir = entry.path();
             if let Some(slot) = Self::paused_slot(&dir) {
-                self.slots
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(slot);
+                self.keep_slot(slot, &id);
                 report.paused.push(id);
                 continue;
             }
@@ -620,10 +655,7 @@ impl Runtime for LinuxRuntime {
             });
             match alive {
                 Some((record, pidfd, pid)) => {
-                    self.slots
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(record.slot);
+                    self.keep_slot(record.slot, &id);
                     let info = SandboxInfo {
                         id: id.clone(),
                         template: record.spec.template.clone(),

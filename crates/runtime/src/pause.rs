@@ -365,7 +365,7 @@ impl LinuxRuntime {
             let _ = fs::remove_dir_all(images);
         }
         if let Some(slot) = slot {
-            self.release_slot(slot);
+            self.release_slot(slot, id);
         }
         result
     }

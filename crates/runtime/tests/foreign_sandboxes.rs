@@ -44,3 +44,44 @@ fn recovery_leaves_live_sandboxes_of_another_state_dir_alone() {
     assert_eq!(t.sh_ok(&live.id, 0, "echo alive"), "alive");
     t.rt.kill(&live.id).unwrap();
 }
+
+/// Host uid of namespaced root in the sandbox whose init is `pid`.
+fn host_root_uid(pid: i32) -> u32 {
+    let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
+    map.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn two_daemons_never_give_two_sandboxes_one_uid_range() {
+    let t = TestRuntime::new();
+    let state = PathBuf::from("/var/lib/berth-test").join(common::unique("berth-test-other"));
+    std::fs::create_dir_all(&state).unwrap();
+    let mut other = OtherDaemon { rt: None, state };
+    let rt = other
+        .rt
+        .insert(LinuxRuntime::new(common::test_config(&other.state, t.cgroup_parent())).unwrap());
+    let mine: Vec<_> = (0..3)
+        .map(|i| t.rt.create(&t.spec(&format!("mine{i}"))).unwrap())
+        .collect();
+    let theirs: Vec<_> = (0..3)
+        .map(|i| rt.create(&t.spec(&format!("theirs{i}"))).unwrap())
+        .collect();
+    let mut bases: Vec<u32> = mine
+        .iter()
+        .chain(&theirs)
+        .map(|s| host_root_uid(s.init_pid))
+        .collect();
+    bases.sort_unstable();
+    bases.dedup();
+    assert_eq!(
+        bases.len(),
+        6,
+        "each sandbox has its own host range: {bases:?}"
+    );
+    for sandbox in &theirs {
+        rt.kill(&sandbox.id).unwrap();
+    }
+    for sandbox in &mine {
+        t.rt.kill(&sandbox.id).unwrap();
+    }
+}

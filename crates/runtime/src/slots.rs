@@ -1,0 +1,167 @@
+//! Machine-wide claims on uid ranges, so two daemons on one host (different state dirs)
+//! never give two sandboxes the same host ids.
+//!
+//! One claim file per range in a shared directory, named by the range's first host uid
+//! (so daemons agree whatever their slot numbering), holding the owner: the claiming
+//! daemon's state dir and the sandbox id. Claims and releases run under an exclusive
+//! `flock` of the directory's `.lock` file, so two daemons never take one range at once.
+//! A claim is stale, and may be taken over, when the owner's sandbox directory is gone (the
+//! daemon removed it, or its state dir was deleted); a live sandbox always has one (made
+//! before its claim, removed after its processes are dead), even while its daemon is
+//! stopped, so ranges of sandboxes that outlive their daemon stay claimed. Claims are not
+//! fsynced: after a crash, recovery claims the ranges of the sandboxes it keeps again.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// Who holds a range.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Owner {
+    state_dir: PathBuf,
+    sandbox: String,
+}
+
+impl Owner {
+    /// True while the owner's sandbox exists on disk.
+    fn is_live(&self) -> bool {
+        self.state_dir
+            .join("sandboxes")
+            .join(&self.sandbox)
+            .is_dir()
+    }
+}
+
+/// The claim directory of one daemon (its state dir names it as owner).
+#[derive(Debug)]
+pub(crate) struct SlotRegistry {
+    dir: PathBuf,
+    state_dir: PathBuf,
+}
+
+/// Held while claims are read or changed.
+struct DirLock(File);
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // SAFETY: flock on an fd we own.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// What [`SlotRegistry::claim`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// The range is ours now (or already was, for this sandbox).
+    Taken,
+    /// Another live sandbox holds it.
+    Held,
+}
+
+impl SlotRegistry {
+    pub(crate) fn new(dir: &Path, state_dir: &Path) -> io::Result<Self> {
+        fs::create_dir_all(dir)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            state_dir: fs::canonicalize(state_dir)?,
+        })
+    }
+
+    fn lock(&self) -> io::Result<DirLock> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(".lock"))?;
+        // SAFETY: flock on an fd we own; blocks until the other holder is done (short).
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(DirLock(file))
+    }
+
+    fn path(&self, uid_base: u32) -> PathBuf {
+        self.dir.join(uid_base.to_string())
+    }
+
+    fn read(&self, uid_base: u32) -> Option<Owner> {
+        let bytes = fs::read(self.path(uid_base)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Claims the range starting at host uid `uid_base` for `sandbox`, taking over a
+    /// stale claim.
+    pub(crate) fn claim(&self, uid_base: u32, sandbox: &str) -> io::Result<Claim> {
+        let _lock = self.lock()?;
+        let ours = Owner {
+            state_dir: self.state_dir.clone(),
+            sandbox: sandbox.to_owned(),
+        };
+        if let Some(owner) = self.read(uid_base) {
+            if owner == ours {
+                return Ok(Claim::Taken);
+            }
+            if owner.is_live() {
+                return Ok(Claim::Held);
+            }
+        }
+        let tmp = self.dir.join(format!(".{uid_base}.tmp"));
+        let mut file = File::create(&tmp)?;
+        file.write_all(&serde_json::to_vec(&ours).map_err(io::Error::other)?)?;
+        fs::rename(&tmp, self.path(uid_base))?;
+        Ok(Claim::Taken)
+    }
+
+    /// Gives up the range at `uid_base` if `sandbox` of this daemon holds it.
+    pub(crate) fn release(&self, uid_base: u32, sandbox: &str) -> io::Result<()> {
+        let _lock = self.lock()?;
+        let ours = Owner {
+            state_dir: self.state_dir.clone(),
+            sandbox: sandbox.to_owned(),
+        };
+        if self.read(uid_base).as_ref() == Some(&ours) {
+            fs::remove_file(self.path(uid_base))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(state: &Path, id: &str) {
+        fs::create_dir_all(state.join("sandboxes").join(id)).unwrap();
+    }
+
+    #[test]
+    fn two_daemons_never_share_a_range_and_stale_claims_are_taken_over() {
+        let root = tempfile::tempdir().unwrap();
+        let claims = root.path().join("claims");
+        let (a_state, b_state) = (root.path().join("a"), root.path().join("b"));
+        fs::create_dir_all(&a_state).unwrap();
+        fs::create_dir_all(&b_state).unwrap();
+        let a = SlotRegistry::new(&claims, &a_state).unwrap();
+        let b = SlotRegistry::new(&claims, &b_state).unwrap();
+
+        record(&a_state, "ia");
+        assert_eq!(a.claim(1 << 30, "ia").unwrap(), Claim::Taken);
+        assert_eq!(a.claim(1 << 30, "ia").unwrap(), Claim::Taken, "idempotent");
+        assert_eq!(b.claim(1 << 30, "ib").unwrap(), Claim::Held);
+        b.release(1 << 30, "ib").unwrap();
+        assert_eq!(
+            b.claim(1 << 30, "ib").unwrap(),
+            Claim::Held,
+            "not b's to release"
+        );
+
+        // a's sandbox is gone without a release (crash): the claim is stale.
+        fs::remove_dir_all(a_state.join("sandboxes/ia")).unwrap();
+        record(&b_state, "ib");
+        assert_eq!(b.claim(1 << 30, "ib").unwrap(), Claim::Taken);
+        assert_eq!(a.claim(1 << 30, "ia").unwrap(), Claim::Held);
+        b.release(1 << 30, "ib").unwrap();
+        assert!(!claims.join((1u32 << 30).to_string()).exists());
+    }
+}
