@@ -351,7 +351,7 @@ fn host_summary() -> String {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<&str> = load.split_whitespace().take(3).collect();
     format!(
-        "kernel {}, {cpus} CPUs, {:.0} GiB RAM, load average at start {}",
+        "kernel {}, {cpus} CPUs, {:.0} GiB RAM, load average {} (1/5/15 min, when the report was printed)",
         kernel.trim(),
         mem_kib as f64 / (1 << 20) as f64,
         load.join(" ")
