@@ -24,6 +24,8 @@ const DEFAULT_TEAM: &str = "default";
 /// How long `berth up` waits for open connections after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+const DEFAULT_STATE_DIR: &str = "/var/lib/berth";
+
 #[derive(Parser)]
 #[command(
     name = "berth",
@@ -35,7 +37,7 @@ struct Cli {
     #[arg(
         long,
         env = "BERTH_STATE_DIR",
-        default_value = "/var/lib/berth",
+        default_value = DEFAULT_STATE_DIR,
         global = true
     )]
     state_dir: PathBuf,
@@ -367,6 +369,20 @@ async fn shutdown_signal() {
     }
 }
 
+/// Where CRIU is found or provisioned: the given dir, else this state dir if it already
+/// holds one, else the default state dir's when that holds one (so a `berth up` with a
+/// fresh `--state-dir` does not fetch CRIU again), else this state dir.
+fn criu_state_dir(state_dir: &Path, given: Option<PathBuf>) -> PathBuf {
+    if let Some(dir) = given {
+        return dir;
+    }
+    let default = Path::new(DEFAULT_STATE_DIR);
+    if !state_dir.join("criu").exists() && default.join("criu").exists() {
+        return default.to_path_buf();
+    }
+    state_dir.to_path_buf()
+}
+
 fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
     let state_dir = state_dir.to_path_buf();
     let store = Arc::new(open_store(&state_dir)?);
@@ -377,9 +393,7 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
     }
     let envd_binary = args.envd_binary.unwrap_or_else(default_envd_binary);
     let mut runtime_config = LinuxRuntimeConfig::new(&state_dir, &envd_binary);
-    if let Some(dir) = args.criu_state_dir {
-        runtime_config.criu_state_dir = dir;
-    }
+    runtime_config.criu_state_dir = criu_state_dir(&state_dir, args.criu_state_dir);
     let runtime = Arc::new(LinuxRuntime::new(runtime_config).context("starting the runtime")?);
     // Pause, resume, snapshots and fork need CRIU; find or provision it now, in the
     // background, so the first pause does not wait for a download.
@@ -445,6 +459,22 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn criu_is_looked_for_where_it_already_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let given = dir.path().join("given");
+        assert_eq!(criu_state_dir(dir.path(), Some(given.clone())), given);
+        std::fs::create_dir(dir.path().join("criu")).unwrap();
+        assert_eq!(criu_state_dir(dir.path(), None), dir.path());
+        let fresh = dir.path().join("fresh");
+        let expected = if Path::new(DEFAULT_STATE_DIR).join("criu").exists() {
+            PathBuf::from(DEFAULT_STATE_DIR)
+        } else {
+            fresh.clone()
+        };
+        assert_eq!(criu_state_dir(&fresh, None), expected);
+    }
 
     #[test]
     fn wildcard_listen_addresses_are_reached_over_loopback() {
