@@ -254,8 +254,14 @@ fn up_keys_auth_and_tenancy() {
         413
     );
     let (status, body) = up.request("POST", "/sandboxes/iabc/pause", Some(&key), Some("{}"));
-    assert_eq!(status, 501);
-    assert!(json(&body)["message"].as_str().unwrap().contains("pausing"));
+    assert_eq!(status, 404);
+    assert!(json(&body)["message"].as_str().unwrap().contains("iabc"));
+    let (status, body) = up.request("POST", "/v3/templates", Some(&key), Some("{}"));
+    assert_eq!(status, 501, "what berth lacks is named, never faked");
+    assert!(json(&body)["message"]
+        .as_str()
+        .unwrap()
+        .contains("templates"));
 
     // Revoking by the CLI takes effect on the running server.
     up.keys(&["revoke", &other_key_id]);

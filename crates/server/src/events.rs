@@ -22,7 +22,7 @@ pub fn to_api(event: &EventRecord) -> SandboxEvent {
         event_type: event.event_type.clone(),
         event_data: event.data.clone(),
         sandbox_build_id: event.build_id.clone(),
-        // One execution per sandbox until pause/resume exists.
+        // berth keeps no execution ids (E2B starts a new one at each resume): the sandbox id.
         sandbox_execution_id: event.sandbox_id.clone(),
         sandbox_id: event.sandbox_id.clone(),
         sandbox_team_id: event.team_id.clone(),
