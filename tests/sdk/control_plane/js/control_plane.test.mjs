@@ -176,3 +176,30 @@ test('getMetrics reports a sample', async () => {
   assert.ok(latest.memUsed > 0 && latest.memUsed <= latest.memTotal)
   assert.ok(latest.diskUsed > 0 && latest.diskUsed <= latest.diskTotal)
 })
+
+test('pause, connect resumes with memory, fork and snapshot', async () => {
+  const sandbox = await createSandbox({ timeoutMs: 300_000 })
+  // A value only in a shell's memory, printed on demand through a fifo.
+  await sandbox.commands.run(
+    'mkfifo /tmp/ask && (secret=$RANDOM$RANDOM; while true; do read _ < /tmp/ask; echo "$secret" > /tmp/answer; done) >/dev/null 2>&1 &',
+  )
+  const ask = async (box) => (await box.commands.run('echo > /tmp/ask; sleep 0.2; cat /tmp/answer')).stdout.trim()
+  const secret = await ask(sandbox)
+  assert.match(secret, /^\d+$/)
+
+  assert.equal(await sandbox.pause(), true)
+  assert.equal((await Sandbox.getInfo(sandbox.sandboxId)).state, 'paused')
+  const resumed = await Sandbox.connect(sandbox.sandboxId, { timeoutMs: 300_000 })
+  assert.equal(await ask(resumed), secret)
+
+  const [fork] = await resumed.fork({ count: 1 })
+  created.push(fork)
+  assert.notEqual(fork.sandboxId, sandbox.sandboxId)
+  assert.equal(await ask(fork), secret)
+
+  const name = `js-snap-${process.pid}`
+  const snapshot = await resumed.createSnapshot({ name })
+  const child = await createSandbox({ template: snapshot.snapshotId, timeoutMs: 120_000 })
+  assert.equal(await ask(child), secret)
+  assert.equal((await child.commands.run('echo $E2B_SANDBOX_ID')).stdout.trim(), child.sandboxId)
+})
