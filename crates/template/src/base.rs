@@ -291,7 +291,14 @@ fn chroot_command(
 ) -> Command {
     let mut command = Command::new(unshare);
     command
-        .args(["--mount", "--propagation", "private", "--pid", "--fork"])
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--pid",
+            "--fork",
+            "--kill-child",
+        ])
         .arg(format!("--mount-proc={}", rootfs.join("proc").display()))
         .arg("--")
         .arg(chroot)
@@ -316,6 +323,14 @@ fn run_streaming(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // A build outlives nothing: if berth is stopped mid-build, the tool stops too.
+    // SAFETY: the hook only makes one async-signal-safe syscall (prctl).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+                .map_err(std::io::Error::from)
+        });
+    }
     let program = PathBuf::from(command.get_program());
     let mut child = command.spawn().ctx("spawn", &program)?;
     let (tx, rx) = mpsc::channel::<String>();
