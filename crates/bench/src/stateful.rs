@@ -339,7 +339,7 @@ fn measure_forks(
 
 /// berth's dump command line (`berth_checkpoint::Criu::dump`, as `pause` runs it).
 fn raw_dump_command(criu: &Criu, pid: i32, images: &Path) -> Command {
-    let mut cmd = criu.command();
+    let mut cmd = criu.sandbox_command();
     cmd.arg("dump")
         .arg("--tree")
         .arg(pid.to_string())
@@ -379,7 +379,7 @@ fn raw_restore(
     let prep = t.elapsed();
     let pidfile = work.join("restore.pid");
     let log = work.join("restore.log");
-    let mut cmd = criu.command();
+    let mut cmd = criu.sandbox_command();
     cmd.arg("restore")
         .arg("--restore-detached")
         .arg("--images-dir")

@@ -122,6 +122,9 @@ enum Launch {
 pub struct Criu {
     launch: Launch,
     version: CriuVersion,
+    /// A tmpfs of ours mounted over `/run` in CRIU's own mount namespace (see
+    /// [`kdat_run_dir`]); None when the host's `/run` already is a tmpfs.
+    kdat_run: Option<PathBuf>,
 }
 
 impl Criu {
@@ -130,11 +133,11 @@ impl Criu {
     pub fn locate(state_dir: &Path) -> Result<Self, CriuError> {
         let host = Self::host();
         if let Ok(criu) = &host {
-            return Ok(criu.clone());
+            return Ok(criu.clone().with_kdat_cache(state_dir));
         }
         let prefix = prefix_dir(state_dir);
         if prefix.join("usr/sbin/criu").exists() {
-            return Self::private(prefix);
+            return Self::private(prefix).map(|criu| criu.with_kdat_cache(state_dir));
         }
         match host {
             Err(e @ CriuError::TooOld { .. }) => Err(e),
@@ -168,6 +171,7 @@ impl Criu {
         Ok(Self {
             launch: Launch::Host(program),
             version,
+            kdat_run: None,
         })
     }
 
@@ -177,7 +181,11 @@ impl Criu {
         if version < MINIMUM {
             return Err(CriuError::TooOld { found: version });
         }
-        Ok(Self { launch, version })
+        Ok(Self {
+            launch,
+            version,
+            kdat_run: None,
+        })
     }
 
     /// Downloads forky's `criu` and its dependency closure with apt on a private root
@@ -251,9 +259,36 @@ impl Criu {
         matches!(self.launch, Launch::Private { .. })
     }
 
+    /// Lets CRIU keep its kernel-probe cache under `state_dir` when the host's `/run`
+    /// cannot (see [`kdat_run_dir`]); unchanged when that is not possible.
+    fn with_kdat_cache(mut self, state_dir: &Path) -> Self {
+        self.kdat_run = kdat_run_dir(state_dir);
+        self
+    }
+
     /// A command that runs CRIU; append its arguments (`dump`, `restore`, …).
     pub fn command(&self) -> Command {
         self.launch.command()
+    }
+
+    /// [`Criu::command`] for trees with their own mount namespace (sandboxes): CRIU runs
+    /// in a private mount namespace whose `/run` keeps its kernel-probe cache (see
+    /// [`kdat_run_dir`]). Not for trees sharing the caller's mount namespace: CRIU
+    /// compares the tree's mount namespace with its own.
+    pub fn sandbox_command(&self) -> Command {
+        let mut cmd = self.launch.command();
+        if let Some(run) = self
+            .kdat_run
+            .as_ref()
+            .and_then(|dir| std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok())
+        {
+            // SAFETY: between fork and exec the hook makes only raw syscalls (unshare,
+            // mount) on memory prepared before the fork.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || private_run(&run));
+            }
+        }
+        cmd
     }
 
     /// Checkpoints the process tree rooted at `dump.pid` (with its namespaces) into
@@ -279,7 +314,11 @@ impl Criu {
     }
 
     fn dump_command(&self, dump: &Dump) -> Command {
-        let mut cmd = self.command();
+        let mut cmd = if dump.own_mount_namespace {
+            self.sandbox_command()
+        } else {
+            self.command()
+        };
         cmd.arg("dump")
             .arg("--tree")
             .arg(dump.pid.to_string())
@@ -311,7 +350,12 @@ impl Criu {
     ) -> Result<i32, CriuError> {
         let pidfile = restore.work.join("restore.pid");
         let log = restore.work.join(RESTORE_LOG);
-        let mut cmd = self.command();
+        // A tree restored onto its own root has its own mount namespace.
+        let mut cmd = if restore.root.is_some() {
+            self.sandbox_command()
+        } else {
+            self.command()
+        };
         cmd.arg("restore")
             .arg("--restore-detached")
             .arg("--images-dir")
@@ -376,6 +420,9 @@ pub struct Dump {
     pub images: PathBuf,
     /// Keep the tree running after the dump (snapshots, fork) instead of killing it.
     pub leave_running: bool,
+    /// The tree has its own mount namespace (a sandbox): lets CRIU run in a private one
+    /// (see [`Criu::sandbox_command`]).
+    pub own_mount_namespace: bool,
 }
 
 /// What [`Criu::restore`] brings back.
@@ -420,6 +467,80 @@ impl Launch {
             }
         }
     }
+}
+
+/// CRIU probes the kernel on every run (netns and nftables probes, ptrace, …: about 50
+/// ms here) unless it finds its cache, `/run/criu.kdat`, which it only writes when `/run`
+/// is a tmpfs (so a reboot clears it). Where the host's `/run` is not one, berth keeps a
+/// small tmpfs at `<state>/criu/run` and CRIU runs in a private mount namespace with it
+/// bound over `/run` (see [`private_run`]). None when `/run` is a tmpfs already or the
+/// tmpfs cannot be mounted (not root): CRIU then just probes each time.
+fn kdat_run_dir(state_dir: &Path) -> Option<PathBuf> {
+    if is_tmpfs(Path::new("/run")) {
+        return None;
+    }
+    let dir = state_dir.join("criu").join("run");
+    fs::create_dir_all(&dir).ok()?;
+    if !is_tmpfs(&dir) {
+        let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+        // SAFETY: mount(2) with valid NUL-terminated strings.
+        let mounted = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"size=1m,mode=0700".as_ptr().cast(),
+            )
+        };
+        if mounted != 0 {
+            tracing::debug!(
+                dir = %dir.display(),
+                err = %io::Error::last_os_error(),
+                "no tmpfs for CRIU's kernel-probe cache"
+            );
+            return None;
+        }
+    }
+    Some(dir)
+}
+
+fn is_tmpfs(path: &Path) -> bool {
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs into a zeroed struct with a valid path.
+    unsafe {
+        let mut stat: libc::statfs = std::mem::zeroed();
+        libc::statfs(c_path.as_ptr(), &mut stat) == 0 && stat.f_type == libc::TMPFS_MAGIC
+    }
+}
+
+/// In the forked child before exec: a private mount namespace (slave, so nothing leaks
+/// to the host) whose `/run` is `run`.
+fn private_run(run: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: raw syscalls with valid NUL-terminated strings; the child is single-threaded.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0
+            || libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_SLAVE | libc::MS_REC,
+                std::ptr::null(),
+            ) != 0
+            || libc::mount(
+                run.as_ptr(),
+                c"/run".as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 fn prefix_dir(state_dir: &Path) -> PathBuf {

@@ -83,6 +83,7 @@ fn dump_and_restore_keep_memory() {
         pid,
         images: images.clone(),
         leave_running: false,
+        own_mount_namespace: false,
     })
     .expect("criu dump");
     // The dump killed the process; collect it so the pid is free for the restore.

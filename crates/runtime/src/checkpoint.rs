@@ -173,6 +173,7 @@ impl LinuxRuntime {
                 pid: sandbox.info.init_pid,
                 images,
                 leave_running: true,
+                own_mount_namespace: true,
             },
             &hook,
         )

@@ -89,6 +89,7 @@ impl LinuxRuntime {
             pid: sandbox.info.init_pid,
             images: images.to_path_buf(),
             leave_running: false,
+            own_mount_namespace: true,
         };
         if let Err(e) = criu.dump(&dump) {
             let _ = fs::remove_dir_all(images);
