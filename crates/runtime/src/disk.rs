@@ -419,8 +419,13 @@ pub(crate) fn mount_image(image: &Path) -> io::Result<OwnedFd> {
     };
     let backing = rw_cloexec(image)?;
     let control = rw_cloexec(Path::new("/dev/loop-control"))?;
-    // Two creators can be handed the same free device; the loser gets EBUSY and retries.
-    for _ in 0..64 {
+    // Concurrent creators are all handed the same lowest free device; one wins it, the
+    // others get EBUSY and retry after a short random pause, so a burst of creates
+    // spreads over the devices instead of colliding on the same one again.
+    for attempt in 0..LOOP_ATTEMPTS {
+        if attempt > 0 {
+            std::thread::sleep(loop_retry_pause(attempt));
+        }
         // SAFETY: LOOP_CTL_GET_FREE takes no argument.
         let number = check(unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) }.into())?;
         let device_path = format!("/dev/loop{number}");
@@ -463,5 +468,74 @@ pub(crate) fn mount_image(image: &Path) -> io::Result<OwnedFd> {
             .create_mount(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME)
             .map_err(|e| io::Error::new(e.kind(), format!("mount {device_path}: {e}")));
     }
-    Err(io::Error::other("no free loop device after 64 attempts"))
+    Err(io::Error::other(format!(
+        "no free loop device after {LOOP_ATTEMPTS} attempts"
+    )))
+}
+
+/// How many times [`mount_image`] asks for a free loop device before giving up.
+const LOOP_ATTEMPTS: u32 = 1000;
+
+/// A random pause before retry `attempt`: up to 50 µs per earlier attempt, at most 5 ms.
+fn loop_retry_pause(attempt: u32) -> std::time::Duration {
+    let bound = (u64::from(attempt) * 50).min(5_000);
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom into a buffer we own; a short read only makes the pause shorter.
+    unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_NONBLOCK) };
+    std::time::Duration::from_micros(u64::from_ne_bytes(bytes) % (bound + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Privileged: a burst of simultaneous mounts, more than there were retries before,
+    /// each gets its own loop device (all are handed the same free one first).
+    #[test]
+    fn simultaneous_mounts_each_get_a_loop_device() {
+        const BURST: usize = 128;
+        let dir = tempfile::tempdir().unwrap();
+        let first = dir.path().join("0.img");
+        File::create(&first).unwrap().set_len(16 << 20).unwrap();
+        let mkfs = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "4096", "-O", "^has_journal"])
+            .arg(&first)
+            .status()
+            .unwrap();
+        assert!(mkfs.success());
+        let images: Vec<PathBuf> = (0..BURST)
+            .map(|i| {
+                let image = dir.path().join(format!("{i}.img"));
+                if i > 0 {
+                    copy_sparse(&first, &image).unwrap();
+                }
+                image
+            })
+            .collect();
+        let start = std::sync::Barrier::new(BURST);
+        let mounts: Vec<io::Result<OwnedFd>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = images
+                .iter()
+                .map(|image| {
+                    let start = &start;
+                    scope.spawn(move || {
+                        start.wait();
+                        mount_image(image)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let failures: Vec<String> = mounts
+            .iter()
+            .filter_map(|m| m.as_ref().err().map(ToString::to_string))
+            .collect();
+        // Dropping the detached mounts releases the loop devices (autoclear).
+        drop(mounts);
+        assert!(
+            failures.is_empty(),
+            "{} failed: {failures:?}",
+            failures.len()
+        );
+    }
 }
