@@ -67,7 +67,10 @@ const MASKED_FILES: &[&str] = &[
     "/proc/sysrq-trigger",
     "/proc/kallsyms",
 ];
-/// Directories hidden behind an empty read-only tmpfs.
+/// The empty directory bound read-only over [`MASKED_DIRS`] (in /run's tmpfs, so masks
+/// add no tmpfs of their own for a checkpoint to archive).
+const MASK_SOURCE: &str = "/run/berth/empty";
+/// Directories hidden behind a read-only bind of an empty directory.
 const MASKED_DIRS: &[&str] = &[
     "/proc/acpi",
     "/proc/asound",
@@ -413,6 +416,19 @@ fn populate_root(config: &LaunchConfig, root: &Path) -> io::Result<()> {
         None,
     )?;
 
+    let run = root.join("run");
+    ensure_dir(&run)?;
+    mount(
+        Some(Path::new("tmpfs")),
+        &run,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&format!("mode=755,size={size}")),
+    )?;
+    make_dir(&run.join("shm"), 0o1777)?;
+    fs::create_dir(run.join("berth"))?;
+    make_dir(&run.join(MASK_SOURCE.trim_start_matches("/run/")), 0o555)?;
+
     let dev = root.join("dev");
     ensure_dir(&dev)?;
     mount(
@@ -435,14 +451,10 @@ fn populate_root(config: &LaunchConfig, root: &Path) -> io::Result<()> {
         libc::MS_NOSUID | libc::MS_NOEXEC,
         Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
     )?;
+    // /dev/shm is a directory of /run's tmpfs, not a tmpfs of its own: each tmpfs costs
+    // a checkpoint a tar of its contents, and the sizes are shared anyway.
     fs::create_dir(dev.join("shm"))?;
-    mount(
-        Some(Path::new("shm")),
-        &dev.join("shm"),
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(&format!("mode=1777,size={size}")),
-    )?;
+    bind(&run.join("shm"), &dev.join("shm"))?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
@@ -461,17 +473,7 @@ fn populate_root(config: &LaunchConfig, root: &Path) -> io::Result<()> {
         libc::MS_NOSUID | libc::MS_NODEV,
         Some(&format!("mode=1777,size={size}")),
     )?;
-    let run = root.join("run");
-    ensure_dir(&run)?;
-    mount(
-        Some(Path::new("tmpfs")),
-        &run,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(&format!("mode=755,size={size}")),
-    )?;
     let berth_dir = run.join("berth");
-    fs::create_dir(&berth_dir)?;
     let exe_name = config.init_binary.file_name().unwrap_or(OsStr::new("init"));
     let exe = berth_dir.join(exe_name);
     touch(&exe)?;
@@ -481,6 +483,15 @@ fn populate_root(config: &LaunchConfig, root: &Path) -> io::Result<()> {
         sys::mount_setattr_flags(&cpath(&exe)?, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV, 0),
     )?;
     Ok(())
+}
+
+/// Creates directory `path` with exactly `mode` (no umask).
+fn make_dir(path: &Path, mode: u32) -> io::Result<()> {
+    ctx(path.display(), fs::create_dir(path))?;
+    ctx(
+        path.display(),
+        fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)),
+    )
 }
 
 fn ensure_dir(path: &Path) -> io::Result<()> {
@@ -508,12 +519,14 @@ fn mask_paths() -> io::Result<()> {
         bind(Path::new("/dev/null"), path)?;
     }
     for path in MASKED_DIRS.iter().map(Path::new).filter(|p| p.exists()) {
-        mount(
-            Some(Path::new("tmpfs")),
-            path,
-            Some("tmpfs"),
-            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            Some("size=0"),
+        bind(Path::new(MASK_SOURCE), path)?;
+        ctx(
+            path.display(),
+            sys::mount_setattr_flags(
+                &cpath(path)?,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                0,
+            ),
         )?;
     }
     for path in READONLY_PATHS.iter().map(Path::new).filter(|p| p.exists()) {

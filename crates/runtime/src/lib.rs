@@ -43,9 +43,11 @@
 //! project ids). Then a fresh `/proc` (kcore, keys, timer_list, sched_debug, … masked;
 //! sys, bus, fs, irq read-only), read-only `/sys` (firmware, powercap masked), a `/dev`
 //! tmpfs with only null, zero, full, random, urandom, tty bound from the host plus a
-//! private devpts, shm and the usual symlinks (userns mounts are nodev, so no other host
+//! private devpts and the usual symlinks (userns mounts are nodev, so no other host
 //! device is reachable), tmpfs `/tmp` and `/run` (sized at half the memory limit, charged
-//! to the sandbox's memory cgroup), and the init binary bound read-only at
+//! to the sandbox's memory cgroup; `/dev/shm` is a directory of `/run`'s, and masks are
+//! read-only binds of an empty directory there: every tmpfs costs a checkpoint one
+//! archive of its contents), and the init binary bound read-only at
 //! `/run/berth/<name>`; then `pivot_root` and the old root is detached. The init's stdout
 //! and stderr go to `/run/berth/init.log` inside the sandbox.
 //!

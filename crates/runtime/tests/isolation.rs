@@ -89,6 +89,12 @@ for path in ["/proc/sys/net/ipv4/ip_forward", "/proc/sys/kernel/hostname", "/pro
 for path in ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug"]:
     if os.path.exists(path):
         print(f"masked {path}:{int(open(path, 'rb').read(1) == b'')}")
+for path in ["/proc/acpi", "/proc/scsi", "/sys/firmware"]:
+    if os.path.exists(path):
+        print(f"masked {path}:{int(os.listdir(path) == [])}")
+        try:
+            open(path + "/probe", "w"); print(f"write {path}/probe:0")
+        except OSError as e: print(f"write {path}/probe:{e.errno}")
 "#;
 
 #[test]
@@ -110,6 +116,16 @@ fn privileged_operations_are_refused() {
         }
     }
     assert!(out.lines().count() >= 20, "probes did not all run:\n{out}");
+    // Shared memory works for the unprivileged user (/dev/shm is a directory of /run's
+    // tmpfs) while the masks stay read-only.
+    assert_eq!(
+        t.sh_ok(
+            &info.id,
+            1000,
+            "echo shared > /dev/shm/probe && cat /dev/shm/probe"
+        ),
+        "shared"
+    );
     // The mount binary fails too (it goes through the same syscalls).
     assert!(!t
         .sh(&info.id, 0, "mount -t tmpfs none /mnt")
