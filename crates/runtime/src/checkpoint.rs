@@ -54,7 +54,7 @@ use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+
 use std::time::SystemTime;
 
 use berth_checkpoint::{prepare_restore_images, Criu, Dump, ImageRewrite, Restore};
@@ -320,18 +320,7 @@ impl LinuxRuntime {
             created_at: record.created_at,
             spec: spec.clone(),
         };
-        let sandbox = Arc::new(Sandbox {
-            info: info.clone(),
-            slot,
-            pidfd,
-            own_child,
-            disk: Mutex::new(disk),
-        });
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(spec.id.clone(), sandbox);
-        Ok(info)
+        Ok(self.register(info, slot, pidfd, own_child, disk))
     }
 
     /// What the checkpoint at `checkpoint` holds (its `checkpoint.json`).

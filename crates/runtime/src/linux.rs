@@ -274,6 +274,29 @@ impl LinuxRuntime {
             .remove(&slot);
     }
 
+    /// Makes a started sandbox known (list, connect, kill, …) and returns its info.
+    fn register(
+        &self,
+        info: SandboxInfo,
+        slot: u32,
+        pidfd: OwnedFd,
+        own_child: bool,
+        disk: Option<OwnedFd>,
+    ) -> SandboxInfo {
+        let sandbox = Arc::new(Sandbox {
+            info: info.clone(),
+            slot,
+            pidfd,
+            own_child,
+            disk: Mutex::new(disk),
+        });
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(info.id.clone(), sandbox);
+        info
+    }
+
     /// A command that runs `argv` inside sandbox `id` as `uid`/`gid` (through
     /// `berth-launch exec`: same namespaces, cgroups, seccomp filter and capabilities as
     /// the sandbox's own processes). For tests and debugging; clients use envd.
@@ -449,6 +472,28 @@ impl LinuxRuntime {
         }
     }
 
+    /// Waits until the sandbox's init (`pidfd`) has exited, reaps it when it is our child,
+    /// then kills anything still in the sandbox's groups (e.g. a `berth-launch exec`
+    /// helper, or processes outside a dumped tree).
+    fn end_processes(
+        &self,
+        id: &str,
+        pidfd: &OwnedFd,
+        own_child: bool,
+    ) -> Result<(), RuntimeError> {
+        if !sys::pidfd_wait_exit(pidfd.as_fd(), 30_000).map_err(io_err("wait for sandbox init"))? {
+            return Err(RuntimeError::Other(format!(
+                "sandbox {id}: init did not exit"
+            )));
+        }
+        if own_child {
+            let _ = sys::pidfd_reap(pidfd.as_fd());
+        }
+        self.cgroups
+            .kill_all(id)
+            .map_err(io_err("kill remaining processes"))
+    }
+
     /// Removes everything a sandbox may have left: processes, cgroups, disk mount, files.
     fn teardown(
         &self,
@@ -456,29 +501,16 @@ impl LinuxRuntime {
         pidfd: Option<(&OwnedFd, bool)>,
         disk: Option<OwnedFd>,
     ) -> Result<(), RuntimeError> {
-        if let Some((pidfd, own_child)) = pidfd {
-            // Killing a pid namespace's init with SIGKILL kills every process in it.
-            match sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL) {
-                Err(e) if e.raw_os_error() != Some(libc::ESRCH) => {
-                    return Err(io_err("kill sandbox init")(e))
-                }
-                _ => {}
+        match pidfd {
+            Some((pidfd, own_child)) => {
+                kill_init(pidfd)?;
+                self.end_processes(id, pidfd, own_child)?;
             }
-            if !sys::pidfd_wait_exit(pidfd.as_fd(), 30_000)
-                .map_err(io_err("wait for sandbox init"))?
-            {
-                return Err(RuntimeError::Other(format!(
-                    "sandbox {id} init did not exit"
-                )));
-            }
-            if own_child {
-                let _ = sys::pidfd_reap(pidfd.as_fd());
-            }
+            None => self
+                .cgroups
+                .kill_all(id)
+                .map_err(io_err("kill remaining processes"))?,
         }
-        // Anything still in the groups (e.g. a `berth-launch exec` helper) goes too.
-        self.cgroups
-            .kill_all(id)
-            .map_err(io_err("kill remaining processes"))?;
         self.cgroups.remove(id).map_err(io_err("remove cgroups"))?;
         self.janitor
             .dispose(&self.sandbox_dir(id), id, disk)
@@ -546,18 +578,7 @@ impl Runtime for LinuxRuntime {
             created_at: record.created_at,
             spec: spec.clone(),
         };
-        let sandbox = Arc::new(Sandbox {
-            info: info.clone(),
-            slot,
-            pidfd,
-            own_child: true,
-            disk: Mutex::new(Some(disk)),
-        });
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(spec.id.clone(), sandbox);
-        Ok(info)
+        Ok(self.register(info, slot, pidfd, true, Some(disk)))
     }
 
     fn kill(&self, id: &str) -> Result<(), RuntimeError> {
@@ -663,17 +684,7 @@ impl Runtime for LinuxRuntime {
                         created_at: record.created_at,
                         spec: record.spec,
                     };
-                    let sandbox = Arc::new(Sandbox {
-                        info: info.clone(),
-                        slot: record.slot,
-                        pidfd,
-                        own_child: false,
-                        disk: Mutex::new(None),
-                    });
-                    self.sandboxes
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(id, sandbox);
+                    let info = self.register(info, record.slot, pidfd, false, None);
                     report.reattached.push(info);
                 }
                 None => {
@@ -780,6 +791,15 @@ impl Runtime for LinuxRuntime {
 
     fn state_dir(&self) -> PathBuf {
         self.config.state_dir.clone()
+    }
+}
+
+/// SIGKILL to a sandbox's init: a pid namespace dies with its init. An init already gone
+/// is fine.
+fn kill_init(pidfd: &OwnedFd) -> Result<(), RuntimeError> {
+    match sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL) {
+        Err(e) if e.raw_os_error() != Some(libc::ESRCH) => Err(io_err("kill sandbox init")(e)),
+        _ => Ok(()),
     }
 }
 

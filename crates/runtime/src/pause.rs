@@ -25,12 +25,12 @@ use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+
 use std::time::SystemTime;
 
 use berth_checkpoint::{Criu, Dump, Restore};
 
-use super::{io_err, valid_id, CloneArgs, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
+use super::{io_err, kill_init, valid_id, CloneArgs, DiskOrigin, LinuxRuntime, UID_RANGE_SIZE};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::record::{self, Record};
@@ -105,20 +105,8 @@ impl LinuxRuntime {
             let _ = fs::remove_dir_all(images);
             return Err(RuntimeError::NotFound(id.to_owned()));
         }
-        if !sys::pidfd_wait_exit(sandbox.pidfd.as_fd(), 30_000)
-            .map_err(io_err("wait for dumped init"))?
-        {
-            return Err(RuntimeError::Other(format!(
-                "sandbox {id}: init still alive after the dump"
-            )));
-        }
-        if sandbox.own_child {
-            let _ = sys::pidfd_reap(sandbox.pidfd.as_fd());
-        }
-        // Processes outside the dumped tree (e.g. a `berth-launch exec` helper).
-        self.cgroups
-            .kill_all(id)
-            .map_err(io_err("kill remaining processes"))?;
+        // The dump killed the tree; processes outside it go too.
+        self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
         // The last reference to the disk mount: ext4 shuts down, the loop device goes.
         drop(
             sandbox
@@ -151,26 +139,8 @@ impl LinuxRuntime {
             .remove(id)
             .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
         let _ = self.cgroups.set_frozen(id, false);
-        // Killing a pid namespace's init with SIGKILL kills every process in it.
-        match sys::pidfd_send_signal(sandbox.pidfd.as_fd(), libc::SIGKILL) {
-            Err(e) if e.raw_os_error() != Some(libc::ESRCH) => {
-                return Err(io_err("kill sandbox init")(e))
-            }
-            _ => {}
-        }
-        if !sys::pidfd_wait_exit(sandbox.pidfd.as_fd(), 30_000)
-            .map_err(io_err("wait for sandbox init"))?
-        {
-            return Err(RuntimeError::Other(format!(
-                "sandbox {id}: init did not exit"
-            )));
-        }
-        if sandbox.own_child {
-            let _ = sys::pidfd_reap(sandbox.pidfd.as_fd());
-        }
-        self.cgroups
-            .kill_all(id)
-            .map_err(io_err("kill remaining processes"))?;
+        kill_init(&sandbox.pidfd)?;
+        self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
         let disk = sandbox
             .disk
             .lock()
@@ -250,18 +220,7 @@ impl LinuxRuntime {
             created_at: record.created_at,
             spec,
         };
-        let sandbox = Arc::new(Sandbox {
-            info: info.clone(),
-            slot: record.slot,
-            pidfd,
-            own_child: false,
-            disk: Mutex::new(disk),
-        });
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_owned(), sandbox);
-        Ok(info)
+        Ok(self.register(info, record.slot, pidfd, false, disk))
     }
 
     /// True when sandbox `id` is paused (its disk and maybe a checkpoint kept, no process
@@ -319,10 +278,7 @@ impl LinuxRuntime {
             .and_then(|()| fs::remove_file(dir.join(PAUSED_FILE)));
         if let Err(e) = written {
             // Still paused on disk: stop the new init so the two never disagree.
-            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-            let _ = sys::pidfd_wait_exit(pidfd.as_fd(), 30_000);
-            let _ = sys::pidfd_reap(pidfd.as_fd());
-            let _ = self.cgroups.kill_all(id);
+            let _ = kill_init(&pidfd).and_then(|()| self.end_processes(id, &pidfd, true));
             return Err(io_err("write record")(e));
         }
         let info = SandboxInfo {
@@ -332,18 +288,7 @@ impl LinuxRuntime {
             created_at: record.created_at,
             spec,
         };
-        let sandbox = Arc::new(Sandbox {
-            info: info.clone(),
-            slot: record.slot,
-            pidfd,
-            own_child: true,
-            disk: Mutex::new(Some(disk)),
-        });
-        self.sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_owned(), sandbox);
-        Ok(info)
+        Ok(self.register(info, record.slot, pidfd, true, Some(disk)))
     }
 
     fn paused_marker(&self, id: &str) -> Option<PausedMarker> {
