@@ -4,147 +4,17 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Instant;
 
-use berth_checkpoint::Criu;
-use berth_runtime::{LinuxRuntime, Runtime, RuntimeError};
+use berth_runtime::{Runtime, RuntimeError};
+use common::checkpoint::{alive, ask, assert_clean, criu, leftovers, start_holder, KillGuard};
 use common::TestRuntime;
-
-/// CRIU from `BERTH_CRIU_STATE_DIR` (a state dir holding `criu/prefix`), else berth's.
-fn criu() -> Criu {
-    let state = std::env::var_os("BERTH_CRIU_STATE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/lib/berth"));
-    Criu::ensure(&state, |p| eprintln!("{p}")).expect("CRIU >= 4")
-}
-
-/// Kills the sandbox (running or paused) when the test ends, even on failure: the
-/// runtime's own cleanup only sees running sandboxes.
-struct KillGuard<'a> {
-    rt: &'a LinuxRuntime,
-    id: String,
-}
-
-impl Drop for KillGuard<'_> {
-    fn drop(&mut self) {
-        let _ = self.rt.kill(&self.id);
-    }
-}
-
-/// A Python process holding a random secret and `mib` MiB of ballast only in its memory;
-/// it writes them to /root/answer whenever /root/ask appears.
-const HOLDER: &str = r#"
-import os, secrets, sys, time
-secret = secrets.token_hex(16)
-ballast = bytearray(os.urandom(1 << 20)) * int(sys.argv[1])
-while True:
-    if os.path.exists('/root/ask'):
-        os.remove('/root/ask')
-        with open('/root/answer.tmp', 'w') as f:
-            f.write('%s %d' % (secret, len(ballast)))
-        os.rename('/root/answer.tmp', '/root/answer')
-    time.sleep(0.005)
-"#;
-
-fn start_holder(t: &TestRuntime, id: &str, mib: u32) {
-    t.sh_ok(
-        id,
-        0,
-        &format!(
-            "cat > /root/holder.py <<'EOF'\n{HOLDER}\nEOF\n\
-             setsid python3 /root/holder.py {mib} </dev/null >/dev/null 2>&1 &"
-        ),
-    );
-}
-
-/// Asks the holder for its secret; "<secret> <ballast bytes>".
-fn ask(rt: &LinuxRuntime, id: &str) -> String {
-    let out = rt
-        .exec_command(
-            id,
-            0,
-            0,
-            &[
-                "/bin/sh",
-                "-c",
-                "rm -f /root/answer; touch /root/ask; \
-                 i=0; while [ ! -e /root/answer ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done; \
-                 cat /root/answer",
-            ],
-        )
-        .unwrap()
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// Everything of sandbox `id` still on the host: mounts, loop devices, cgroups, files,
-/// the checkpoint.
-fn leftovers(t: &TestRuntime, id: &str, images: &Path) -> Vec<String> {
-    let mut found: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(id))
-        .map(|l| format!("mount {l}"))
-        .collect();
-    found.extend(
-        std::fs::read_dir("/sys/block")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
-            .filter(|backing| backing.contains(id))
-            .map(|b| format!("loop device on {}", b.trim())),
-    );
-    for root in [
-        "/sys/fs/cgroup/memory",
-        "/sys/fs/cgroup/freezer",
-        "/sys/fs/cgroup",
-    ] {
-        let group = Path::new(root).join(t.cgroup_parent()).join(id);
-        if group.exists() {
-            found.push(format!("cgroup {}", group.display()));
-        }
-    }
-    let mut paths = vec![t.state.join("sandboxes").join(id), images.to_path_buf()];
-    paths.extend(
-        std::fs::read_dir(t.state.join("trash"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.to_string_lossy().contains(id)),
-    );
-    found.extend(
-        paths
-            .into_iter()
-            .filter(|p| p.exists())
-            .map(|p| format!("path {}", p.display())),
-    );
-    found
-}
-
-/// Waits for the janitor's asynchronous part of a kill, then asserts nothing is left.
-fn assert_clean(t: &TestRuntime, id: &str, images: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut left = leftovers(t, id, images);
-    while !left.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        left = leftovers(t, id, images);
-    }
-    assert!(left.is_empty(), "left behind: {left:#?}");
-}
 
 fn images_dir(t: &TestRuntime, id: &str) -> PathBuf {
     let dir = t.state.join("checkpoints");
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(id)
-}
-
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.rsplit_once(')').unwrap().1.starts_with(" Z"))
-        .unwrap_or(false)
 }
 
 #[test]
@@ -179,7 +49,7 @@ fn memory_survives_pause_and_resume_and_kill_cleans_up() {
     ));
     assert!(images.join("inventory.img").exists());
     // While paused the sandbox holds no mount or loop device on the host.
-    let state = leftovers(&t, id, &images);
+    let state = leftovers(&t, id, &[&images]);
     assert!(
         state
             .iter()
@@ -205,7 +75,7 @@ fn memory_survives_pause_and_resume_and_kill_cleans_up() {
 
     drop(guard);
     assert!(!alive(resumed.init_pid));
-    assert_clean(&t, id, &images);
+    assert_clean(&t, id, &[&images]);
 }
 
 #[test]
@@ -231,7 +101,7 @@ fn kill_while_paused_cleans_up() {
         Err(RuntimeError::NotFound(_))
     ));
     drop(guard);
-    assert_clean(&t, id, &images);
+    assert_clean(&t, id, &[&images]);
 }
 
 #[test]
@@ -269,7 +139,7 @@ fn paused_sandbox_survives_a_daemon_restart() {
     assert_eq!(before.split(' ').nth(1), Some("67108864"));
     drop(guard);
     assert!(!alive(resumed.init_pid));
-    assert_clean(&t, &id, &images);
+    assert_clean(&t, &id, &[&images]);
 }
 
 #[test]
@@ -296,5 +166,5 @@ fn envd_answers_again_after_resume() {
     assert!(status.starts_with("HTTP/1.1 2"), "{status}");
     assert_eq!(t.sh_ok(id, 0, "cat /proc/1/comm"), "berth-envd");
     drop(guard);
-    assert_clean(&t, id, &images);
+    assert_clean(&t, id, &[&images]);
 }
