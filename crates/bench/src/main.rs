@@ -123,18 +123,7 @@ fn runtime(args: &RuntimeArgs) -> anyhow::Result<()> {
 
     let mut density = None;
     if !args.peers_only {
-        let exe_dir = std::env::current_exe()?
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        let envd = args
-            .envd
-            .clone()
-            .unwrap_or_else(|| exe_dir.join("berth-envd"));
-        let launcher = args
-            .launcher
-            .clone()
-            .unwrap_or_else(|| exe_dir.join("berth-launch"));
+        let (envd, launcher) = binaries(args.envd.as_deref(), args.launcher.as_deref())?;
         let max_sandboxes =
             args.density_max
                 .max(args.concurrency.iter().copied().max().unwrap_or(1)) as u32
@@ -303,6 +292,22 @@ fn print_report(args: &RuntimeArgs, rows: &[Row], density: Option<&sandboxes::De
         println!("- kernel slab growth per sandbox: {}", per(d.slab_growth));
         println!("- killing all of them: {:.2} s", d.kill_all.as_secs_f64());
     }
+}
+
+/// The berth-envd and berth-launch binaries: the given paths, else the ones next to this
+/// executable.
+fn binaries(envd: Option<&Path>, launcher: Option<&Path>) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let exe_dir = std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let or_beside = |given: Option<&Path>, name: &str| {
+        given.map_or_else(|| exe_dir.join(name), Path::to_path_buf)
+    };
+    Ok((
+        or_beside(envd, "berth-envd"),
+        or_beside(launcher, "berth-launch"),
+    ))
 }
 
 fn rustix_is_root() -> bool {

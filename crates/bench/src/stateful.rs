@@ -103,18 +103,7 @@ pub fn run(args: &CheckpointArgs) -> anyhow::Result<()> {
     let base = store.ensure_base(|event| eprintln!("base: {event:?}"))?;
     let criu = Criu::ensure(&args.criu_state_dir, |p| eprintln!("{p}"))
         .map_err(|e| anyhow!("CRIU: {e}"))?;
-    let exe_dir = std::env::current_exe()?
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let envd = args
-        .envd
-        .clone()
-        .unwrap_or_else(|| exe_dir.join("berth-envd"));
-    let launcher = args
-        .launcher
-        .clone()
-        .unwrap_or_else(|| exe_dir.join("berth-launch"));
+    let (envd, launcher) = crate::binaries(args.envd.as_deref(), args.launcher.as_deref())?;
     let state_dir = args.state_dir.clone().unwrap_or_else(|| {
         PathBuf::from(format!(
             "/tmp/berth-bench-checkpoint-{}",

@@ -63,7 +63,6 @@ use super::pause::HostRoot;
 use super::{io_err, valid_id, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
-use crate::record::{self, Record};
 use crate::sys;
 use crate::{RuntimeError, SandboxInfo, SandboxSpec};
 
@@ -270,57 +269,11 @@ impl LinuxRuntime {
                 source.disk_size_mb
             )));
         }
-        let dir = self.sandbox_dir(&spec.id);
-        fs::create_dir(&dir).map_err(|e| match e.kind() {
-            io::ErrorKind::AlreadyExists => {
-                RuntimeError::Other(format!("sandbox {} already exists", spec.id))
-            }
-            _ => io_err("create sandbox dir")(e),
-        })?;
-        let slot = match self.take_slot(&spec.id) {
-            Ok(slot) => slot,
-            Err(e) => {
-                let _ = fs::remove_dir(&dir);
-                return Err(e);
-            }
-        };
-        let mut record = Record {
-            spec: spec.clone(),
-            slot,
-            created_at: SystemTime::now(),
-            init_pid: None,
-            init_start_ticks: None,
-        };
-        let restored = record
-            .write(&dir)
-            .map_err(io_err("write record"))
-            .and_then(|()| self.restore_into(criu, checkpoint, &meta, spec, slot, &dir));
-        let (pidfd, pid, disk) = match restored {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = self.teardown(&spec.id, None, None);
-                self.release_slot(slot, &spec.id);
-                return Err(e);
-            }
-        };
         // CRIU detaches the restored tree: tracked by pidfd, never reaped by us. A fresh
         // boot's init is our child.
-        let own_child = criu.is_none();
-        record.init_pid = Some(pid);
-        record.init_start_ticks = record::process_start_ticks(pid);
-        if let Err(e) = record.write(&dir) {
-            let _ = self.teardown(&spec.id, Some((&pidfd, own_child)), disk);
-            self.release_slot(slot, &spec.id);
-            return Err(io_err("write record")(e));
-        }
-        let info = SandboxInfo {
-            id: spec.id.clone(),
-            template: spec.template.clone(),
-            init_pid: pid,
-            created_at: record.created_at,
-            spec: spec.clone(),
-        };
-        Ok(self.register(info, slot, pidfd, own_child, disk))
+        self.bring_up(spec, criu.is_none(), |slot, dir| {
+            self.restore_into(criu, checkpoint, &meta, spec, slot, dir)
+        })
     }
 
     /// What the checkpoint at `checkpoint` holds (its `checkpoint.json`).

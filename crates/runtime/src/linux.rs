@@ -274,6 +274,66 @@ impl LinuxRuntime {
             .remove(&slot);
     }
 
+    /// The steps every new sandbox goes through around `start` (which starts its init in
+    /// the prepared directory with the given slot): its directory, a slot, its record
+    /// before and after the start, and registration. On failure everything of it goes.
+    /// `own_child`: the init is our child (reaped on kill), not a CRIU-restored tree.
+    pub(super) fn bring_up(
+        &self,
+        spec: &SandboxSpec,
+        own_child: bool,
+        start: impl FnOnce(u32, &Path) -> Result<(OwnedFd, i32, Option<OwnedFd>), RuntimeError>,
+    ) -> Result<SandboxInfo, RuntimeError> {
+        let dir = self.sandbox_dir(&spec.id);
+        fs::create_dir(&dir).map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => {
+                RuntimeError::Other(format!("sandbox {} already exists", spec.id))
+            }
+            _ => io_err("create sandbox dir")(e),
+        })?;
+        let slot = match self.take_slot(&spec.id) {
+            Ok(slot) => slot,
+            Err(e) => {
+                let _ = fs::remove_dir(&dir);
+                return Err(e);
+            }
+        };
+        let mut record = Record {
+            spec: spec.clone(),
+            slot,
+            created_at: SystemTime::now(),
+            init_pid: None,
+            init_start_ticks: None,
+        };
+        let started = record
+            .write(&dir)
+            .map_err(io_err("write record"))
+            .and_then(|()| start(slot, &dir));
+        let (pidfd, pid, disk) = match started {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = self.teardown(&spec.id, None, None);
+                self.release_slot(slot, &spec.id);
+                return Err(e);
+            }
+        };
+        record.init_pid = Some(pid);
+        record.init_start_ticks = record::process_start_ticks(pid);
+        if let Err(e) = record.write(&dir) {
+            let _ = self.teardown(&spec.id, Some((&pidfd, own_child)), disk);
+            self.release_slot(slot, &spec.id);
+            return Err(io_err("write record")(e));
+        }
+        let info = SandboxInfo {
+            id: spec.id.clone(),
+            template: spec.template.clone(),
+            init_pid: pid,
+            created_at: record.created_at,
+            spec: spec.clone(),
+        };
+        Ok(self.register(info, slot, pidfd, own_child, disk))
+    }
+
     /// Makes a started sandbox known (list, connect, kill, …) and returns its info.
     fn register(
         &self,
@@ -531,54 +591,10 @@ impl Runtime for LinuxRuntime {
                 "a sandbox needs at least one template layer".into(),
             ));
         }
-        let dir = self.sandbox_dir(&spec.id);
-        fs::create_dir(&dir).map_err(|e| match e.kind() {
-            io::ErrorKind::AlreadyExists => {
-                RuntimeError::Other(format!("sandbox {} already exists", spec.id))
-            }
-            _ => io_err("create sandbox dir")(e),
-        })?;
-        let slot = match self.take_slot(&spec.id) {
-            Ok(slot) => slot,
-            Err(e) => {
-                let _ = fs::remove_dir(&dir);
-                return Err(e);
-            }
-        };
-        let mut record = Record {
-            spec: spec.clone(),
-            slot,
-            created_at: SystemTime::now(),
-            init_pid: None,
-            init_start_ticks: None,
-        };
-        let started = record
-            .write(&dir)
-            .map_err(io_err("write record"))
-            .and_then(|()| self.start(spec, slot, &dir, DiskOrigin::New));
-        let (pidfd, pid, disk) = match started {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = self.teardown(&spec.id, None, None);
-                self.release_slot(slot, &spec.id);
-                return Err(e);
-            }
-        };
-        record.init_pid = Some(pid);
-        record.init_start_ticks = record::process_start_ticks(pid);
-        if let Err(e) = record.write(&dir) {
-            let _ = self.teardown(&spec.id, Some((&pidfd, true)), Some(disk));
-            self.release_slot(slot, &spec.id);
-            return Err(io_err("write record")(e));
-        }
-        let info = SandboxInfo {
-            id: spec.id.clone(),
-            template: spec.template.clone(),
-            init_pid: pid,
-            created_at: record.created_at,
-            spec: spec.clone(),
-        };
-        Ok(self.register(info, slot, pidfd, true, Some(disk)))
+        self.bring_up(spec, true, |slot, dir| {
+            self.start(spec, slot, dir, DiskOrigin::New)
+                .map(|(pidfd, pid, disk)| (pidfd, pid, Some(disk)))
+        })
     }
 
     fn kill(&self, id: &str) -> Result<(), RuntimeError> {

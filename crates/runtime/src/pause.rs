@@ -160,23 +160,12 @@ impl LinuxRuntime {
             .map_err(io_err("write paused marker"))
     }
 
-    /// Brings paused sandbox `id` back under the same id. Paused with memory: its
-    /// processes continue where they were (the checkpoint is deleted once it runs).
-    /// Paused without: a fresh init starts on the kept disk. [`crate::Runtime::connect`]
-    /// reaches it again; on failure it stays paused.
+    /// Brings sandbox `id`, paused with memory, back under the same id: its processes
+    /// continue where they were (the checkpoint is deleted once it runs) and
+    /// [`crate::Runtime::connect`] reaches it again. On failure it stays paused.
     pub fn resume_paused(&self, criu: &Criu, id: &str) -> Result<SandboxInfo, RuntimeError> {
-        if self
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(id)
-        {
-            return Err(RuntimeError::Other(format!("sandbox {id} is not paused")));
-        }
+        let marker = self.paused(id)?;
         let dir = self.sandbox_dir(id);
-        let marker = self
-            .paused_marker(id)
-            .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
         let Some(images) = marker.images.clone() else {
             return Err(RuntimeError::Other(format!(
                 "sandbox {id} was paused without memory"
@@ -256,17 +245,7 @@ impl LinuxRuntime {
 
     /// Resumes a sandbox paused without memory: a new init on the kept disk.
     pub fn resume_paused_filesystem(&self, id: &str) -> Result<SandboxInfo, RuntimeError> {
-        if self
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(id)
-        {
-            return Err(RuntimeError::Other(format!("sandbox {id} is not paused")));
-        }
-        if self.paused_marker(id).is_none() {
-            return Err(RuntimeError::NotFound(id.to_owned()));
-        }
+        self.paused(id)?;
         let dir = self.sandbox_dir(id);
         let mut record = Record::read(&dir).map_err(io_err("read record"))?;
         let spec = record.spec.clone();
@@ -289,6 +268,20 @@ impl LinuxRuntime {
             spec,
         };
         Ok(self.register(info, record.slot, pidfd, true, Some(disk)))
+    }
+
+    /// The marker of paused sandbox `id`: an error when it runs or does not exist.
+    fn paused(&self, id: &str) -> Result<PausedMarker, RuntimeError> {
+        if self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(id)
+        {
+            return Err(RuntimeError::Other(format!("sandbox {id} is not paused")));
+        }
+        self.paused_marker(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))
     }
 
     fn paused_marker(&self, id: &str) -> Option<PausedMarker> {
