@@ -125,10 +125,8 @@ def test_tools_list_per_toolset(berth, toolset):
         instance.remove_state()
 
 
-@pytest.mark.parametrize("key", [None, "", "e2b_0000000000000000000000000000000000000000"],
-                         ids=["missing", "empty", "invalid"])
-def test_requests_without_a_valid_key_get_a_clear_401(berth, key):
-    headers = {"X-API-Key": key} if key is not None else {}
+def post_initialize(berth, headers: dict) -> httpx.Response:
+    """A raw MCP `initialize` POST to /mcp with `headers` added."""
     initialize = {
         "jsonrpc": "2.0",
         "id": 1,
@@ -136,12 +134,19 @@ def test_requests_without_a_valid_key_get_a_clear_401(berth, key):
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                    "clientInfo": {"name": "berth-test", "version": "0"}},
     }
-    raw = httpx.post(
+    return httpx.post(
         f"{berth.api_url}/mcp",
         json=initialize,
         headers={**headers, "Accept": "application/json, text/event-stream"},
         timeout=30,
     )
+
+
+@pytest.mark.parametrize("key", [None, "", "e2b_0000000000000000000000000000000000000000"],
+                         ids=["missing", "empty", "invalid"])
+def test_requests_without_a_valid_key_get_a_clear_401(berth, key):
+    headers = {"X-API-Key": key} if key is not None else {}
+    raw = post_initialize(berth, headers)
     assert raw.status_code == 401, raw.text
     body = raw.json()
     assert body["error"]["code"] == -32001 and "X-API-Key" in body["error"]["message"], body
@@ -243,19 +248,7 @@ def test_two_teams_do_not_see_each_others_sandboxes(berth):
 def test_mcp_checks_the_host_header(berth, host, allowed):
     """The DNS-rebinding guard: only loopback names, the listen address, --domain and
     --mcp-allowed-host names reach /mcp."""
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                   "clientInfo": {"name": "berth-test", "version": "0"}},
-    }
-    answer = httpx.post(
-        f"{berth.api_url}/mcp",
-        json=initialize,
-        headers={"X-API-Key": berth.api_key, "Host": host, "Accept": "application/json, text/event-stream"},
-        timeout=30,
-    )
+    answer = post_initialize(berth, {"X-API-Key": berth.api_key, "Host": host})
     if allowed:
         assert answer.status_code == 200, answer.text
     else:

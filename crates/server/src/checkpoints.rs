@@ -61,10 +61,10 @@ pub async fn start_from_checkpoint(
     let runtime = state.runtime.clone();
     let (path, new_id) = (checkpoint.to_path_buf(), id.clone());
     let memory = origin.memory;
-    let info = tokio::task::spawn_blocking(move || runtime.restore(&path, &new_id, memory))
-        .await
-        .map_err(|err| ApiError::Internal(format!("restore task failed: {err}")))?
-        .map_err(|err| ApiError::Internal(format!("starting sandbox from a checkpoint: {err}")))?;
+    let info = lifecycle::blocking("starting sandbox from a checkpoint", move || {
+        runtime.restore(&path, &new_id, memory)
+    })
+    .await?;
     let access_token = start.secure.then(lifecycle::new_token);
     let mut env_vars = origin.env_vars.clone();
     env_vars.extend(start.env_vars);
@@ -133,11 +133,7 @@ async fn checkpoint_running(
     dest: &Path,
 ) -> Result<(SandboxRecord, berth_runtime::CheckpointInfo), ApiError> {
     let _guard = state.lock_sandbox(id).await;
-    let record = state
-        .store
-        .live_sandbox_any_team(id)
-        .map_err(store_error)?
-        .ok_or_else(|| ApiError::sandbox_not_found(id))?;
+    let record = lifecycle::live(state, id)?;
     if let SandboxStatus::Paused { .. } = record.status {
         return Err(ApiError::Conflict(format!(
             "sandbox {id} is paused; resume it first"
@@ -147,10 +143,10 @@ async fn checkpoint_running(
         .map_err(|err| ApiError::Internal(format!("creating the checkpoint directory: {err}")))?;
     let runtime = state.runtime.clone();
     let (owned, path) = (id.to_string(), dest.to_path_buf());
-    let info = tokio::task::spawn_blocking(move || runtime.checkpoint(&owned, &path))
-        .await
-        .map_err(|err| ApiError::Internal(format!("checkpoint task failed: {err}")))?
-        .map_err(|err| ApiError::Internal(format!("checkpointing sandbox {id}: {err}")))?;
+    let info = lifecycle::blocking(&format!("checkpointing sandbox {id}"), move || {
+        runtime.checkpoint(&owned, &path)
+    })
+    .await?;
     events::record(
         state,
         &record,
@@ -213,15 +209,7 @@ pub async fn fork(
             Err(err) => tracing::error!(%err, "fork task failed"),
         }
     }
-    let runtime = state.runtime.clone();
-    let cleanup = dest.clone();
-    if let Err(err) = tokio::task::spawn_blocking(move || runtime.delete_checkpoint(&cleanup))
-        .await
-        .map_err(|err| err.to_string())
-        .and_then(|deleted| deleted.map_err(|err| err.to_string()))
-    {
-        tracing::warn!(checkpoint = %dest.display(), %err, "deleting a fork's checkpoint");
-    }
+    delete_checkpoint(state, &dest).await;
     log(
         state,
         id,
@@ -345,9 +333,11 @@ pub async fn remove_unowned(state: &AppState) -> Result<(), crate::ServerError> 
 async fn delete_checkpoint(state: &AppState, path: &Path) {
     let runtime = state.runtime.clone();
     let owned = path.to_path_buf();
-    match tokio::task::spawn_blocking(move || runtime.delete_checkpoint(&owned)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => tracing::warn!(checkpoint = %path.display(), %err, "deleting a checkpoint"),
-        Err(err) => tracing::warn!(checkpoint = %path.display(), %err, "deleting a checkpoint"),
+    if let Err(err) = lifecycle::blocking("deleting a checkpoint", move || {
+        runtime.delete_checkpoint(&owned)
+    })
+    .await
+    {
+        tracing::warn!(checkpoint = %path.display(), %err, "deleting a checkpoint");
     }
 }

@@ -127,7 +127,7 @@ pub(crate) async fn load_template(
 }
 
 /// Runs blocking runtime work off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     what: &str,
     work: impl FnOnce() -> Result<T, RuntimeError> + Send + 'static,
 ) -> Result<T, ApiError> {
@@ -138,7 +138,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// The live sandbox `id`, read under its lock.
-fn live(state: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
+pub(crate) fn live(state: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
     state
         .store
         .live_sandbox_any_team(id)
