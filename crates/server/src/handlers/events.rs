@@ -267,7 +267,7 @@ pub async fn update_webhook(
         .store
         .update_webhook(&caller.team.id, &id, &changes)
         .map_err(|err| match err {
-            berth_store::StoreError::NotFound(_) => not_found(&id),
+            berth_store::StoreError::NotFound { .. } => not_found(&id),
             other => store_error(other),
         })?;
     Ok(Json(to_api(&hook)))
@@ -290,7 +290,7 @@ pub async fn delete_webhook(
         .store
         .delete_webhook(&caller.team.id, &id)
         .map_err(|err| match err {
-            berth_store::StoreError::NotFound(_) => not_found(&id),
+            berth_store::StoreError::NotFound { .. } => not_found(&id),
             other => store_error(other),
         })?;
     Ok(StatusCode::NO_CONTENT)

@@ -31,9 +31,11 @@ pub use templates::*;
 
 /// Map a store failure to the API error the caller sees.
 pub(crate) fn store_error(err: StoreError) -> ApiError {
-    match err {
-        StoreError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
-        StoreError::Conflict(message) => ApiError::Conflict(message),
+    match &err {
+        StoreError::NotFound { .. } => ApiError::NotFound(err.to_string()),
+        StoreError::TeamExists { .. } => ApiError::Conflict(err.to_string()),
+        StoreError::InvalidCursor { .. } => ApiError::BadRequest(err.to_string()),
+        StoreError::Busy { .. } => ApiError::Unavailable(err.to_string()),
         other => ApiError::Internal(other.to_string()),
     }
 }
