@@ -158,13 +158,15 @@ pub fn to_api(err: &ServiceError) -> ApiError {
             ApiError::Unavailable(err.to_string())
         }
         ServiceError::Runtime { source, .. } => runtime_to_api(err, source),
-        ServiceError::Store(StoreError::NotFound(what)) => {
-            ApiError::NotFound(format!("{what} not found"))
-        }
-        ServiceError::Store(StoreError::Conflict(message)) => ApiError::Conflict(message.clone()),
+        ServiceError::Store(store) => match store {
+            StoreError::NotFound { .. } => ApiError::NotFound(store.to_string()),
+            StoreError::TeamExists { .. } => ApiError::Conflict(store.to_string()),
+            StoreError::InvalidCursor { .. } => ApiError::BadRequest(store.to_string()),
+            StoreError::Busy { .. } => ApiError::Unavailable(store.to_string()),
+            _ => ApiError::Internal(store.to_string()),
+        },
         ServiceError::Template { .. }
         | ServiceError::TemplateListing(_)
-        | ServiceError::Store(_)
         | ServiceError::Task { .. } => ApiError::Internal(err.to_string()),
     };
     if api.status() >= 500 {
@@ -261,7 +263,11 @@ mod tests {
         assert_eq!(to_api(&ServiceError::Paused("i1".into())).status(), 409);
         assert_eq!(to_api(&runtime(RuntimeError::NotFound("i1".into()))).status(), 404);
         assert_eq!(
-            to_api(&ServiceError::Store(StoreError::NotFound("snapshot x".into()))).status(),
+            to_api(&ServiceError::Store(StoreError::NotFound {
+                what: "snapshot",
+                id: "x".into()
+            }))
+            .status(),
             404
         );
     }

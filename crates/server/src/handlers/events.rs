@@ -264,7 +264,7 @@ pub async fn update_webhook(
         .store
         .update_webhook(&caller.team.id, &id, &changes)
         .map_err(|err| match err {
-            berth_store::StoreError::NotFound(_) => not_found(&id).into(),
+            berth_store::StoreError::NotFound { .. } => not_found(&id).into(),
             other => HttpError::from(other),
         })?;
     Ok(Json(to_api(&hook)))
@@ -287,7 +287,7 @@ pub async fn delete_webhook(
         .store
         .delete_webhook(&caller.team.id, &id)
         .map_err(|err| match err {
-            berth_store::StoreError::NotFound(_) => not_found(&id).into(),
+            berth_store::StoreError::NotFound { .. } => not_found(&id).into(),
             other => HttpError::from(other),
         })?;
     Ok(StatusCode::NO_CONTENT)

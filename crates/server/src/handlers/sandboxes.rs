@@ -429,18 +429,6 @@ pub async fn list_sandboxes_v2(
             "limit must be between 1 and 100, got {limit}"
         )).into());
     }
-    // Cursors are sandbox ids; anything else was not issued by this server.
-    if let Some(token) = &query.next_token {
-        if token.is_empty()
-            || !token
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        {
-            return Err(ApiError::BadRequest(format!(
-                "invalid nextToken \"{token}\""
-            )).into());
-        }
-    }
     let filter = SandboxFilter {
         metadata: parse_metadata_filter(query.metadata.as_deref().unwrap_or(""))?,
         template: query.template.clone(),

@@ -228,7 +228,7 @@ pub async fn snapshot(
         disk_size_mb: source.disk_size_mb,
         env_vars: source.env_vars.clone(),
         envd_access_token: source.envd_access_token.clone(),
-        path: snapshot_id.clone(),
+        checkpoint_id: snapshot_id.clone(),
         size_bytes: info.size_bytes,
         created_at: OffsetDateTime::now_utc(),
         memory,
@@ -279,7 +279,7 @@ pub(super) async fn create_from_snapshot(
         env_vars: request.env_vars,
         lifecycle: request.lifecycle,
     };
-    start_from_checkpoint(state, checkpoint_id(&snapshot.path), &origin, start).await
+    start_from_checkpoint(state, checkpoint_id(&snapshot.checkpoint_id), &origin, start).await
 }
 
 /// Delete snapshot `name_or_id` of `team_id` and its checkpoint.
@@ -289,7 +289,7 @@ pub async fn delete_snapshot(
     name_or_id: &str,
 ) -> Result<(), ServiceError> {
     let removed = state.store.delete_snapshot(team_id, name_or_id)?;
-    delete_checkpoint(state, checkpoint_id(&removed.path)).await;
+    delete_checkpoint(state, checkpoint_id(&removed.checkpoint_id)).await;
     Ok(())
 }
 
@@ -298,7 +298,7 @@ pub async fn delete_snapshot(
 pub(super) async fn remove_unowned(state: &AppState) -> Result<(), ServiceError> {
     let owned: std::collections::HashSet<String> = state
         .store
-        .snapshot_paths()?
+        .snapshot_checkpoints()?
         .iter()
         .map(|stored| checkpoint_id(stored).to_string())
         .collect();
