@@ -5,6 +5,8 @@
 //! It holds no behaviour: no I/O, no storage, no HTTP serving (the `axum` feature only
 //! adds the response conversion).
 
+#![forbid(unsafe_code)]
+
 pub mod error;
 pub mod models;
 

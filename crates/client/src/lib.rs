@@ -7,6 +7,8 @@
 //! API failures come back as [`ClientError::Api`] with the server's status and body
 //! untouched. The API key is never part of an error message or a `Debug` output.
 
+#![forbid(unsafe_code)]
+
 mod api;
 mod envd;
 mod error;

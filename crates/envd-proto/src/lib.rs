@@ -18,6 +18,8 @@
 //! HTTP/1.1 and h2c, JSON and binary codecs, no compression) is small: envelopes,
 //! error codes and two body shapes.
 
+#![forbid(unsafe_code)]
+
 pub mod connect;
 pub mod timestamp;
 

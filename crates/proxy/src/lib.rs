@@ -13,6 +13,8 @@
 //! Mounting: the server keeps one listener and asks [`Proxy::classify`] per request;
 //! `Some(_)` goes to [`Proxy::handle`] (or `forward`), `None` to the API.
 
+#![forbid(unsafe_code)]
+
 mod forward;
 mod pool;
 mod resolver;

@@ -103,8 +103,8 @@ impl Metadata {
     fn read(checkpoint: &Path) -> Result<Self, RuntimeError> {
         let path = checkpoint.join(META_FILE);
         let bytes = fs::read(&path).map_err(io_err(format!("read {}", path.display())))?;
-        let meta: Self = serde_json::from_slice(&bytes)
-            .map_err(|source| RuntimeError::BadCheckpoint {
+        let meta: Self =
+            serde_json::from_slice(&bytes).map_err(|source| RuntimeError::BadCheckpoint {
                 path: path.clone(),
                 source,
             })?;

@@ -97,6 +97,7 @@
 
 mod cgroup;
 mod disk;
+mod host;
 pub mod launch;
 mod linux;
 mod record;
@@ -104,6 +105,7 @@ mod seccomp;
 mod slots;
 mod sys;
 
+pub use host::HostRuntime;
 pub use linux::{
     CheckpointInfo, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS, UID_RANGE_SIZE,
 };
@@ -236,6 +238,11 @@ pub enum RuntimeError {
     },
     #[error("a runtime worker thread panicked during {0}")]
     WorkerPanicked(&'static str),
+    #[error("the {backend} runtime does not offer {what}")]
+    Unsupported {
+        backend: &'static str,
+        what: &'static str,
+    },
 }
 
 impl RuntimeError {

@@ -944,7 +944,7 @@ unsafe fn child_exec(
         unreachable!()
     };
     let mut go = 0u8;
-    // SAFETY (whole block): raw syscalls with valid arguments; see the function contract.
+    // SAFETY: raw syscalls with valid arguments (whole block); see the function contract.
     unsafe {
         if libc::syscall(libc::SYS_read, sock, &mut go as *mut u8, 1) != 1 {
             fail(1);

@@ -66,7 +66,10 @@ impl PausedMarker {
     }
 }
 
-fn criu_err(id: &str, op: &'static str) -> impl FnOnce(berth_checkpoint::CriuError) -> RuntimeError {
+fn criu_err(
+    id: &str,
+    op: &'static str,
+) -> impl FnOnce(berth_checkpoint::CriuError) -> RuntimeError {
     let id = id.to_owned();
     move |source| RuntimeError::Criu {
         id,

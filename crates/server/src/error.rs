@@ -133,6 +133,9 @@ fn runtime_to_api(err: &ServiceError, source: &RuntimeError) -> ApiError {
         RuntimeError::InvalidId(_) | RuntimeError::InvalidCheckpointId(_) => {
             ApiError::BadRequest(err.to_string())
         }
+        RuntimeError::Unsupported { backend, what } => {
+            ApiError::NotImplemented(format!("{what} on berth's {backend} runtime"))
+        }
         RuntimeError::NoFreeSlot { .. } | RuntimeError::CriuUnavailable(_) => {
             ApiError::Unavailable(err.to_string())
         }
@@ -247,7 +250,10 @@ mod tests {
     fn capacity_is_a_503_that_says_so() {
         let api = to_api(&runtime(RuntimeError::NoFreeSlot { max: 3 }));
         assert_eq!(api.status(), 503);
-        assert!(api.to_string().contains("all 3 sandbox slots are in use"), "{api}");
+        assert!(
+            api.to_string().contains("all 3 sandbox slots are in use"),
+            "{api}"
+        );
         let full = RuntimeError::Io {
             op: "create sandbox disk".into(),
             source: std::io::Error::from_raw_os_error(libc::ENOSPC),
@@ -259,9 +265,15 @@ mod tests {
 
     #[test]
     fn state_errors_are_conflicts_and_missing_sandboxes_404() {
-        assert_eq!(to_api(&ServiceError::AlreadyPaused("i1".into())).status(), 409);
+        assert_eq!(
+            to_api(&ServiceError::AlreadyPaused("i1".into())).status(),
+            409
+        );
         assert_eq!(to_api(&ServiceError::Paused("i1".into())).status(), 409);
-        assert_eq!(to_api(&runtime(RuntimeError::NotFound("i1".into()))).status(), 404);
+        assert_eq!(
+            to_api(&runtime(RuntimeError::NotFound("i1".into()))).status(),
+            404
+        );
         assert_eq!(
             to_api(&ServiceError::Store(StoreError::NotFound {
                 what: "snapshot",

@@ -75,7 +75,11 @@ mod tests {
             let (locks, inside) = (locks.clone(), inside.clone());
             tasks.push(tokio::spawn(async move {
                 let _guard = locks.lock("a".to_string()).await;
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders of one key");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders of one key"
+                );
                 tokio::task::yield_now().await;
                 inside.fetch_sub(1, Ordering::SeqCst);
             }));

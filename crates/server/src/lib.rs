@@ -10,6 +10,8 @@
 //! Entry points: [`Server::start`] (recover, spawn background tasks) and
 //! [`Server::serve`] (one listener for the API and the proxy).
 
+#![forbid(unsafe_code)]
+
 mod auth;
 mod envd;
 mod error;

@@ -32,9 +32,7 @@ async fn sample(state: &AppState, sandbox_id: &str) {
     };
     let now = Instant::now();
     let previous = {
-        let mut readings = state
-            .cpu_readings
-            .lock();
+        let mut readings = state.cpu_readings.lock();
         readings.insert(
             sandbox_id.to_string(),
             CpuReading {
@@ -80,10 +78,7 @@ pub fn sample_soon(state: SharedState, sandbox_id: String) {
 
 /// Drop the CPU reading of a sandbox that is gone.
 pub fn forget(state: &AppState, sandbox_id: &str) {
-    state
-        .cpu_readings
-        .lock()
-        .remove(sandbox_id);
+    state.cpu_readings.lock().remove(sandbox_id);
 }
 
 pub async fn run(state: SharedState) {

@@ -38,7 +38,9 @@ pub async fn run(state: SharedState) {
                         match sandboxes::pause(&state, &sandbox.id, memory, "timeout").await {
                             Ok(_) => continue,
                             // Someone paused or killed it meanwhile: nothing left to do.
-                            Err(ServiceError::AlreadyPaused(_) | ServiceError::SandboxNotFound(_)) => continue,
+                            Err(
+                                ServiceError::AlreadyPaused(_) | ServiceError::SandboxNotFound(_),
+                            ) => continue,
                             // Running past the end time forever is not an option either.
                             Err(err) => tracing::error!(
                                 sandbox = %sandbox.id, %err, "auto-pause failed; killing instead"

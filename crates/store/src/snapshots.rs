@@ -189,8 +189,11 @@ impl Store {
 
     /// Every snapshot's checkpoint id (recovery keeps these, deletes the rest).
     pub fn snapshot_checkpoints(&self) -> Result<Vec<String>> {
-        query_all(&self.conn(), "SELECT id, checkpoint_id FROM snapshots", [], |row| {
-            Columns::new(row, "snapshots", &["id"])?.get("checkpoint_id")
-        })
+        query_all(
+            &self.conn(),
+            "SELECT id, checkpoint_id FROM snapshots",
+            [],
+            |row| Columns::new(row, "snapshots", &["id"])?.get("checkpoint_id"),
+        )
     }
 }

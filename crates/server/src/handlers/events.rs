@@ -28,9 +28,9 @@ fn page(query: &EventsQuery) -> Result<Page, HttpError> {
     }
     let limit = query.limit.unwrap_or(10);
     if !(1..=100).contains(&limit) {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be between 1 and 100, got {limit}"
-        )).into());
+        return Err(
+            ApiError::BadRequest(format!("limit must be between 1 and 100, got {limit}")).into(),
+        );
     }
     let types = match &query.types {
         Some(list) => list
@@ -56,7 +56,8 @@ fn check_event_type(event_type: &str) -> Result<(), HttpError> {
         Err(ApiError::BadRequest(format!(
             "unknown event type \"{event_type}\" (one of {})",
             EVENT_TYPES.join(", ")
-        )).into())
+        ))
+        .into())
     }
 }
 
@@ -67,16 +68,14 @@ fn list(
     query: &EventsQuery,
 ) -> Result<Json<Vec<SandboxEvent>>, HttpError> {
     let page = page(query)?;
-    let events = state
-        .store
-        .events(
-            &caller.team.id,
-            sandbox_id,
-            &page.types,
-            page.ascending,
-            page.offset,
-            page.limit,
-        )?;
+    let events = state.store.events(
+        &caller.team.id,
+        sandbox_id,
+        &page.types,
+        page.ascending,
+        page.offset,
+        page.limit,
+    )?;
     Ok(Json(events.iter().map(crate::events::to_api).collect()))
 }
 
@@ -110,11 +109,7 @@ pub async fn sandbox_events(
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Json<Vec<SandboxEvent>>, HttpError> {
-    if state
-        .store
-        .sandbox(&caller.team.id, &id)?
-        .is_none()
-    {
+    if state.store.sandbox(&caller.team.id, &id)?.is_none() {
         return Err(ApiError::sandbox_not_found(&id).into());
     }
     list(&state, &caller, Some(&id), &query)
@@ -139,7 +134,8 @@ fn check_url(url: &str) -> Result<(), HttpError> {
     if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
         return Err(ApiError::BadRequest(format!(
             "url \"{url}\" must be an http:// URL with a host (berth does not deliver over TLS yet)"
-        )).into());
+        ))
+        .into());
     }
     Ok(())
 }
@@ -152,7 +148,8 @@ fn check_text(field: &str, value: &str) -> Result<(), HttpError> {
     if value.trim().is_empty() || value.len() > 1024 {
         return Err(ApiError::BadRequest(format!(
             "{field} must be 1 to 1024 characters and not blank"
-        )).into());
+        ))
+        .into());
     }
     Ok(())
 }

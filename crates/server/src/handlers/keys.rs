@@ -36,9 +36,9 @@ fn to_api(record: &ApiKeyRecord) -> TeamApiKey {
 
 fn check_name(name: &str) -> Result<(), HttpError> {
     if name.trim().is_empty() || name.len() > 256 {
-        return Err(ApiError::BadRequest(
-            "name must be 1 to 256 characters and not blank".into(),
-        ).into());
+        return Err(
+            ApiError::BadRequest("name must be 1 to 256 characters and not blank".into()).into(),
+        );
     }
     Ok(())
 }
@@ -53,9 +53,7 @@ pub async fn list_keys(
     State(state): State<SharedState>,
     caller: Caller,
 ) -> Result<Json<Vec<TeamApiKey>>, HttpError> {
-    let keys = state
-        .store
-        .list_api_keys(&caller.team.id)?;
+    let keys = state.store.list_api_keys(&caller.team.id)?;
     Ok(Json(keys.iter().map(to_api).collect()))
 }
 
@@ -72,9 +70,7 @@ pub async fn create_key(
     ApiJson(body): ApiJson<NewTeamApiKey>,
 ) -> Result<(StatusCode, Json<CreatedTeamApiKey>), HttpError> {
     check_name(&body.name)?;
-    let (record, raw) = state
-        .store
-        .create_api_key(&caller.team.id, &body.name)?;
+    let (record, raw) = state.store.create_api_key(&caller.team.id, &body.name)?;
     Ok((
         StatusCode::CREATED,
         Json(CreatedTeamApiKey {
@@ -125,8 +121,6 @@ pub async fn delete_key(
     caller: Caller,
     Path(key_id): Path<String>,
 ) -> Result<StatusCode, HttpError> {
-    state
-        .store
-        .delete_api_key(&caller.team.id, &key_id)?;
+    state.store.delete_api_key(&caller.team.id, &key_id)?;
     Ok(StatusCode::NO_CONTENT)
 }

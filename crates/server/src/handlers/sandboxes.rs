@@ -19,11 +19,11 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use utoipa::IntoParams;
 
+use super::validate_timeout;
 use crate::auth::Caller;
 use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery, OptionalJson};
 use crate::sandboxes::{self, CreateRequest, Resumed};
-use super::validate_timeout;
 use crate::{events, SharedState};
 
 /// Default time to live of `POST /sandboxes` (E2B's server default).
@@ -87,9 +87,7 @@ fn running_not_paused(
 ) -> Result<SandboxRecord, HttpError> {
     let record = live(state, caller, id)?;
     if let SandboxStatus::Paused { .. } = record.status {
-        return Err(ApiError::Conflict(format!(
-            "sandbox {id} is paused; resume it first"
-        )).into());
+        return Err(ApiError::Conflict(format!("sandbox {id} is paused; resume it first")).into());
     }
     Ok(record)
 }
@@ -111,13 +109,15 @@ fn requested_lifecycle(body: &NewSandbox) -> Result<Lifecycle, HttpError> {
             Some(other) => {
                 return Err(ApiError::BadRequest(format!(
                     "autoResume.enabled must be a boolean, got {other}"
-                )).into())
+                ))
+                .into())
             }
         },
         Some(other) => {
             return Err(ApiError::BadRequest(format!(
                 "autoResume must be an object like {{\"enabled\": true}}, got {other}"
-            )).into())
+            ))
+            .into())
         }
     };
     let lifecycle = Lifecycle {
@@ -128,14 +128,16 @@ fn requested_lifecycle(body: &NewSandbox) -> Result<Lifecycle, HttpError> {
     if lifecycle.auto_resume && !lifecycle.auto_pause {
         return Err(ApiError::BadRequest(
             "autoResume needs autoPause: only a paused sandbox can be resumed by traffic".into(),
-        ).into());
+        )
+        .into());
     }
     if lifecycle.auto_resume && !lifecycle.auto_pause_memory {
         return Err(ApiError::BadRequest(
             "autoResume cannot be combined with autoPauseMemory=false: a sandbox paused \
              without memory must be resumed explicitly (connect or resume)"
                 .into(),
-        ).into());
+        )
+        .into());
     }
     Ok(lifecycle)
 }
@@ -145,12 +147,11 @@ fn refuse_unsupported(body: &NewSandbox) -> Result<(), HttpError> {
     if body.allow_internet_access == Some(false) {
         return Err(ApiError::NotImplemented(
             "allow_internet_access=false (egress network policy)".into(),
-        ).into());
+        )
+        .into());
     }
     if body.network.as_ref().is_some_and(|v| !is_empty_json(v)) {
-        return Err(ApiError::NotImplemented(
-            "network (egress network policy)".into(),
-        ).into());
+        return Err(ApiError::NotImplemented("network (egress network policy)".into()).into());
     }
     if body.mcp.as_ref().is_some_and(|v| !is_empty_json(v)) {
         return Err(ApiError::NotImplemented("mcp (MCP gateway)".into()).into());
@@ -203,14 +204,8 @@ async fn create(
         None => None,
     };
     if let Some(key) = &idempotency_key {
-        if let Some(existing) = state
-            .store
-            .idempotent_sandbox(&caller.team.id, key)?
-        {
-            if let Some(record) = state
-                .store
-                .live_sandbox(&caller.team.id, &existing)?
-            {
+        if let Some(existing) = state.store.idempotent_sandbox(&caller.team.id, key)? {
+            if let Some(record) = state.store.live_sandbox(&caller.team.id, &existing)? {
                 return Ok(
                     (StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response(),
                 );
@@ -400,7 +395,8 @@ pub async fn list_sandboxes_v2(
                 other => {
                     return Err(ApiError::BadRequest(format!(
                         "unknown sandbox state \"{other}\" (running, paused)"
-                    )).into())
+                    ))
+                    .into())
                 }
             }
         }
@@ -409,9 +405,9 @@ pub async fn list_sandboxes_v2(
         None | Some("desc") => false,
         Some("asc") => true,
         Some(other) => {
-            return Err(ApiError::BadRequest(format!(
-                "order must be asc or desc, got \"{other}\""
-            )).into())
+            return Err(
+                ApiError::BadRequest(format!("order must be asc or desc, got \"{other}\"")).into(),
+            )
         }
     };
     let started_after = query
@@ -425,9 +421,9 @@ pub async fn list_sandboxes_v2(
         .transpose()?;
     let limit = query.limit.unwrap_or(100);
     if !(1..=100).contains(&limit) {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be between 1 and 100, got {limit}"
-        )).into());
+        return Err(
+            ApiError::BadRequest(format!("limit must be between 1 and 100, got {limit}")).into(),
+        );
     }
     let filter = SandboxFilter {
         metadata: parse_metadata_filter(query.metadata.as_deref().unwrap_or(""))?,
@@ -437,14 +433,12 @@ pub async fn list_sandboxes_v2(
         states,
     };
     let mut headers = HeaderMap::new();
-    let page = state
-        .store
-        .list_sandboxes(
-            &caller.team.id,
-            &filter,
-            limit as usize,
-            query.next_token.as_deref(),
-        )?;
+    let page = state.store.list_sandboxes(
+        &caller.team.id,
+        &filter,
+        limit as usize,
+        query.next_token.as_deref(),
+    )?;
     headers.insert("x-total-running", HeaderValue::from(page.total));
     if let Some(token) = page.next_token {
         if let Ok(value) = HeaderValue::from_str(&token) {
@@ -578,7 +572,8 @@ pub async fn refresh(
     if !(0..=3600).contains(&seconds) {
         return Err(ApiError::BadRequest(format!(
             "duration must be between 0 and 3600 seconds, got {seconds}"
-        )).into());
+        ))
+        .into());
     }
     let record = running_not_paused(&state, &caller, &id)?;
     let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(seconds);
@@ -709,9 +704,9 @@ pub async fn resume_sandbox(
         Resumed::Resumed(record) => {
             Ok((StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response())
         }
-        Resumed::WasRunning(_) => Err(ApiError::Conflict(format!(
-            "sandbox {id} is already running"
-        )).into()),
+        Resumed::WasRunning(_) => {
+            Err(ApiError::Conflict(format!("sandbox {id} is already running")).into())
+        }
     }
 }
 
@@ -732,7 +727,8 @@ fn check_limit(limit: Option<i64>, max: i64) -> Result<usize, HttpError> {
     if !(0..=max).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
             "limit must be between 0 and {max}, got {limit}"
-        )).into());
+        ))
+        .into());
     }
     Ok(limit as usize)
 }
@@ -830,7 +826,8 @@ pub async fn logs_v2(
         Some(other) => {
             return Err(ApiError::BadRequest(format!(
                 "direction must be forward or backward, got \"{other}\""
-            )).into())
+            ))
+            .into())
         }
     };
     let level = match query.level.as_deref() {
@@ -846,21 +843,17 @@ pub async fn logs_v2(
         .as_ref()
         .is_some_and(|s| s.chars().count() > 256)
     {
-        return Err(ApiError::BadRequest(
-            "search is longer than 256 characters".into(),
-        ).into());
+        return Err(ApiError::BadRequest("search is longer than 256 characters".into()).into());
     }
     let record = any_state(&state, &caller, &id)?;
-    let lines = state
-        .store
-        .logs(
-            &record.id,
-            query.cursor,
-            forward,
-            level,
-            query.search.as_deref(),
-            limit,
-        )?;
+    let lines = state.store.logs(
+        &record.id,
+        query.cursor,
+        forward,
+        level,
+        query.search.as_deref(),
+        limit,
+    )?;
     Ok(Json(SandboxLogsV2Response {
         logs: lines.iter().map(entry).collect(),
     }))
@@ -909,18 +902,14 @@ pub async fn sandbox_metrics(
     ApiQuery(query): ApiQuery<MetricsQuery>,
 ) -> Result<Json<Vec<SandboxMetric>>, HttpError> {
     if query.start.is_some_and(|s| s < 0) || query.end.is_some_and(|e| e < 0) {
-        return Err(ApiError::BadRequest(
-            "start and end must not be negative".into(),
-        ).into());
+        return Err(ApiError::BadRequest("start and end must not be negative".into()).into());
     }
     let record = any_state(&state, &caller, &id)?;
     let start = query
         .start
         .unwrap_or(record.started_at.unix_timestamp() - 1);
     let end = query.end.unwrap_or(i64::MAX);
-    let samples = state
-        .store
-        .metrics(&record.id, start, end)?;
+    let samples = state.store.metrics(&record.id, start, end)?;
     Ok(Json(samples.iter().map(metric).collect()))
 }
 
@@ -954,10 +943,7 @@ pub async fn sandboxes_metrics(
     }
     let mut sandboxes = BTreeMap::new();
     for id in ids {
-        let Some(record) = state
-            .store
-            .running_sandbox(&caller.team.id, id)?
-        else {
+        let Some(record) = state.store.running_sandbox(&caller.team.id, id)? else {
             continue;
         };
         if let Some(sample) = state.store.latest_metric(&record.id)? {

@@ -14,10 +14,10 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::sandboxes::sandbox_response;
+use super::validate_timeout;
 use crate::auth::Caller;
 use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery, OptionalJson};
-use super::validate_timeout;
 use crate::{sandboxes, SharedState};
 
 /// Default time to live of a fork, in seconds (the SDKs' default timeout).
@@ -62,7 +62,8 @@ pub async fn fork_sandbox(
     if !(1..=MAX_FORKS).contains(&count) {
         return Err(ApiError::BadRequest(format!(
             "count must be between 1 and {MAX_FORKS}, got {count}"
-        )).into());
+        ))
+        .into());
     }
     let timeout = validate_timeout(body.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT))?;
     check_owner(&state, &caller, &id)?;
@@ -97,7 +98,8 @@ fn check_name(name: &str) -> Result<(), HttpError> {
         Err(ApiError::BadRequest(format!(
             "name \"{name}\" must be 1 to {MAX_NAME_LEN} letters, digits, '-', '_' or '.', \
              starting with a letter or digit"
-        )).into())
+        ))
+        .into())
     }
 }
 
@@ -160,19 +162,17 @@ pub async fn list_snapshots(
 ) -> Result<Response, HttpError> {
     let limit = query.limit.unwrap_or(100);
     if !(1..=100).contains(&limit) {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be between 1 and 100, got {limit}"
-        )).into());
+        return Err(
+            ApiError::BadRequest(format!("limit must be between 1 and 100, got {limit}")).into(),
+        );
     }
-    let (page, next) = state
-        .store
-        .list_snapshots(
-            &caller.team.id,
-            query.sandbox_id.as_deref(),
-            query.name.as_deref(),
-            limit as usize,
-            query.next_token.as_deref(),
-        )?;
+    let (page, next) = state.store.list_snapshots(
+        &caller.team.id,
+        query.sandbox_id.as_deref(),
+        query.name.as_deref(),
+        limit as usize,
+        query.next_token.as_deref(),
+    )?;
     let mut headers = HeaderMap::new();
     if let Some(value) = next.and_then(|token| HeaderValue::from_str(&token).ok()) {
         headers.insert("x-next-token", value);
@@ -194,14 +194,12 @@ pub async fn delete_template(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, HttpError> {
-    let exists = state
-        .store
-        .snapshot(&caller.team.id, &id)?
-        .is_some();
+    let exists = state.store.snapshot(&caller.team.id, &id)?.is_some();
     if !exists {
         return Err(ApiError::NotFound(format!(
             "snapshot \"{id}\" not found (installed templates cannot be deleted through the API)"
-        )).into());
+        ))
+        .into());
     }
     sandboxes::delete_snapshot(&state, &caller.team.id, &id).await?;
     Ok(StatusCode::NO_CONTENT)

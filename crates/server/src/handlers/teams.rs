@@ -63,7 +63,8 @@ fn own_team(caller: &Caller, team_id: &str) -> Result<(), HttpError> {
     if caller.team.id != team_id {
         return Err(ApiError::Forbidden(format!(
             "team \"{team_id}\" is not the team of this API key"
-        )).into());
+        ))
+        .into());
     }
     Ok(())
 }
@@ -80,9 +81,7 @@ fn series(
     let end = end.unwrap_or(now).min(now);
     let start = start.unwrap_or(end - DEFAULT_WINDOW_SECS);
     if start < 0 || end < 0 {
-        return Err(ApiError::BadRequest(
-            "start and end must not be negative".into(),
-        ).into());
+        return Err(ApiError::BadRequest("start and end must not be negative".into()).into());
     }
     if start > end {
         return Ok(Vec::new());
@@ -91,9 +90,7 @@ fn series(
         .map_err(|_| ApiError::BadRequest(format!("start {start} is out of range")))?;
     let to = OffsetDateTime::from_unix_timestamp(end)
         .map_err(|_| ApiError::BadRequest(format!("end {end} is out of range")))?;
-    let spans = state
-        .store
-        .team_sandbox_spans(team_id, from, to)?;
+    let spans = state.store.team_sandbox_spans(team_id, from, to)?;
     let step = ((end - start) / MAX_POINTS).max(5);
     let mut points = Vec::new();
     let mut t = start + step;

@@ -96,9 +96,9 @@ pub async fn list_templates_v2(
 ) -> Result<Response, HttpError> {
     let limit = query.limit.unwrap_or(100);
     if !(1..=100).contains(&limit) {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be between 1 and 100, got {limit}"
-        )).into());
+        return Err(
+            ApiError::BadRequest(format!("limit must be between 1 and 100, got {limit}")).into(),
+        );
     }
     let all = installed(&state).await?;
     // Listed by id; the cursor is the last id of the previous page.
@@ -162,9 +162,9 @@ pub async fn get_template(
 ) -> Result<Json<TemplateWithBuilds>, HttpError> {
     let limit = query.limit.unwrap_or(100);
     if !(1..=100).contains(&limit) {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be between 1 and 100, got {limit}"
-        )).into());
+        return Err(
+            ApiError::BadRequest(format!("limit must be between 1 and 100, got {limit}")).into(),
+        );
     }
     let template = one(&state, &id).await?;
     let resources = state.config.resources;

@@ -279,7 +279,13 @@ pub(super) async fn create_from_snapshot(
         env_vars: request.env_vars,
         lifecycle: request.lifecycle,
     };
-    start_from_checkpoint(state, checkpoint_id(&snapshot.checkpoint_id), &origin, start).await
+    start_from_checkpoint(
+        state,
+        checkpoint_id(&snapshot.checkpoint_id),
+        &origin,
+        start,
+    )
+    .await
 }
 
 /// Delete snapshot `name_or_id` of `team_id` and its checkpoint.

@@ -93,9 +93,7 @@ pub(crate) async fn load_template(
         match source {
             TemplateError::NotFound(_) => ServiceError::TemplateNotFound(name),
             TemplateError::InvalidId(_) => ServiceError::InvalidTemplate { name, source },
-            TemplateError::MissingLayer { .. } => {
-                ServiceError::TemplateIncomplete { name, source }
-            }
+            TemplateError::MissingLayer { .. } => ServiceError::TemplateIncomplete { name, source },
             source => ServiceError::Template { name, source },
         }
     })

@@ -129,11 +129,7 @@ pub(super) async fn bring_up(
 
 /// Root and disk, then the processes: whatever the entry point's boot asks of the
 /// runtime. On failure the runtime has left nothing (or, for resume, the paused state).
-async fn start_in_runtime(
-    state: &AppState,
-    id: &str,
-    boot: Boot,
-) -> Result<Started, ServiceError> {
+async fn start_in_runtime(state: &AppState, id: &str, boot: Boot) -> Result<Started, ServiceError> {
     let stage = boot.stage();
     let runtime = state.runtime.clone();
     let owned = id.to_string();
@@ -143,12 +139,10 @@ async fn start_in_runtime(
             memory_restored: false,
         }),
         Boot::Resume { keep_memory } => {
-            runtime
-                .resume(&owned, keep_memory)
-                .map(|resumed| Started {
-                    info: resumed.info,
-                    memory_restored: resumed.memory_restored,
-                })
+            runtime.resume(&owned, keep_memory).map(|resumed| Started {
+                info: resumed.info,
+                memory_restored: resumed.memory_restored,
+            })
         }
         Boot::Restore {
             checkpoint_id,

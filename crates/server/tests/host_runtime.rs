@@ -1,0 +1,431 @@
+//! The control plane end to end without root: the real API router and proxy on a
+//! loopback listener, the real store and template store in a temp dir, and sandboxes
+//! from `berth_runtime::HostRuntime` — the real `berth-envd` as a host process. Covers
+//! create → command → files → kill, pause/resume and their errors, team isolation, the
+//! proxy's 502 for a sandbox that is gone, and the capacity error.
+//!
+//! envd binary: `BERTH_ENVD_BIN`, else `<target>/debug/berth-envd`, built on demand.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use berth_envd_proto::connect::{encode_envelope, EnvelopeDecoder};
+use berth_runtime::HostRuntime;
+use berth_server::{Server, ServerConfig};
+use berth_store::Store;
+use berth_template::{TemplateConfig, TemplateStore};
+use serde_json::{json, Value};
+
+fn envd_binary() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("BERTH_ENVD_BIN") {
+                return PathBuf::from(path);
+            }
+            // tests/<name>-<hash> lives in <target>/debug/deps.
+            let exe = std::env::current_exe().expect("test executable path");
+            let debug = exe
+                .parent()
+                .and_then(|deps| deps.parent())
+                .expect("target dir");
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "-q", "-p", "berth-envd", "--bin", "berth-envd"])
+                .status()
+                .expect("run cargo build");
+            assert!(status.success(), "building berth-envd failed");
+            debug.join("berth-envd")
+        })
+        .clone()
+}
+
+/// The user commands run as: whoever runs the tests (envd switches users only as root).
+fn current_user() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self")
+        .expect("stat /proc/self")
+        .uid();
+    let passwd = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+    passwd
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields.get(2) == Some(&uid.to_string().as_str())).then(|| fields[0].to_string())
+        })
+        .expect("the current uid has a passwd entry")
+}
+
+/// A running control plane on a loopback port, with two teams and their keys.
+struct Api {
+    url: String,
+    key_a: String,
+    key_b: String,
+    http: reqwest::Client,
+    _server: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(max_sandboxes: Option<usize>) -> Api {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let team_a = store.create_team("a").unwrap();
+    let team_b = store.create_team("b").unwrap();
+    let (_, key_a) = store.create_api_key(&team_a.id, "a").unwrap();
+    let (_, key_b) = store.create_api_key(&team_b.id, "b").unwrap();
+    let templates = TemplateStore::open(dir.path()).unwrap();
+    let layer = templates
+        .commit_layer(templates.stage_layer().unwrap())
+        .unwrap();
+    templates
+        .put(
+            "base",
+            vec![layer],
+            TemplateConfig {
+                default_user: current_user(),
+                default_workdir: "/tmp".into(),
+                envs: [("FROM_TEMPLATE".to_string(), "yes".to_string())].into(),
+            },
+        )
+        .unwrap();
+    let mut runtime = HostRuntime::new(dir.path().join("runtime"), envd_binary()).unwrap();
+    if let Some(max) = max_sandboxes {
+        runtime = runtime.with_max_sandboxes(max);
+    }
+    let server = Server::start(store, Arc::new(runtime), templates, ServerConfig::default())
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let handle = tokio::spawn(async move {
+        server
+            .serve(listener, axum::Router::new(), std::future::pending())
+            .await
+            .unwrap();
+    });
+    Api {
+        url,
+        key_a,
+        key_b,
+        http: reqwest::Client::new(),
+        _server: handle,
+        _dir: dir,
+    }
+}
+
+impl Api {
+    async fn call(
+        &self,
+        key: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .header("x-api-key", key);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn create(&self, key: &str) -> Value {
+        let (status, body) = self
+            .call(
+                key,
+                reqwest::Method::POST,
+                "/v2/sandboxes",
+                Some(json!({"templateID": "base", "envVars": {"FROM_CALLER": "1"}})),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body
+    }
+
+    /// A request to envd of `sandbox` through the proxy, as the SDKs send it with
+    /// `E2B_SANDBOX_URL`.
+    fn envd(
+        &self,
+        sandbox: &Value,
+        method: reqwest::Method,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.url))
+            .header("e2b-sandbox-id", sandbox["sandboxID"].as_str().unwrap())
+            .header("e2b-sandbox-port", "49983")
+            .header(
+                "x-access-token",
+                sandbox["envdAccessToken"].as_str().unwrap_or(""),
+            )
+    }
+
+    /// Runs `command` with `bash -c` in `sandbox`: (exit code, stdout).
+    async fn run(&self, sandbox: &Value, command: &str) -> (i64, String) {
+        let request = json!({"process": {"cmd": "/bin/bash", "args": ["-c", command]}});
+        let body = encode_envelope(0, &serde_json::to_vec(&request).unwrap());
+        let response = self
+            .envd(sandbox, reqwest::Method::POST, "/process.Process/Start")
+            .header("content-type", "application/connect+json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{:?}", response.text().await);
+        let bytes = response.bytes().await.unwrap();
+        let mut decoder = EnvelopeDecoder::new(1 << 20);
+        decoder.push(&bytes);
+        let (mut stdout, mut exit) = (String::new(), None);
+        while let Some(envelope) = decoder.next_envelope().unwrap() {
+            if envelope.is_end_stream() {
+                break;
+            }
+            let message: Value = serde_json::from_slice(&envelope.payload).unwrap();
+            let event = &message["event"];
+            if let Some(data) = event["data"]["stdout"].as_str() {
+                use base64::Engine;
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .unwrap();
+                stdout.push_str(&String::from_utf8_lossy(&raw));
+            }
+            if event.get("end").is_some() {
+                exit = Some(event["end"]["exitCode"].as_i64().unwrap_or(0));
+            }
+        }
+        (exit.expect("the stream had an end event"), stdout)
+    }
+}
+
+fn id(sandbox: &Value) -> &str {
+    sandbox["sandboxID"].as_str().unwrap()
+}
+
+#[tokio::test]
+async fn create_run_files_and_kill() {
+    let api = start(None).await;
+    let sandbox = api.create(&api.key_a).await;
+    assert!(sandbox["envdAccessToken"].is_string());
+
+    let (exit, stdout) = api
+        .run(
+            &sandbox,
+            "echo \"$FROM_TEMPLATE $FROM_CALLER $E2B_SANDBOX_ID\"; exit 3",
+        )
+        .await;
+    assert_eq!(exit, 3);
+    assert_eq!(stdout.trim(), format!("yes 1 {}", id(&sandbox)));
+
+    let path = "/tmp/berth-host-runtime-test-file";
+    let upload = api
+        .envd(
+            &sandbox,
+            reqwest::Method::POST,
+            &format!("/files?path={path}-{}", id(&sandbox)),
+        )
+        .header("content-type", "application/octet-stream")
+        .body("hello from the test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(upload.status(), 200, "{:?}", upload.text().await);
+    let download = api
+        .envd(
+            &sandbox,
+            reqwest::Method::GET,
+            &format!("/files?path={path}-{}", id(&sandbox)),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(download.status(), 200);
+    assert_eq!(download.text().await.unwrap(), "hello from the test");
+    let (_, stdout) = api
+        .run(
+            &sandbox,
+            &format!("cat {path}-{0}; rm {path}-{0}", id(&sandbox)),
+        )
+        .await;
+    assert_eq!(stdout, "hello from the test");
+
+    let (status, _) = api
+        .call(
+            &api.key_a,
+            reqwest::Method::DELETE,
+            &format!("/sandboxes/{}", id(&sandbox)),
+            None,
+        )
+        .await;
+    assert_eq!(status, 204);
+    let (status, _) = api
+        .call(
+            &api.key_a,
+            reqwest::Method::GET,
+            &format!("/sandboxes/{}", id(&sandbox)),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+
+    // The proxy's answer for a sandbox that is gone: E2B's 502 shape.
+    let gone = api
+        .envd(&sandbox, reqwest::Method::GET, "/health")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 502);
+    let body: Value = gone.json().await.unwrap();
+    assert_eq!(body["code"], 502);
+    assert_eq!(body["sandboxId"], id(&sandbox));
+    assert_eq!(body["message"], "The sandbox was not found");
+}
+
+#[tokio::test]
+async fn pause_resume_and_their_errors() {
+    let api = start(None).await;
+    let sandbox = api.create(&api.key_a).await;
+    let sid = id(&sandbox).to_string();
+    // A background process whose memory must survive a pause with memory.
+    api.run(
+        &sandbox,
+        "nohup sleep 600 >/dev/null 2>&1 & echo $! > $HOME/sleeper",
+    )
+    .await;
+    let post = |path: String, body: Option<Value>| {
+        let api = &api;
+        async move {
+            api.call(&api.key_a, reqwest::Method::POST, &path, body)
+                .await
+        }
+    };
+    let (status, body) = post(format!("/sandboxes/{sid}/pause"), None).await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = post(format!("/sandboxes/{sid}/pause"), None).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("already paused"),
+        "{body}"
+    );
+    let (status, body) = post(
+        format!("/sandboxes/{sid}/timeout"),
+        Some(json!({"timeout": 60})),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    let paused = api
+        .envd(&sandbox, reqwest::Method::GET, "/health")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(paused.status(), 502, "a paused sandbox is not reachable");
+
+    let (status, body) = post(
+        format!("/v2/sandboxes/{sid}/connect"),
+        Some(json!({"timeout": 60})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (exit, _) = api.run(&sandbox, "kill -0 $(cat $HOME/sleeper)").await;
+    assert_eq!(exit, 0, "the background process continued");
+    let (status, body) = post(format!("/sandboxes/{sid}/resume"), Some(json!({}))).await;
+    assert_eq!(status, 409, "{body}");
+    let (status, _) = post(
+        format!("/v2/sandboxes/{sid}/connect"),
+        Some(json!({"timeout": 60})),
+    )
+    .await;
+    assert_eq!(status, 200, "connect to a running sandbox");
+
+    // Without memory: files stay, processes do not; envd is initialised again.
+    let (status, _) = post(
+        format!("/sandboxes/{sid}/pause"),
+        Some(json!({"memory": false})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, body) = post(format!("/sandboxes/{sid}/resume"), Some(json!({}))).await;
+    assert_eq!(status, 201, "{body}");
+    // Gone, or a zombie not yet reaped by the host's init.
+    let alive = "s=$(cut -d' ' -f3 /proc/$(cat $HOME/sleeper)/stat 2>/dev/null); \
+                 [ -n \"$s\" ] && [ \"$s\" != Z ] && echo alive || echo gone";
+    let (_, stdout) = api
+        .run(&sandbox, &format!("{alive}; echo $FROM_CALLER"))
+        .await;
+    assert_eq!(stdout, "gone\n1\n", "process gone, file and env kept");
+
+    let (status, _) = post("/sandboxes/inotasandbox00000000000/pause".into(), None).await;
+    assert_eq!(status, 404);
+    // This runtime offers no checkpoints: a named 501, not a 500.
+    let (status, body) = post(format!("/sandboxes/{sid}/snapshots"), Some(json!({}))).await;
+    assert_eq!(status, 501, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("checkpoints"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn teams_see_only_their_own_sandboxes() {
+    let api = start(None).await;
+    let mine = api.create(&api.key_a).await;
+    let theirs = api.create(&api.key_b).await;
+    let (status, listed) = api
+        .call(&api.key_a, reqwest::Method::GET, "/v2/sandboxes", None)
+        .await;
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = listed.as_array().unwrap().iter().map(id).collect();
+    assert_eq!(ids, [id(&mine)]);
+    for (method, path) in [
+        (reqwest::Method::GET, format!("/sandboxes/{}", id(&theirs))),
+        (
+            reqwest::Method::DELETE,
+            format!("/sandboxes/{}", id(&theirs)),
+        ),
+        (
+            reqwest::Method::POST,
+            format!("/sandboxes/{}/pause", id(&theirs)),
+        ),
+    ] {
+        let (status, body) = api.call(&api.key_a, method, &path, None).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+    // Another team's envd is not reachable with one's own sandbox's token either.
+    let mut forged = theirs.clone();
+    forged["envdAccessToken"] = mine["envdAccessToken"].clone();
+    let denied = api
+        .envd(&forged, reqwest::Method::GET, "/envs")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 401);
+}
+
+#[tokio::test]
+async fn a_full_host_is_a_clear_503() {
+    let api = start(Some(1)).await;
+    api.create(&api.key_a).await;
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base"})),
+        )
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("slots are in use"),
+        "{body}"
+    );
+}
