@@ -310,11 +310,7 @@ impl Mcp {
             ));
         }
         let api = ApiClient::with_http(self.inner.http.clone(), api_url, api_key.trim());
-        let query = [("limit".to_owned(), "1".to_owned())];
-        match api
-            .request(reqwest::Method::GET, "/v2/sandboxes", &query, None)
-            .await
-        {
+        match api.list_sandboxes(Some(1), None).await {
             Ok(_) => {}
             Err(ClientError::Api { status, .. }) => {
                 return Err(McpError::KeyRejected {

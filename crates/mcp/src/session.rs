@@ -226,15 +226,16 @@ impl Mcp {
         }
         body.insert("metadata".into(), Value::Object(metadata));
 
-        let created = connected.api.create_sandbox(&Value::Object(body)).await?;
-        let sandbox_id = created["sandboxID"]
-            .as_str()
-            .ok_or_else(|| ToolFailure::Message("create response has no sandboxID".into()))?
-            .to_owned();
+        let new_sandbox: berth_api::NewSandbox = serde_json::from_value(Value::Object(body))
+            .map_err(|error| {
+                ToolFailure::Message(format!("invalid sandbox parameters: {error}"))
+            })?;
+        let created = connected.api.create_sandbox(&new_sandbox).await?;
+        let sandbox_id = created.sandbox_id.clone();
         let state = SandboxState {
             sandbox_id: sandbox_id.clone(),
-            domain: created["domain"].as_str().map(str::to_owned),
-            envd_access_token: created["envdAccessToken"].as_str().map(str::to_owned),
+            domain: created.domain.clone(),
+            envd_access_token: created.envd_access_token.clone(),
             workspace_path: WORKSPACE_PATH.to_owned(),
             timeout_seconds,
         };
@@ -265,6 +266,8 @@ impl Mcp {
         let files_uploaded = self
             .upload_session_files(context, &connected, &state, args)
             .await?;
+        let created =
+            serde_json::to_value(&created).map_err(|e| ToolFailure::Message(e.to_string()))?;
         Ok(match toolset {
             Toolset::Connector => json!({ "status": 201, "result": created }),
             Toolset::Session | Toolset::All => {
@@ -419,7 +422,7 @@ impl Mcp {
             "total_lines": total_lines,
         });
         if let Some(error) = ended.error {
-            result["error"] = json!(error);
+            result["error"] = json!(error.to_string());
         }
         Ok(result)
     }
@@ -480,11 +483,11 @@ impl Mcp {
                     .api
                     .connect_sandbox(sandbox_id, state.timeout_seconds)
                     .await?;
-                if let Some(token) = resumed["envdAccessToken"].as_str() {
-                    state.envd_access_token = Some(token.to_owned());
+                if let Some(token) = resumed.envd_access_token {
+                    state.envd_access_token = Some(token);
                 }
-                if let Some(domain) = resumed["domain"].as_str() {
-                    state.domain = Some(domain.to_owned());
+                if let Some(domain) = resumed.domain {
+                    state.domain = Some(domain);
                 }
                 self.seal_json(
                     &sandbox_context(&context.identity, sandbox_id),
