@@ -2,9 +2,11 @@
 HTTP transport. The identity of a request is the team of its `X-API-Key`.
 
 Covers: tools/list for each tool set (`berth up --mcp-toolset`), checked against the seed
-documents; a session-tool round trip (connect page → create → exec `echo hi` → delete);
-missing and invalid keys (a 401 with a JSON-RPC error the client surfaces, and the server
-keeps serving); two teams' keys not seeing each other's sandboxes or MCP sessions.
+documents; a session-tool round trip (create → exec `echo hi` → delete) with no connect
+step, because berth up vouches for the key it just checked (and keeps it out of its state
+in clear); missing and invalid keys (a 401 with a JSON-RPC error the client surfaces, and
+the server keeps serving); two teams' keys not seeing each other's sandboxes or MCP
+sessions.
 
 Needs BERTH_BIN (the berth binary, with berth-envd and berth-launch beside it). Every
 `berth up` started here is stopped by PID and its state directory removed, and every
@@ -85,25 +87,6 @@ async def call(session, name: str, arguments: dict | None = None):
     return result
 
 
-async def connected(berth: BerthUp, session, key: str) -> None:
-    """Connects the key's team through the connect page when a tool asks for it."""
-    probe = await call(session, "e2b_list_sandboxes", {"scope": "project"})
-    content = probe.structured_content or {}
-    if not content.get("connection_required"):
-        return
-    link = content["connect_url"]
-    assert link.startswith(f"{berth.api_url}/mcp/connect/"), link
-    page = httpx.get(link, timeout=30)
-    assert page.status_code == 200 and "api_key" in page.text
-    submitted = httpx.post(
-        link, data={"api_url": berth.api_url, "api_key": key, "sandbox_url": berth.sandbox_url}, timeout=120
-    )
-    assert submitted.status_code == 200, submitted.text
-    assert key not in submitted.text
-    again = await call(session, "e2b_list_sandboxes", {"scope": "project"})
-    assert not again.is_error and "connection_required" not in again.structured_content, again.structured_content
-
-
 def list_tools(berth: BerthUp) -> dict:
     async def run():
         async with mcp_session(berth, berth.api_key) as session:
@@ -177,7 +160,6 @@ def leaf_errors(error: BaseException) -> list[BaseException]:
 def test_session_tools_create_exec_kill(berth):
     async def run():
         async with mcp_session(berth, berth.api_key) as session:
-            await connected(berth, session, berth.api_key)
             created = await call(session, "e2b_create_sandbox", {"title": "berth up /mcp"})
             assert not created.is_error, created.structured_content
             sandbox_id = created.structured_content["sandbox_id"]
@@ -203,6 +185,41 @@ def test_session_tools_create_exec_kill(berth):
     assert gone.status_code == 404, gone.text
 
 
+def test_a_valid_key_needs_no_connect_step(berth):
+    """A team that never connected anything: its first tool call already reaches berth
+    with the key it presented, the sandbox belongs to that team, and the key appears in
+    no MCP state file in clear. Without a key the same server answers 401."""
+    key = berth.create_key("mcp-trusted-team")
+
+    async def run():
+        async with mcp_session(berth, key) as session:
+            created = await call(session, "e2b_create_sandbox", {"title": "trusted key"})
+            assert not created.is_error, created.structured_content
+            assert "connection_required" not in created.structured_content
+            sandbox_id = created.structured_content["sandbox_id"]
+            try:
+                mine = httpx.get(f"{berth.api_url}/sandboxes/{sandbox_id}", headers={"X-API-Key": key}, timeout=30)
+                assert mine.status_code == 200, mine.text
+                other = httpx.get(f"{berth.api_url}/sandboxes/{sandbox_id}",
+                                  headers={"X-API-Key": berth.api_key}, timeout=30)
+                assert other.status_code == 404, other.text
+                ran = await call(session, "e2b_exec", {"sandbox_id": sandbox_id, "command": "echo hi"})
+                assert not ran.is_error, ran.structured_content
+                assert ran.structured_content["stdout"] == "hi\n"
+            finally:
+                deleted = await call(session, "e2b_manage_sandbox", {"sandbox_id": sandbox_id, "action": "delete"})
+            assert deleted.structured_content == {"sandbox_id": sandbox_id, "action": "delete", "success": True}
+
+    anyio.run(run)
+    state_files = [path for path in (berth.state_dir / "mcp").rglob("*") if path.is_file()]
+    assert state_files, "berth up kept no MCP state"
+    for path in state_files:
+        assert key.encode() not in path.read_bytes(), f"the key is in {path} in clear"
+    refused = post_initialize(berth, {})
+    assert refused.status_code == 401, refused.text
+    assert "X-API-Key" in refused.json()["error"]["message"]
+
+
 def test_two_teams_do_not_see_each_others_sandboxes(berth):
     alice_key = berth.api_key
     bob_key = berth.create_key("mcp-other-team")
@@ -210,13 +227,11 @@ def test_two_teams_do_not_see_each_others_sandboxes(berth):
     async def run():
         alice_sessions: list[str] = []
         async with mcp_session(berth, alice_key, alice_sessions) as alice:
-            await connected(berth, alice, alice_key)
             created = await call(alice, "e2b_create_sandbox", {"title": "alice's"})
             assert not created.is_error, created.structured_content
             sandbox_id = created.structured_content["sandbox_id"]
             try:
                 async with mcp_session(berth, bob_key) as bob:
-                    await connected(berth, bob, bob_key)
                     session_scope = await call(bob, "e2b_list_sandboxes")
                     assert session_scope.structured_content["count"] == 0
                     project = await call(bob, "e2b_list_sandboxes", {"scope": "project"})

@@ -129,6 +129,8 @@ pub struct ListedSandbox {
     pub memory_mb: u64,
     #[serde(rename = "diskSizeMB")]
     pub disk_size_mb: u64,
+    /// Optional in E2B's schema: a listing without it reads as no metadata.
+    #[serde(default)]
     pub metadata: StringMap,
     pub state: SandboxState,
     #[serde(rename = "envdVersion")]
@@ -730,6 +732,26 @@ mod tests {
             assert!(value.get(key).is_some(), "missing {key}: {value}");
         }
         assert!(value.get("alias").is_none());
+    }
+
+    #[test]
+    fn answers_of_e2b_cloud_parse_with_fields_berth_does_not_model() {
+        let created: Sandbox = serde_json::from_str(
+            r#"{"templateID":"rki5dems9wqfm4r03t7g","sandboxID":"iabc","alias":"base",
+                "clientID":"6532622b","envdVersion":"0.2.0","envdAccessToken":"tok",
+                "trafficAccessToken":null,"domain":"e2b.app","someNewField":{"x":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(created.sandbox_id, "iabc");
+        assert_eq!(created.domain.as_deref(), Some("e2b.app"));
+        let listed: Vec<ListedSandbox> = serde_json::from_str(
+            r#"[{"templateID":"t","sandboxID":"iabc","clientID":"6532622b",
+                 "startedAt":"2026-01-01T00:00:00Z","endAt":"2026-01-01T00:05:00Z",
+                 "cpuCount":2,"memoryMB":512,"diskSizeMB":1024,"state":"running",
+                 "envdVersion":"0.2.0","volumeMounts":[]}]"#,
+        )
+        .unwrap();
+        assert!(listed[0].metadata.is_empty());
     }
 
     #[test]

@@ -206,14 +206,21 @@ fn connect(state_dir: &Path, args: ConnectArgs) -> Result<()> {
 }
 
 /// The identity of an `/mcp` request is the team of its `X-API-Key`: agents reaching
-/// berth's own listener authenticate the way the API does.
-struct ApiKeyIdentity(Arc<Store>);
+/// berth's own listener authenticate the way the API does. The key was just checked, so
+/// it is also the agent's connection to this berth (`api_url`): no connect page needed.
+struct ApiKeyIdentity {
+    store: Arc<Store>,
+    api_url: String,
+}
 
 impl berth_mcp::IdentityResolver for ApiKeyIdentity {
-    fn identity(&self, parts: &http::request::Parts) -> Option<String> {
+    fn identity(&self, parts: &http::request::Parts) -> Option<berth_mcp::Identity> {
         let key = parts.headers.get("x-api-key")?.to_str().ok()?;
-        let (team, _) = self.0.authenticate(key).ok()??;
-        Some(format!("team:{}", team.id))
+        let (team, _) = self.store.authenticate(key).ok()??;
+        Some(berth_mcp::Identity::trusted(
+            format!("team:{}", team.id),
+            berth_mcp::TrustedConnection::new(&self.api_url, key),
+        ))
     }
 
     fn unauthenticated_message(&self) -> String {
@@ -428,7 +435,10 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
         let sweeping = tokio_util::sync::CancellationToken::new();
         let _sweeper = mcp.spawn_sweeper(sweeping.clone());
-        let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity(store)));
+        let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity {
+            store,
+            api_url: url.clone(),
+        }));
         println!("E2B_API_URL={url}");
         println!("E2B_SANDBOX_URL={url}");
         match first_key {

@@ -1,10 +1,16 @@
 use std::fmt;
 use std::time::Duration;
 
+use berth_api::{ConnectSandbox, ListedSandbox, NewSandbox, Sandbox, SandboxTimeoutRequest};
 use reqwest::Method;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{body_json, ClientError};
+
+/// Longest wait for one REST answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A client for one E2B-compatible REST API with one API key.
 #[derive(Clone)]
@@ -22,13 +28,20 @@ impl fmt::Debug for ApiClient {
     }
 }
 
-/// A successful answer: status, the `X-Next-Token` paging cursor if any, and the JSON
-/// body (`null` for an empty body such as 204).
+/// The answer of [`ApiClient::request`]: status, the `X-Next-Token` paging cursor if
+/// any, and the JSON body (`null` for an empty body such as 204), untouched.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiResponse {
     pub status: u16,
     pub next_token: Option<String>,
     pub body: Value,
+}
+
+/// One page of a listing, with the cursor for the next (`X-Next-Token`) if there is one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_token: Option<String>,
 }
 
 impl ApiClient {
@@ -58,20 +71,20 @@ impl ApiClient {
         &self.http
     }
 
-    /// Sends one request. `path` starts with `/`; `query` pairs are URL-encoded; `body` is
-    /// sent as JSON when present. Non-2xx answers become [`ClientError::Api`].
-    pub async fn request(
+    /// Sends `body` (as JSON when present) and returns the successful response;
+    /// non-2xx answers become [`ClientError::Api`].
+    async fn send<B: Serialize + ?Sized>(
         &self,
         method: Method,
         path: &str,
         query: &[(String, String)],
-        body: Option<&Value>,
-    ) -> Result<ApiResponse, ClientError> {
+        body: Option<&B>,
+    ) -> Result<reqwest::Response, ClientError> {
         let mut request = self
             .http
             .request(method, format!("{}{}", self.base_url, path))
             .header("X-API-Key", &self.api_key)
-            .timeout(Duration::from_secs(120));
+            .timeout(REQUEST_TIMEOUT);
         if !query.is_empty() {
             request = request.query(query);
         }
@@ -82,12 +95,48 @@ impl ApiClient {
         if !response.status().is_success() {
             return Err(ClientError::from_response(response).await);
         }
+        Ok(response)
+    }
+
+    /// A call answered with the model `T`; `what` names the call in decode errors.
+    async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        what: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let response = self.send(method, path, &[], body).await?;
+        let bytes = response.bytes().await.map_err(ClientError::transport)?;
+        serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode { what, source })
+    }
+
+    /// A call whose answer has no body worth reading (204, or an ignored echo).
+    async fn call_without_answer<B: Serialize + ?Sized>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<(), ClientError> {
+        let response = self.send(method, path, &[], body).await?;
+        // Read the body to its end so the pooled connection can be reused.
+        response.bytes().await.map_err(ClientError::transport)?;
+        Ok(())
+    }
+
+    /// Any REST call, its answer relayed untouched: for callers that hand the API's JSON
+    /// on as it came (the MCP connector tools). `path` starts with `/`; `query` pairs
+    /// are URL-encoded; `body` is sent as JSON when present.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(String, String)],
+        body: Option<&Value>,
+    ) -> Result<ApiResponse, ClientError> {
+        let response = self.send(method, path, query, body).await?;
         let status = response.status().as_u16();
-        let next_token = response
-            .headers()
-            .get("x-next-token")
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned);
+        let next_token = next_token_of(&response);
         let bytes = response.bytes().await.map_err(ClientError::transport)?;
         Ok(ApiResponse {
             status,
@@ -96,45 +145,71 @@ impl ApiClient {
         })
     }
 
-    /// `POST /sandboxes` with a `NewSandbox` body.
-    pub async fn create_sandbox(&self, new_sandbox: &Value) -> Result<Value, ClientError> {
-        Ok(self
-            .request(Method::POST, "/sandboxes", &[], Some(new_sandbox))
-            .await?
-            .body)
+    /// `POST /sandboxes`.
+    pub async fn create_sandbox(&self, new_sandbox: &NewSandbox) -> Result<Sandbox, ClientError> {
+        self.call(
+            "POST /sandboxes",
+            Method::POST,
+            "/sandboxes",
+            Some(new_sandbox),
+        )
+        .await
+    }
+
+    /// `GET /v2/sandboxes`: one page of the key's running and paused sandboxes.
+    pub async fn list_sandboxes(
+        &self,
+        limit: Option<u32>,
+        next_token: Option<&str>,
+    ) -> Result<Page<ListedSandbox>, ClientError> {
+        let mut query = Vec::new();
+        if let Some(limit) = limit {
+            query.push(("limit".to_owned(), limit.to_string()));
+        }
+        if let Some(token) = next_token {
+            query.push(("nextToken".to_owned(), token.to_owned()));
+        }
+        let response = self
+            .send::<()>(Method::GET, "/v2/sandboxes", &query, None)
+            .await?;
+        let next_token = next_token_of(&response);
+        let bytes = response.bytes().await.map_err(ClientError::transport)?;
+        let items = serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
+            what: "GET /v2/sandboxes",
+            source,
+        })?;
+        Ok(Page { items, next_token })
     }
 
     /// `DELETE /sandboxes/{id}`.
     pub async fn kill_sandbox(&self, sandbox_id: &str) -> Result<(), ClientError> {
-        self.request(Method::DELETE, &sandbox_path(sandbox_id, ""), &[], None)
+        self.call_without_answer::<()>(Method::DELETE, &sandbox_path(sandbox_id, ""), None)
             .await
-            .map(drop)
     }
 
-    /// `POST /sandboxes/{id}/pause` (memory kept).
+    /// `POST /sandboxes/{id}/pause` (the server's default: memory kept).
     pub async fn pause_sandbox(&self, sandbox_id: &str) -> Result<(), ClientError> {
-        self.request(Method::POST, &sandbox_path(sandbox_id, "/pause"), &[], None)
+        self.call_without_answer::<()>(Method::POST, &sandbox_path(sandbox_id, "/pause"), None)
             .await
-            .map(drop)
     }
 
     /// `POST /sandboxes/{id}/connect {timeout}`: resumes a paused sandbox, extends a
-    /// running one; returns the sandbox JSON (with a fresh `envdAccessToken`).
+    /// running one; the answer carries a fresh `envdAccessToken`.
     pub async fn connect_sandbox(
         &self,
         sandbox_id: &str,
         timeout_seconds: u64,
-    ) -> Result<Value, ClientError> {
-        let body = serde_json::json!({ "timeout": timeout_seconds });
-        Ok(self
-            .request(
-                Method::POST,
-                &sandbox_path(sandbox_id, "/connect"),
-                &[],
-                Some(&body),
-            )
-            .await?
-            .body)
+    ) -> Result<Sandbox, ClientError> {
+        let body = ConnectSandbox {
+            timeout: seconds(timeout_seconds),
+        };
+        self.call(
+            "POST /sandboxes/{id}/connect",
+            Method::POST,
+            &sandbox_path(sandbox_id, "/connect"),
+            Some(&body),
+        )
+        .await
     }
 
     /// `POST /sandboxes/{id}/timeout {timeout}`: the sandbox expires `timeout_seconds`
@@ -144,16 +219,29 @@ impl ApiClient {
         sandbox_id: &str,
         timeout_seconds: u64,
     ) -> Result<(), ClientError> {
-        let body = serde_json::json!({ "timeout": timeout_seconds });
-        self.request(
+        let body = SandboxTimeoutRequest {
+            timeout: seconds(timeout_seconds),
+        };
+        self.call_without_answer(
             Method::POST,
             &sandbox_path(sandbox_id, "/timeout"),
-            &[],
             Some(&body),
         )
         .await
-        .map(drop)
     }
+}
+
+/// The API's timeouts are int32 seconds; larger values mean "as long as allowed".
+fn seconds(timeout: u64) -> i64 {
+    timeout.min(i32::MAX as u64) as i64
+}
+
+fn next_token_of(response: &reqwest::Response) -> Option<String> {
+    response
+        .headers()
+        .get("x-next-token")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned)
 }
 
 fn sandbox_path(sandbox_id: &str, suffix: &str) -> String {
@@ -188,5 +276,11 @@ mod tests {
     fn debug_output_hides_the_key() {
         let client = ApiClient::new("http://127.0.0.1:1", "e2b_secretkey").unwrap();
         assert!(!format!("{client:?}").contains("e2b_secretkey"));
+    }
+
+    #[test]
+    fn timeouts_saturate_at_the_apis_int32() {
+        assert_eq!(seconds(300), 300);
+        assert_eq!(seconds(u64::MAX), i32::MAX as i64);
     }
 }

@@ -2,15 +2,26 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
-use base64::Engine;
-use bytes::{Buf, BytesMut};
+use berth_envd_proto::connect::{
+    encode_envelope, Codec, ConnectError, ContentType, EndStream, EnvelopeDecoder, PROTOCOL_VERSION,
+};
+use berth_envd_proto::headers::{
+    ACCESS_TOKEN, CONNECT_PROTOCOL_VERSION, CONNECT_TIMEOUT_MS, SANDBOX_ID, SANDBOX_PORT,
+};
+use berth_envd_proto::http::EntryInfo;
+use berth_envd_proto::process::process_event::{data_event, Event};
+use berth_envd_proto::process::{ProcessConfig, StartRequest, StartResponse};
+use berth_envd_proto::{routes, ENVD_PORT};
 use futures::StreamExt;
-use serde_json::{json, Value};
 
-use crate::error::{body_json, ClientError};
+use crate::error::ClientError;
 
-/// envd's port inside every sandbox.
-const ENVD_PORT: u16 = 49983;
+/// Largest process-stream message accepted (envd sends output in small chunks).
+const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// How long past a command's own time limit the HTTP call may take before it is cut
+/// (envd ends the stream itself when the limit passes).
+const STREAM_GRACE: Duration = Duration::from_secs(30);
 
 /// How envd of a sandbox is reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,14 +63,49 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
 }
 
+impl ExecRequest {
+    /// The `Start` message: a login bash running the command, no stdin.
+    fn start_request(&self) -> StartRequest {
+        StartRequest {
+            process: Some(ProcessConfig {
+                cmd: "/bin/bash".into(),
+                args: vec!["-l".into(), "-c".into(), self.command.clone()],
+                envs: self.envs.clone(),
+                cwd: self.cwd.clone(),
+            }),
+            pty: None,
+            tag: None,
+            stdin: Some(false),
+        }
+    }
+}
+
 /// How a command ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {
     /// The exit code from the end event; `None` when the stream ended without one.
     pub exit_code: Option<i32>,
-    /// envd's error text: the end event's `error`, or the stream's end-of-stream error
-    /// (e.g. `deadline_exceeded` when `timeout_ms` ran out).
-    pub error: Option<String>,
+    /// Why the command did not simply exit, if envd said so.
+    pub error: Option<ExecError>,
+}
+
+/// What envd reported besides an exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecError {
+    /// The end event's `error` (the process could not run, or was killed).
+    Process(String),
+    /// The stream's end-of-stream error, e.g. `deadline_exceeded` when
+    /// [`ExecRequest::timeout_ms`] ran out.
+    Stream(ConnectError),
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecError::Process(text) => f.write_str(text),
+            ExecError::Stream(error) => write!(f, "{error}"),
+        }
+    }
 }
 
 /// Receives a command's output as it arrives.
@@ -96,11 +142,11 @@ impl EnvdClient {
             .request(method, format!("{}{path}", self.base_url));
         if self.header_routing {
             request = request
-                .header("E2b-Sandbox-Id", &self.sandbox_id)
-                .header("E2b-Sandbox-Port", ENVD_PORT.to_string());
+                .header(SANDBOX_ID, &self.sandbox_id)
+                .header(SANDBOX_PORT, ENVD_PORT.to_string());
         }
         if let Some(token) = &self.access_token {
-            request = request.header("X-Access-Token", token);
+            request = request.header(ACCESS_TOKEN, token);
         }
         request
     }
@@ -111,31 +157,25 @@ impl EnvdClient {
         exec: &ExecRequest,
         sink: &mut dyn OutputSink,
     ) -> Result<ExecOutput, ClientError> {
-        let mut process = json!({
-            "cmd": "/bin/bash",
-            "args": ["-l", "-c", exec.command],
-            "envs": exec.envs,
-        });
-        if let Some(cwd) = &exec.cwd {
-            process["cwd"] = json!(cwd);
-        }
-        let message = serde_json::to_vec(&json!({ "process": process, "stdin": false }))
-            .map_err(|error| ClientError::Protocol(error.to_string()))?;
+        let message = Codec::Json.encode(&exec.start_request());
         let mut request = self
-            .request(reqwest::Method::POST, "/process.Process/Start")
-            .header("Content-Type", "application/connect+json")
-            .header("Connect-Protocol-Version", "1")
-            .body(envelope(0, &message));
+            .request(reqwest::Method::POST, routes::PROCESS_START)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                ContentType::STREAM_JSON.as_str(),
+            )
+            .header(CONNECT_PROTOCOL_VERSION, PROTOCOL_VERSION)
+            .body(encode_envelope(0, &message));
         if let Some(timeout_ms) = exec.timeout_ms {
             request = request
-                .header("Connect-Timeout-Ms", timeout_ms.to_string())
-                .timeout(Duration::from_millis(timeout_ms) + Duration::from_secs(30));
+                .header(CONNECT_TIMEOUT_MS, timeout_ms.to_string())
+                .timeout(Duration::from_millis(timeout_ms) + STREAM_GRACE);
         }
         let response = request.send().await.map_err(ClientError::transport)?;
         if !response.status().is_success() {
             return Err(ClientError::from_response(response).await);
         }
-        let mut decoder = FrameDecoder::default();
+        let mut decoder = EnvelopeDecoder::new(MAX_MESSAGE_BYTES);
         let mut output = ExecOutput {
             exit_code: None,
             error: None,
@@ -143,10 +183,17 @@ impl EnvdClient {
         let mut body = response.bytes_stream();
         while let Some(chunk) = body.next().await {
             decoder.push(&chunk.map_err(ClientError::transport)?);
-            while let Some((flags, payload)) = decoder.next_frame() {
-                if flags & END_STREAM_FLAG != 0 {
-                    if let Some(error) = end_stream_error(&payload) {
-                        output.error.get_or_insert(error);
+            while let Some(envelope) = decoder.next_envelope()? {
+                if envelope.is_end_stream() {
+                    let end: EndStream =
+                        serde_json::from_slice(&envelope.payload).map_err(|source| {
+                            ClientError::Decode {
+                                what: "the end of the process stream",
+                                source,
+                            }
+                        })?;
+                    if let Some(error) = end.error {
+                        output.error.get_or_insert(ExecError::Stream(error));
                     }
                     // Read the body to its end so the connection is released cleanly
                     // (and can be reused) instead of being cut mid-response.
@@ -155,12 +202,14 @@ impl EnvdClient {
                     }
                     return Ok(output);
                 }
-                apply_event(&payload, sink, &mut output)?;
+                let message: StartResponse = Codec::Json
+                    .decode(&envelope.payload)
+                    .map_err(ClientError::Message)?;
+                apply_event(message, sink, &mut output);
             }
         }
-        Err(ClientError::Protocol(
-            "process stream ended without an end-of-stream frame".into(),
-        ))
+        decoder.finish()?;
+        Err(ClientError::Unterminated)
     }
 
     /// Downloads a file (`GET /files?path=`).
@@ -181,8 +230,13 @@ impl EnvdClient {
             .to_vec())
     }
 
-    /// Uploads a file (`POST /files?path=`, multipart field `file`), creating parents.
-    pub async fn write_file(&self, path: &str, content: Vec<u8>) -> Result<(), ClientError> {
+    /// Uploads a file (`POST /files?path=`, multipart field `file`), creating parents;
+    /// returns what envd wrote.
+    pub async fn write_file(
+        &self,
+        path: &str,
+        content: Vec<u8>,
+    ) -> Result<Vec<EntryInfo>, ClientError> {
         let part = reqwest::multipart::Part::bytes(content).file_name(path.to_owned());
         let form = reqwest::multipart::Form::new().part("file", part);
         let response = self
@@ -195,95 +249,32 @@ impl EnvdClient {
         if !response.status().is_success() {
             return Err(ClientError::from_response(response).await);
         }
-        Ok(())
+        let bytes = response.bytes().await.map_err(ClientError::transport)?;
+        serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
+            what: "POST /files",
+            source,
+        })
     }
 }
 
-const END_STREAM_FLAG: u8 = 0x02;
-
-/// One Connect envelope: flag byte, 4-byte big-endian length, payload.
-fn envelope(flags: u8, payload: &[u8]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(5 + payload.len());
-    frame.push(flags);
-    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    frame.extend_from_slice(payload);
-    frame
-}
-
-/// Splits a byte stream into Connect envelopes.
-#[derive(Default)]
-struct FrameDecoder {
-    buffer: BytesMut,
-}
-
-impl FrameDecoder {
-    fn push(&mut self, bytes: &[u8]) {
-        self.buffer.extend_from_slice(bytes);
+/// Hands one process event's output to `sink` and records how the process ended.
+fn apply_event(message: StartResponse, sink: &mut dyn OutputSink, output: &mut ExecOutput) {
+    match message.event.and_then(|event| event.event) {
+        Some(Event::Data(data)) => match data.output {
+            Some(data_event::Output::Stdout(bytes)) => sink.stdout(&bytes),
+            Some(data_event::Output::Stderr(bytes)) => sink.stderr(&bytes),
+            // A PTY's output; `exec` never asks for a PTY.
+            Some(data_event::Output::Pty(bytes)) => sink.stdout(&bytes),
+            None => {}
+        },
+        Some(Event::End(end)) => {
+            output.exit_code = Some(end.exit_code);
+            if let Some(error) = end.error {
+                output.error = Some(ExecError::Process(error));
+            }
+        }
+        Some(Event::Start(_) | Event::Keepalive(_)) | None => {}
     }
-
-    fn next_frame(&mut self) -> Option<(u8, Vec<u8>)> {
-        if self.buffer.len() < 5 {
-            return None;
-        }
-        let length = u32::from_be_bytes([
-            self.buffer[1],
-            self.buffer[2],
-            self.buffer[3],
-            self.buffer[4],
-        ]) as usize;
-        if self.buffer.len() < 5 + length {
-            return None;
-        }
-        let flags = self.buffer[0];
-        self.buffer.advance(5);
-        let payload = self.buffer.split_to(length).to_vec();
-        Some((flags, payload))
-    }
-}
-
-fn end_stream_error(payload: &[u8]) -> Option<String> {
-    let error = body_json(payload).get("error")?.clone();
-    let code = error
-        .get("code")
-        .and_then(Value::as_str)
-        .unwrap_or("unknown");
-    let message = error.get("message").and_then(Value::as_str).unwrap_or("");
-    Some(format!("{code}: {message}"))
-}
-
-fn apply_event(
-    payload: &[u8],
-    sink: &mut dyn OutputSink,
-    output: &mut ExecOutput,
-) -> Result<(), ClientError> {
-    let message: Value = serde_json::from_slice(payload)
-        .map_err(|error| ClientError::Protocol(format!("bad process event: {error}")))?;
-    let Some(event) = message.get("event") else {
-        return Ok(());
-    };
-    if let Some(data) = event.get("data") {
-        if let Some(stdout) = data.get("stdout").and_then(Value::as_str) {
-            sink.stdout(&decode_base64(stdout)?);
-        }
-        if let Some(stderr) = data.get("stderr").and_then(Value::as_str) {
-            sink.stderr(&decode_base64(stderr)?);
-        }
-    }
-    if let Some(end) = event.get("end") {
-        // proto3 JSON omits a zero exit code.
-        let exit_code = end.get("exitCode").and_then(Value::as_i64).unwrap_or(0);
-        output.exit_code = Some(exit_code as i32);
-        if let Some(error) = end.get("error").and_then(Value::as_str) {
-            output.error = Some(error.to_owned());
-        }
-    }
-    Ok(())
-}
-
-fn decode_base64(text: &str) -> Result<Vec<u8>, ClientError> {
-    base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .map_err(|error| ClientError::Protocol(format!("bad base64 in process output: {error}")))
 }
 
 #[cfg(test)]
@@ -305,21 +296,28 @@ mod tests {
         }
     }
 
+    fn event(json: &str) -> StartResponse {
+        Codec::Json.decode(json.as_bytes()).unwrap()
+    }
+
     #[test]
-    fn decoder_reassembles_frames_split_across_chunks() {
-        let mut stream = envelope(0, br#"{"event":{"start":{"pid":7}}}"#);
-        stream.extend(envelope(END_STREAM_FLAG, b"{}"));
-        let mut decoder = FrameDecoder::default();
-        let mut frames = Vec::new();
-        for byte in stream {
-            decoder.push(&[byte]);
-            while let Some(frame) = decoder.next_frame() {
-                frames.push(frame);
-            }
-        }
-        assert_eq!(frames.len(), 2);
-        assert_eq!(frames[0].0, 0);
-        assert_eq!(frames[1], (END_STREAM_FLAG, b"{}".to_vec()));
+    fn start_request_is_what_the_sdks_send() {
+        let request = ExecRequest {
+            command: "echo hi".into(),
+            cwd: Some("/tmp".into()),
+            envs: HashMap::from([("A".into(), "1".into())]),
+            timeout_ms: None,
+        };
+        let json: serde_json::Value =
+            serde_json::from_slice(&Codec::Json.encode(&request.start_request())).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo hi"],
+                            "envs": {"A": "1"}, "cwd": "/tmp"},
+                "stdin": false,
+            })
+        );
     }
 
     #[test]
@@ -329,34 +327,40 @@ mod tests {
             exit_code: None,
             error: None,
         };
-        apply_event(
-            br#"{"event":{"data":{"stdout":"aGk="}}}"#,
-            &mut sink,
-            &mut output,
-        )
-        .unwrap();
-        apply_event(
-            br#"{"event":{"data":{"stderr":"b29wcw=="}}}"#,
-            &mut sink,
-            &mut output,
-        )
-        .unwrap();
-        apply_event(
-            br#"{"event":{"end":{"exited":true,"status":"exit status 0"}}}"#,
-            &mut sink,
-            &mut output,
-        )
-        .unwrap();
+        for json in [
+            r#"{"event":{"start":{"pid":7}}}"#,
+            r#"{"event":{"data":{"stdout":"aGk="}}}"#,
+            r#"{"event":{"keepalive":{}}}"#,
+            r#"{"event":{"data":{"stderr":"b29wcw=="}}}"#,
+            // proto3 JSON omits a zero exit code.
+            r#"{"event":{"end":{"exited":true,"status":"exit status 0"}}}"#,
+        ] {
+            apply_event(event(json), &mut sink, &mut output);
+        }
         assert_eq!(sink.stdout, b"hi");
         assert_eq!(sink.stderr, b"oops");
         assert_eq!(output.exit_code, Some(0));
+        assert_eq!(output.error, None);
+
+        apply_event(
+            event(r#"{"event":{"end":{"exitCode":-1,"error":"signal: killed"}}}"#),
+            &mut sink,
+            &mut output,
+        );
+        assert_eq!(output.exit_code, Some(-1));
+        assert_eq!(
+            output.error.unwrap().to_string(),
+            "signal: killed",
+            "the end event's error is shown as envd wrote it"
+        );
     }
 
     #[test]
-    fn end_stream_error_is_reported() {
-        let error =
-            end_stream_error(br#"{"error":{"code":"deadline_exceeded","message":"too slow"}}"#);
-        assert_eq!(error.as_deref(), Some("deadline_exceeded: too slow"));
-        assert_eq!(end_stream_error(b"{}"), None);
+    fn stream_errors_read_as_code_and_message() {
+        let error = ExecError::Stream(ConnectError::new(
+            berth_envd_proto::connect::Code::DeadlineExceeded,
+            "too slow",
+        ));
+        assert_eq!(error.to_string(), "deadline_exceeded: too slow");
     }
 }

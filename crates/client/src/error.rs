@@ -1,3 +1,4 @@
+use berth_envd_proto::connect::{ConnectError, EnvelopeError};
 use serde_json::Value;
 
 /// Everything a call can fail with. No variant ever carries the API key.
@@ -5,15 +6,30 @@ use serde_json::Value;
 pub enum ClientError {
     /// The server answered with a non-success status; `body` is its JSON body unchanged
     /// (E2B's `{code, message}`), or a JSON string holding the raw text when it was not
-    /// JSON.
+    /// JSON. Callers that relay errors (the MCP tools) pass it on as it came.
     #[error("API returned HTTP {status}: {body}")]
     Api { status: u16, body: Value },
-    /// The request never got an HTTP answer (connection refused, TLS, timeout).
+    /// The request never got an HTTP answer (connection refused, TLS, timeout). The
+    /// error's URL is removed, so a signed URL cannot leak through it.
     #[error("transport error: {0}")]
-    Transport(String),
-    /// The server answered 2xx but the body was not what the protocol promises.
-    #[error("protocol error: {0}")]
-    Protocol(String),
+    Transport(#[source] reqwest::Error),
+    /// A 2xx answer whose JSON body is not the model the API promises for `what`.
+    #[error("the answer to {what} is not the expected JSON: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// envd's stream of `Process/Start` broke the Connect framing.
+    #[error("malformed envelope in the process stream: {0}")]
+    Envelope(#[from] EnvelopeError),
+    /// An envelope of envd's process stream held no valid message.
+    #[error("malformed message in the process stream: {0}")]
+    Message(#[source] ConnectError),
+    /// envd's process stream ended without its end-of-stream envelope (the connection
+    /// was cut).
+    #[error("process stream ended without an end-of-stream frame")]
+    Unterminated,
 }
 
 impl ClientError {
@@ -27,7 +43,7 @@ impl ClientError {
 
     pub(crate) fn transport(error: reqwest::Error) -> Self {
         // reqwest's message can include the URL but never headers, so the key stays out.
-        ClientError::Transport(error.without_url().to_string())
+        ClientError::Transport(error.without_url())
     }
 
     /// Builds an [`ClientError::Api`] from a failed response, keeping its body as JSON.

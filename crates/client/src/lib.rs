@@ -4,8 +4,13 @@
 //! [`EnvdClient`] for a sandbox's envd reached through a sandbox URL (header routing with
 //! `E2b-Sandbox-Id`/`E2b-Sandbox-Port`) or through `https://49983-<id>.<domain>`.
 //! It has no special case for berth: the same code talks to berth and to E2B's cloud.
-//! API failures come back as [`ClientError::Api`] with the server's status and body
-//! untouched. The API key is never part of an error message or a `Debug` output.
+//!
+//! It spells no wire itself: requests and answers are `berth-api` models (unknown fields
+//! ignored, so newer servers and E2B's cloud parse), envd's messages, headers, paths and
+//! Connect framing come from `berth-envd-proto`. The one untyped call is
+//! [`ApiClient::request`], for callers that relay the API's JSON unchanged. API failures
+//! come back as [`ClientError::Api`] with the server's status and body untouched. The API
+//! key is never part of an error message or a `Debug` output.
 
 #![forbid(unsafe_code)]
 
@@ -13,6 +18,6 @@ mod api;
 mod envd;
 mod error;
 
-pub use api::{encode_segment, ApiClient, ApiResponse};
-pub use envd::{EnvdClient, EnvdEndpoint, ExecOutput, ExecRequest, OutputSink};
+pub use api::{encode_segment, ApiClient, ApiResponse, Page};
+pub use envd::{EnvdClient, EnvdEndpoint, ExecError, ExecOutput, ExecRequest, OutputSink};
 pub use error::ClientError;

@@ -21,6 +21,8 @@ pub const FLAG_COMPRESSED: u8 = 0x01;
 pub const FLAG_END_STREAM: u8 = 0x02;
 /// Bytes before an envelope's payload: flag byte + 4-byte big-endian length.
 pub const ENVELOPE_HEADER_LEN: usize = 5;
+/// The protocol version clients send in `Connect-Protocol-Version`.
+pub const PROTOCOL_VERSION: &str = "1";
 
 /// Connect error codes, spelled on the wire in snake case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

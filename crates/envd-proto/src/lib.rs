@@ -5,8 +5,13 @@
 //! field names, numbers and types), the Rust types generated from it (prost, plus
 //! proto3-JSON serde via pbjson: camelCase names, int64 as strings, bytes as base64,
 //! enums by name, `google.protobuf.Timestamp` as RFC 3339 ([`timestamp`]); unknown JSON fields are
-//! ignored), and the Connect protocol's wire pieces in [`connect`]. It must not hold
-//! any server or client logic: no HTTP stack, no I/O.
+//! ignored), the Connect protocol's wire pieces in [`connect`], and every other fact
+//! both ends of envd's wire must agree on: its port ([`ENVD_PORT`]) and the version berth
+//! reports ([`ENVD_VERSION`]), header names ([`headers`]), RPC paths ([`routes`]) and the
+//! JSON bodies of its plain HTTP routes ([`http`]: the `/init` request, the `/files`
+//! upload answer, the internal routes the public proxy refuses). envd, the proxy, the
+//! server and `berth-client` take them from here, so none spells them itself. It must not
+//! hold any server or client logic: no HTTP stack, no I/O.
 //!
 //! Why the Connect protocol is written here instead of using the `connectrpc` crate:
 //! `connectrpc` (0.4–0.6) generates its own `buffa` message types rather than prost
@@ -21,7 +26,19 @@
 #![forbid(unsafe_code)]
 
 pub mod connect;
+pub mod headers;
+pub mod http;
+pub mod routes;
 pub mod timestamp;
+
+/// The port envd listens on inside every sandbox.
+pub const ENVD_PORT: u16 = 49983;
+
+/// The envd version berth reports (`envdVersion`) to the SDKs, which gate features on
+/// it: stdin control ≥0.3.0, default user ≥0.4.0, close stdin ≥0.5.2, octet-stream
+/// uploads ≥0.5.7, file metadata ≥0.6.2, entry info in watch events ≥0.6.3, watching
+/// network mounts ≥0.6.4. berth-envd implements all of them.
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// envd's Process service messages (`process` package).
 #[allow(clippy::all, missing_docs)]

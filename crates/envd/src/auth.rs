@@ -17,12 +17,10 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use berth_envd_proto::headers::ACCESS_TOKEN;
 use sha2::{Digest, Sha256};
 
 use crate::state::EnvdState;
-
-/// Header carrying the access token.
-pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 
 /// What a signed URL grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +174,7 @@ pub async fn require_access_token(
     if !is_open_route(request.method(), request.uri().path()) {
         let presented = request
             .headers()
-            .get(ACCESS_TOKEN_HEADER)
+            .get(ACCESS_TOKEN)
             .and_then(|v| v.to_str().ok());
         let allowed = {
             let defaults = state

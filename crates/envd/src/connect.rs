@@ -50,6 +50,7 @@ use berth_envd_proto::connect::{
     decode_envelope, encode_envelope, parse_timeout_ms, Code, Codec, ConnectError, ContentType,
     EndStream, EnvelopeDecoder, Framing,
 };
+use berth_envd_proto::headers::{CONNECT_TIMEOUT_MS, KEEPALIVE_PING_INTERVAL};
 use berth_envd_proto::KeepAlive;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -60,11 +61,6 @@ use tokio::time::Instant;
 
 /// Largest request or response message accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
-
-/// Request header asking for keepalive messages on idle streams, in seconds.
-pub const KEEPALIVE_HEADER: &str = "keepalive-ping-interval";
-/// Request header bounding the call, in milliseconds.
-pub const TIMEOUT_HEADER: &str = "connect-timeout-ms";
 
 /// A stream of decoded client-stream request messages.
 pub type MessageStream<M> = Pin<Box<dyn Stream<Item = Result<M, ConnectError>> + Send>>;
@@ -86,7 +82,7 @@ pub struct RpcContext {
 
 impl RpcContext {
     fn from_headers(headers: HeaderMap, codec: Codec) -> Result<Self, ConnectError> {
-        let timeout = match headers.get(TIMEOUT_HEADER) {
+        let timeout = match headers.get(CONNECT_TIMEOUT_MS) {
             Some(value) => Some(parse_timeout_ms(value.to_str().map_err(|_| {
                 ConnectError::invalid_argument("Connect-Timeout-Ms is not ASCII")
             })?)?),
@@ -94,7 +90,7 @@ impl RpcContext {
         };
         // A malformed keepalive request only loses keepalives; it is not worth failing.
         let keepalive = headers
-            .get(KEEPALIVE_HEADER)
+            .get(KEEPALIVE_PING_INTERVAL)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse::<u64>().ok())
             .filter(|seconds| *seconds > 0)

@@ -32,8 +32,4 @@ pub mod server;
 pub mod state;
 pub mod users;
 
-/// The envd version berth reports (`envdVersion`) to the SDKs, which gate features on
-/// it: stdin control ≥0.3.0, default user ≥0.4.0, close stdin ≥0.5.2, octet-stream
-/// uploads ≥0.5.7, file metadata ≥0.6.2, entry info in watch events ≥0.6.3, watching
-/// network mounts ≥0.6.4. All of them are implemented.
-pub const ENVD_VERSION: &str = "0.6.4";
+pub use berth_envd_proto::ENVD_VERSION;

@@ -1,5 +1,7 @@
 use berth_client::ClientError;
 
+use crate::vault::VaultError;
+
 /// Failures of the MCP library itself. Tool-level failures (API errors, unknown
 /// sandboxes) are not errors here: they become tool results the agent can read.
 #[derive(Debug, thiserror::Error)]
@@ -13,7 +15,14 @@ pub enum McpError {
     #[error("state database: {0}")]
     Database(#[from] rusqlite::Error),
     #[error("vault: {0}")]
-    Vault(String),
+    Vault(#[from] VaultError),
+    /// A sealed record opened but is not the JSON this version writes there.
+    #[error("sealed record {context} is not readable: {source}")]
+    Record {
+        context: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error(transparent)]
     Client(#[from] ClientError),
     /// `berth connect` with a key the API refused; carries the API's status only.

@@ -8,16 +8,33 @@
 //! touches the server's own state: the `berth` binary calls [`run_stdio`] for `berth mcp`,
 //! mounts [`Mcp::http_router`] for `/mcp`, and calls [`run_connect`] for `berth connect`.
 //!
+//! Design: [`Mcp`] wires components that each own one concern.
+//! - the tools registry (`tools`): the tool tables, built once into the MCP tool list and
+//!   a kind per name; a call's arguments are checked against the table, deserialised into
+//!   the tool's own struct and handed to that tool's handler (typed dispatch);
+//! - connections (`connections`): which backend and key an identity's calls use: an
+//!   explicit connection (connect page, `berth connect`; key sealed in the vault), else
+//!   the [`TrustedConnection`] the request's [`Identity`] carries (berth's own key on
+//!   `berth up`), else a connect link;
+//! - sessions (`sessions`): session ownership and storage, tracked sandboxes with their
+//!   sealed state, leases;
+//! - the sweeper (`sweeper`): releases sandboxes whose lease ran out;
+//! - the vault (`vault`, self-contained: AES-256-GCM envelopes under versioned KEKs) under
+//!   `secrets`, the only reader and writer of sealed records.
+//!
 //! State lives under `<state_dir>/mcp/`: `mcp.sqlite3` (connections, connect tokens,
 //! sessions, leases, sealed secrets), `kek` (key-encryption keys unless `BERTH_KEK` is
 //! set), `sessions/<hash>/storage/` (session storage for `upload_files`).
 
+#![forbid(unsafe_code)]
+
 mod config;
-mod connector;
+mod connections;
 mod error;
-mod output;
+mod identity;
+mod secrets;
 mod server;
-mod session;
+mod sessions;
 mod store;
 mod sweeper;
 mod tools;
@@ -26,8 +43,8 @@ mod web;
 
 pub use config::{LeaseConfig, McpConfig, OutputLimits, ReleaseAction, Toolset};
 pub use error::McpError;
-pub use server::{
-    os_user, run_connect, run_stdio, HeaderIdentity, IdentityResolver, Mcp, RotationReport,
-};
+pub use identity::{os_user, HeaderIdentity, Identity, IdentityResolver, TrustedConnection};
+pub use secrets::RotationReport;
+pub use server::{run_connect, run_stdio, Mcp};
 pub use sweeper::SweepReport;
-pub use vault::KEK_ENV;
+pub use vault::{VaultError, KEK_ENV};

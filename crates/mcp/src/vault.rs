@@ -6,6 +6,10 @@
 //! `<version>:<base64>` per line, created with a fresh version 1 on first use, mode 0600).
 //! The highest version encrypts; older versions only decrypt until rotation re-encrypts
 //! every record under the newest one.
+//!
+//! Self-contained: it knows nothing of MCP or of where records are stored (the caller keeps
+//! [`SealedRecord`]s wherever it likes) and has its own [`VaultError`], so it can move into
+//! a crate of its own when server-side secrets use it too.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -16,11 +20,42 @@ use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use base64::Engine;
 use rand::RngCore;
 
-use crate::error::McpError;
-
 pub const KEK_ENV: &str = "BERTH_KEK";
 const KEY_LEN: usize = 32;
 const NONCE_LEN: usize = 12;
+
+/// Why keys could not be loaded or a record not sealed or opened. No variant carries key
+/// material or plaintext.
+#[derive(Debug, thiserror::Error)]
+pub enum VaultError {
+    #[error("{action} the key-encryption key file {path}: {source}")]
+    KeyFile {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no key-encryption key found: set {KEK_ENV} or let berth create the key file")]
+    NoKey,
+    #[error("bad key-encryption key version {0:?}: expected `<number>:<base64 key>`")]
+    BadVersion(String),
+    #[error("key-encryption key version {0} is not base64")]
+    NotBase64(u32),
+    #[error("key-encryption key version {0} must be 32 bytes")]
+    WrongKeyLength(u32),
+    #[error("keys come from {KEK_ENV}: add a new `<version>:<key>` entry there and rotate again")]
+    KeysFromEnvironment,
+    #[error("key-encryption key version {0} is not loaded: add it to {KEK_ENV} or the key file")]
+    VersionNotLoaded(u32),
+    #[error("encryption failed")]
+    EncryptionFailed,
+    #[error("decryption failed (wrong key or tampered record)")]
+    DecryptionFailed,
+    #[error("sealed value too short")]
+    Truncated,
+    #[error("wrapped data key has the wrong length")]
+    WrappedKeyLength,
+}
 
 /// One encrypted record as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +89,7 @@ impl std::fmt::Debug for Vault {
 
 impl Vault {
     /// Loads KEKs from `BERTH_KEK` if set, else from (or creating) `key_file`.
-    pub fn load(key_file: &Path) -> Result<Self, McpError> {
+    pub fn load(key_file: &Path) -> Result<Self, VaultError> {
         match std::env::var(KEK_ENV) {
             Ok(value) if !value.trim().is_empty() => Ok(Self {
                 keks: parse_keks(&value, ',')?,
@@ -65,12 +100,15 @@ impl Vault {
     }
 
     /// Loads KEKs from `key_file` only, creating it with a random version 1 if missing.
-    pub fn load_file(key_file: &Path) -> Result<Self, McpError> {
+    pub fn load_file(key_file: &Path) -> Result<Self, VaultError> {
         if !key_file.exists() {
             write_key_file(key_file, &BTreeMap::from([(1, random_key())]))?;
         }
-        let text = std::fs::read_to_string(key_file)
-            .map_err(|error| McpError::io("reading the key-encryption key file", error))?;
+        let text = std::fs::read_to_string(key_file).map_err(|source| VaultError::KeyFile {
+            action: "reading",
+            path: key_file.to_owned(),
+            source,
+        })?;
         Ok(Self {
             keks: parse_keks(&text, '\n')?,
             source: KekSource::File(key_file.to_owned()),
@@ -79,9 +117,9 @@ impl Vault {
 
     /// From explicit keys.
     #[cfg(test)]
-    pub fn from_keys(keks: BTreeMap<u32, [u8; KEY_LEN]>) -> Result<Self, McpError> {
+    pub fn from_keys(keks: BTreeMap<u32, [u8; KEY_LEN]>) -> Result<Self, VaultError> {
         if keks.is_empty() {
-            return Err(McpError::Vault("no key-encryption key".into()));
+            return Err(VaultError::NoKey);
         }
         Ok(Self {
             keks,
@@ -99,11 +137,9 @@ impl Vault {
 
     /// Adds a new random KEK version to the key file and makes it current. With keys from
     /// `BERTH_KEK` the operator adds the version to the variable instead.
-    pub fn add_version(&mut self) -> Result<u32, McpError> {
+    pub fn add_version(&mut self) -> Result<u32, VaultError> {
         let KekSource::File(path) = &self.source else {
-            return Err(McpError::Vault(format!(
-                "keys come from {KEK_ENV}: add a new `<version>:<key>` entry there and rotate again"
-            )));
+            return Err(VaultError::KeysFromEnvironment);
         };
         let version = self.current_version() + 1;
         let mut keks = self.keks.clone();
@@ -115,7 +151,7 @@ impl Vault {
 
     /// Encrypts `plaintext` under a fresh data key; `context` (e.g. the record's table and
     /// id) is bound as associated data so a record cannot be moved to another row.
-    pub fn seal(&self, context: &str, plaintext: &[u8]) -> Result<SealedRecord, McpError> {
+    pub fn seal(&self, context: &str, plaintext: &[u8]) -> Result<SealedRecord, VaultError> {
         let version = self.current_version();
         let data_key = random_key();
         let wrapped_key = encrypt(&self.keks[&version], &data_key, context.as_bytes())?;
@@ -127,17 +163,16 @@ impl Vault {
         })
     }
 
-    pub fn open(&self, context: &str, record: &SealedRecord) -> Result<Vec<u8>, McpError> {
-        let kek = self.keks.get(&record.kek_version).ok_or_else(|| {
-            McpError::Vault(format!(
-                "key-encryption key version {} is not loaded",
-                record.kek_version
-            ))
-        })?;
+    /// Decrypts a record sealed under the same `context`.
+    pub fn open(&self, context: &str, record: &SealedRecord) -> Result<Vec<u8>, VaultError> {
+        let kek = self
+            .keks
+            .get(&record.kek_version)
+            .ok_or(VaultError::VersionNotLoaded(record.kek_version))?;
         let data_key = decrypt(kek, &record.wrapped_key, context.as_bytes())?;
         let data_key: [u8; KEY_LEN] = data_key
             .try_into()
-            .map_err(|_| McpError::Vault("wrapped data key has the wrong length".into()))?;
+            .map_err(|_| VaultError::WrappedKeyLength)?;
         decrypt(&data_key, &record.ciphertext, context.as_bytes())
     }
 }
@@ -148,7 +183,7 @@ fn random_key() -> [u8; KEY_LEN] {
     key
 }
 
-fn encrypt(key: &[u8; KEY_LEN], plaintext: &[u8], aad: &[u8]) -> Result<Vec<u8>, McpError> {
+fn encrypt(key: &[u8; KEY_LEN], plaintext: &[u8], aad: &[u8]) -> Result<Vec<u8>, VaultError> {
     let cipher = Aes256Gcm::new(key.into());
     let mut nonce = [0u8; NONCE_LEN];
     rand::rng().fill_bytes(&mut nonce);
@@ -160,15 +195,15 @@ fn encrypt(key: &[u8; KEY_LEN], plaintext: &[u8], aad: &[u8]) -> Result<Vec<u8>,
                 aad,
             },
         )
-        .map_err(|_| McpError::Vault("encryption failed".into()))?;
+        .map_err(|_| VaultError::EncryptionFailed)?;
     let mut output = nonce.to_vec();
     output.extend(sealed);
     Ok(output)
 }
 
-fn decrypt(key: &[u8; KEY_LEN], sealed: &[u8], aad: &[u8]) -> Result<Vec<u8>, McpError> {
+fn decrypt(key: &[u8; KEY_LEN], sealed: &[u8], aad: &[u8]) -> Result<Vec<u8>, VaultError> {
     if sealed.len() < NONCE_LEN {
-        return Err(McpError::Vault("sealed value too short".into()));
+        return Err(VaultError::Truncated);
     }
     let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
     Aes256Gcm::new(key.into())
@@ -179,10 +214,10 @@ fn decrypt(key: &[u8; KEY_LEN], sealed: &[u8], aad: &[u8]) -> Result<Vec<u8>, Mc
                 aad,
             },
         )
-        .map_err(|_| McpError::Vault("decryption failed (wrong key or tampered record)".into()))
+        .map_err(|_| VaultError::DecryptionFailed)
 }
 
-fn parse_keks(text: &str, separator: char) -> Result<BTreeMap<u32, [u8; KEY_LEN]>, McpError> {
+fn parse_keks(text: &str, separator: char) -> Result<BTreeMap<u32, [u8; KEY_LEN]>, VaultError> {
     let mut keks = BTreeMap::new();
     for entry in text
         .split(separator)
@@ -195,30 +230,36 @@ fn parse_keks(text: &str, separator: char) -> Result<BTreeMap<u32, [u8; KEY_LEN]
                     .trim()
                     .trim_start_matches('v')
                     .parse::<u32>()
-                    .map_err(|_| McpError::Vault("bad key-encryption key version".into()))?,
+                    .map_err(|_| VaultError::BadVersion(version.trim().to_owned()))?,
                 encoded.trim(),
             ),
             None => (1, entry),
         };
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(encoded)
-            .map_err(|_| McpError::Vault("key-encryption key is not base64".into()))?;
+            .map_err(|_| VaultError::NotBase64(version))?;
         let key: [u8; KEY_LEN] = bytes
             .try_into()
-            .map_err(|_| McpError::Vault("key-encryption key must be 32 bytes".into()))?;
+            .map_err(|_| VaultError::WrongKeyLength(version))?;
         keks.insert(version, key);
     }
     if keks.is_empty() {
-        return Err(McpError::Vault("no key-encryption key found".into()));
+        return Err(VaultError::NoKey);
     }
     Ok(keks)
 }
 
-fn write_key_file(path: &Path, keks: &BTreeMap<u32, [u8; KEY_LEN]>) -> Result<(), McpError> {
+fn write_key_file(path: &Path, keks: &BTreeMap<u32, [u8; KEY_LEN]>) -> Result<(), VaultError> {
     use std::os::unix::fs::OpenOptionsExt;
+    let failed = |action| {
+        move |source| VaultError::KeyFile {
+            action,
+            path: path.to_owned(),
+            source,
+        }
+    };
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|error| McpError::io("creating the key directory", error))?;
+        std::fs::create_dir_all(parent).map_err(failed("creating the directory of"))?;
     }
     let text: String = keks
         .iter()
@@ -237,11 +278,18 @@ fn write_key_file(path: &Path, keks: &BTreeMap<u32, [u8; KEY_LEN]>) -> Result<()
         .truncate(true)
         .mode(0o600)
         .open(&temporary)
-        .map_err(|error| McpError::io("writing the key file", error))?;
+        .map_err(failed("writing"))?;
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
-        .map_err(|error| McpError::io("writing the key file", error))?;
-    std::fs::rename(&temporary, path).map_err(|error| McpError::io("writing the key file", error))
+        .map_err(failed("writing"))?;
+    std::fs::rename(&temporary, path).map_err(failed("writing"))?;
+    // The rename itself must survive a power cut: a lost key file loses every record.
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => std::fs::File::open(parent)
+            .and_then(|directory| directory.sync_all())
+            .map_err(failed("syncing the directory of")),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

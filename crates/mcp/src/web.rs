@@ -12,8 +12,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::McpError;
-use crate::server::{token_hash, IdentityResolver, Mcp};
-use crate::session::safe_storage_path;
+use crate::identity::IdentityResolver;
+use crate::server::Mcp;
+use crate::sessions::storage_path;
 
 const MAX_UPLOAD_BYTES: usize = 256 * 1024 * 1024;
 
@@ -83,13 +84,8 @@ fn expired() -> Response {
 }
 
 async fn connect_page(State(state): State<WebState>, Path(token): Path<String>) -> Response {
-    match state
-        .mcp
-        .inner
-        .store
-        .connect_token_identity(&token_hash(&token))
-    {
-        Ok(Some(_)) => Html(form(&state.mcp.inner.config.default_api_url, None)).into_response(),
+    match state.mcp.components.connections.link_identity(&token) {
+        Ok(Some(_)) => Html(form(&state.mcp.config().default_api_url, None)).into_response(),
         Ok(None) => expired(),
         Err(error) => {
             tracing::warn!(%error, "connect page lookup failed");
@@ -111,8 +107,8 @@ async fn connect_submit(
     Path(token): Path<String>,
     Form(submitted): Form<ConnectForm>,
 ) -> Response {
-    let hash = token_hash(&token);
-    let identity = match state.mcp.inner.store.connect_token_identity(&hash) {
+    let connections = &state.mcp.components.connections;
+    let identity = match connections.link_identity(&token) {
         Ok(Some(identity)) => identity,
         Ok(None) => return expired(),
         Err(error) => {
@@ -131,7 +127,7 @@ async fn connect_submit(
         .await;
     match outcome {
         Ok(()) => {
-            if let Err(error) = state.mcp.inner.store.delete_connect_token(&hash) {
+            if let Err(error) = connections.retire_link(&token) {
                 tracing::warn!(%error, "deleting a used connect token failed");
             }
             Html(page(
@@ -160,7 +156,11 @@ async fn storage_upload(
     request_parts: axum::extract::Request,
 ) -> Response {
     let (parts, body) = request_parts.into_parts();
-    let Some(identity) = state.resolver.identity(&parts) else {
+    let Some(identity) = state
+        .resolver
+        .identity(&parts)
+        .map(|identity| identity.name)
+    else {
         return (
             StatusCode::UNAUTHORIZED,
             Json(json!({"message": "no identity"})),
@@ -172,9 +172,9 @@ async fn storage_upload(
     let stored_session = format!("http:{session_id}");
     match state
         .mcp
-        .inner
-        .store
-        .claim_session(&stored_session, &identity)
+        .components
+        .sessions
+        .claim(&stored_session, &identity)
     {
         Ok(true) => {}
         Ok(false) => {
@@ -190,7 +190,7 @@ async fn storage_upload(
         }
     }
     let root = state.mcp.session_storage_dir(&stored_session);
-    let Some(target) = safe_storage_path(&root, &path) else {
+    let Some(target) = storage_path(&root, &path) else {
         return (
             StatusCode::BAD_REQUEST,
             Json(json!({"message": "bad path"})),

@@ -4,6 +4,8 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use berth_envd_proto::headers::{ACCESS_TOKEN, SANDBOX_ID, SANDBOX_PORT};
+use berth_envd_proto::ENVD_PORT;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
@@ -14,10 +16,7 @@ use hyper_util::rt::TokioIo;
 
 use crate::pool::{ConnectionPool, PooledBody, Sender};
 use crate::resolver::{ResolveError, Route, SandboxResolver};
-use crate::target::{
-    is_internal_envd_route, RoutingConfig, SandboxId, Target, TargetError, ENVD_PORT,
-    SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
-};
+use crate::target::{is_internal_envd_route, RoutingConfig, SandboxId, Target, TargetError};
 use tokio_util::sync::CancellationToken;
 
 /// Boxed error of streamed bodies.
@@ -27,8 +26,6 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// through, or a small JSON error.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
-/// Header carrying the envd access token of `secure` sandboxes.
-pub const ENVD_ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// Header carrying the traffic access token for user ports.
 pub const TRAFFIC_ACCESS_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
@@ -469,7 +466,7 @@ fn authorize(headers: &HeaderMap, target: &Target, route: &Route) -> Result<(), 
                 && target.query().is_some_and(|query| {
                     query.split('&').any(|pair| pair.starts_with("signature="))
                 }));
-        if exempt || header_matches(headers, ENVD_ACCESS_TOKEN_HEADER, expected) {
+        if exempt || header_matches(headers, ACCESS_TOKEN, expected) {
             return Ok(());
         }
         return Err(ProxyError::EnvdAccessDenied);
@@ -528,11 +525,7 @@ where
         }
     }
     remove_hop_by_hop_headers(&mut parts.headers);
-    for name in [
-        SANDBOX_ID_HEADER,
-        SANDBOX_PORT_HEADER,
-        TRAFFIC_ACCESS_TOKEN_HEADER,
-    ] {
+    for name in [SANDBOX_ID, SANDBOX_PORT, TRAFFIC_ACCESS_TOKEN_HEADER] {
         parts.headers.remove(name);
     }
     if upgrade {

@@ -12,6 +12,9 @@
 //!
 //! Mounting: the server keeps one listener and asks [`Proxy::classify`] per request;
 //! `Some(_)` goes to [`Proxy::handle`] (or `forward`), `None` to the API.
+//!
+//! envd's port, the routing and token header names and envd's internal routes come from
+//! `berth-envd-proto`, the one place both ends of envd's wire take them from.
 
 #![forbid(unsafe_code)]
 
@@ -21,13 +24,12 @@ mod resolver;
 mod target;
 
 pub use forward::{
-    BoxError, Proxy, ProxyBody, ProxyError, SandboxConnections, ENVD_ACCESS_TOKEN_HEADER,
-    TRAFFIC_ACCESS_TOKEN_HEADER,
+    BoxError, Proxy, ProxyBody, ProxyError, SandboxConnections, TRAFFIC_ACCESS_TOKEN_HEADER,
 };
 pub use resolver::{
     connect_blocking, BoxFuture, PortConnector, ResolveError, Route, SandboxResolver,
 };
 pub use target::{
-    is_internal_envd_route, Addressing, RoutingConfig, SandboxId, Target, TargetError, ENVD_PORT,
-    PATH_PREFIX_SEGMENT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
+    is_internal_envd_route, Addressing, RoutingConfig, SandboxId, Target, TargetError,
+    PATH_PREFIX_SEGMENT,
 };

@@ -2,25 +2,14 @@
 
 use std::fmt;
 
+use berth_envd_proto::headers::{SANDBOX_ID, SANDBOX_PORT};
+use berth_envd_proto::http::INTERNAL_ROUTES;
 use http::header::HOST;
 use http::Request;
-
-/// The port envd listens on inside every sandbox.
-pub const ENVD_PORT: u16 = 49983;
-
-/// Header naming the sandbox in the SDKs' `E2B_SANDBOX_URL` mode.
-pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
-/// Header naming the port in the SDKs' `E2B_SANDBOX_URL` mode.
-pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
 
 /// First path segment of path-addressed requests: `/proxy/<sandboxId>/<port>/<rest>`
 /// reaches `/<rest>` on `<port>` of the sandbox, for deployments without wildcard DNS.
 pub const PATH_PREFIX_SEGMENT: &str = "proxy";
-
-/// envd routes only the orchestrator may call (`x-internal` in envd's OpenAPI document).
-const INTERNAL_ENVD_ROUTES: [&str; 6] = [
-    "init", "freeze", "unfreeze", "collapse", "fsfreeze", "fsthaw",
-];
 
 /// A sandbox id that passed routing validation: non-empty, `[a-z0-9]` only.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -125,7 +114,7 @@ impl RoutingConfig {
             .map_or("/", |pq| pq.as_str())
             .to_owned();
 
-        if let Some(raw_id) = req.headers().get(SANDBOX_ID_HEADER) {
+        if let Some(raw_id) = req.headers().get(SANDBOX_ID) {
             return Some(classify_headers(req, raw_id, path_and_query));
         }
         if let Some(host) = request_host(req) {
@@ -159,7 +148,7 @@ fn classify_headers<B>(
     let sandbox_id = SandboxId::parse(raw_id.to_str().unwrap_or(""))?;
     let raw_port = req
         .headers()
-        .get(SANDBOX_PORT_HEADER)
+        .get(SANDBOX_PORT)
         .ok_or(TargetError::MissingPort)?;
     let port = parse_port(raw_port.to_str().unwrap_or(""))?;
     Ok(Target {
@@ -252,7 +241,7 @@ pub fn is_internal_envd_route(path: &str) -> bool {
         }
     }
     segments.first().is_some_and(|first| {
-        INTERNAL_ENVD_ROUTES
+        INTERNAL_ROUTES
             .iter()
             .any(|route| first.eq_ignore_ascii_case(route))
     })
@@ -293,6 +282,8 @@ fn percent_decode(input: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use berth_envd_proto::ENVD_PORT;
+
     use super::*;
 
     fn request(uri: &str, headers: &[(&str, &str)]) -> Request<()> {

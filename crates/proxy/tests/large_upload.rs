@@ -3,7 +3,7 @@
 
 mod common;
 
-use berth_proxy::ENVD_PORT;
+use berth_envd_proto::ENVD_PORT;
 use bytes::Bytes;
 use common::{http1_client, OPEN_SANDBOX};
 use http::{Request, StatusCode};

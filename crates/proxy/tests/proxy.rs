@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use berth_proxy::ENVD_PORT;
+use berth_envd_proto::ENVD_PORT;
 use bytes::Bytes;
 use common::{full_body, http1_client, json_of, OPEN_SANDBOX, SECURE_SANDBOX, USER_PORT};
 use futures::{SinkExt, StreamExt};

@@ -4,12 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use berth_envd_proto::headers::ACCESS_TOKEN;
+pub use berth_envd_proto::http::InitRequest;
+use berth_envd_proto::ENVD_PORT;
 use berth_runtime::{Runtime, RuntimeError};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use serde::Serialize;
 use tokio::time::Instant;
 
 /// How long a new sandbox's envd may take to answer `/health`.
@@ -17,9 +19,6 @@ pub(crate) const READY_LIMIT: Duration = Duration::from_secs(30);
 
 /// Longest wait for envd's answer to `/init`.
 const INIT_LIMIT: Duration = Duration::from_secs(10);
-
-/// envd's port inside every sandbox.
-pub const ENVD_PORT: u16 = 49983;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvdError {
@@ -45,21 +44,6 @@ pub enum EnvdError {
         status: u16,
         body: String,
     },
-}
-
-/// Body of envd's internal `POST /init`.
-#[derive(Debug, Serialize)]
-pub struct InitRequest {
-    #[serde(rename = "envVars")]
-    pub env_vars: berth_api::StringMap,
-    #[serde(rename = "accessToken", skip_serializing_if = "Option::is_none")]
-    pub access_token: Option<String>,
-    #[serde(rename = "defaultUser")]
-    pub default_user: String,
-    #[serde(rename = "defaultWorkdir")]
-    pub default_workdir: String,
-    /// RFC 3339 host time, so envd can sync the clock as E2B's does.
-    pub timestamp: String,
 }
 
 async fn request(
@@ -134,7 +118,7 @@ pub async fn init(
     // An envd restored from a checkpoint wants the token it holds; a fresh one has none
     // and takes the new token without one.
     if let Some(token) = presented_token.or(body.access_token.as_deref()) {
-        builder = builder.header("x-access-token", token);
+        builder = builder.header(ACCESS_TOKEN, token);
     }
     let init = builder.body(Full::new(Bytes::from(json)))?;
     let (status, reply) = tokio::time::timeout(INIT_LIMIT, request(runtime, sandbox_id, init))

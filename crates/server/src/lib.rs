@@ -42,7 +42,7 @@ pub use openapi::openapi_document;
 
 /// envd version berth's sandboxes report to SDKs (they gate features on it): the version
 /// of the envd berth ships.
-pub use berth_envd::ENVD_VERSION;
+pub use berth_envd_proto::ENVD_VERSION;
 
 /// Request bodies of the API (not the proxy) larger than this are refused with 413.
 pub const MAX_API_BODY_BYTES: usize = 1024 * 1024;

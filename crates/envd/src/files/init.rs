@@ -16,21 +16,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use serde::Deserialize;
+use berth_envd_proto::headers::ACCESS_TOKEN;
+use berth_envd_proto::http::InitRequest;
 
 use super::{defaults, HttpError};
-use crate::auth::{token_allows, AuthError, ACCESS_TOKEN_HEADER};
+use crate::auth::{token_allows, AuthError};
 use crate::state::EnvdState;
-
-/// The `/init` body (unknown fields are ignored).
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct InitRequest {
-    pub access_token: Option<String>,
-    pub env_vars: Option<HashMap<String, String>>,
-    pub default_user: Option<String>,
-    pub default_workdir: Option<String>,
-}
 
 /// `POST /init`.
 pub async fn post_init(
@@ -38,9 +29,7 @@ pub async fn post_init(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<StatusCode, HttpError> {
-    let presented = headers
-        .get(ACCESS_TOKEN_HEADER)
-        .and_then(|v| v.to_str().ok());
+    let presented = headers.get(ACCESS_TOKEN).and_then(|v| v.to_str().ok());
     if !token_allows(defaults(&state).access_token.as_deref(), presented) {
         return Err(HttpError::new(
             StatusCode::UNAUTHORIZED,
@@ -60,14 +49,12 @@ pub async fn post_init(
     if let Some(token) = request.access_token.filter(|t| !t.is_empty()) {
         defaults.access_token = Some(token);
     }
-    if let Some(env_vars) = request.env_vars {
-        defaults.env_vars.extend(env_vars);
+    defaults.env_vars.extend(request.env_vars);
+    if !request.default_user.is_empty() {
+        defaults.user = Some(request.default_user);
     }
-    if let Some(user) = request.default_user.filter(|u| !u.is_empty()) {
-        defaults.user = Some(user);
-    }
-    if let Some(workdir) = request.default_workdir.filter(|w| !w.is_empty()) {
-        defaults.workdir = Some(workdir);
+    if !request.default_workdir.is_empty() {
+        defaults.workdir = Some(request.default_workdir);
     }
     Ok(StatusCode::NO_CONTENT)
 }

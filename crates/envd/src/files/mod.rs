@@ -16,7 +16,6 @@ pub mod metadata;
 pub mod metrics;
 pub mod upload;
 
-use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
@@ -26,11 +25,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-use crate::auth::{
-    check_file_access, unix_now, FileCredentials, FileOperation, ACCESS_TOKEN_HEADER,
-};
+use berth_envd_proto::headers::ACCESS_TOKEN;
+pub use berth_envd_proto::http::EntryInfo as HttpEntryInfo;
+
+use crate::auth::{check_file_access, unix_now, FileCredentials, FileOperation};
 use crate::state::{Defaults, EnvdState};
 use crate::users::{basic_auth_username, User, UserError};
 
@@ -119,32 +119,6 @@ impl From<UserError> for HttpError {
     }
 }
 
-/// The `EntryInfo` of E2B's HTTP API (upload and compose results).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HttpEntryInfo {
-    pub path: String,
-    pub name: String,
-    /// Always `"file"`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<BTreeMap<String, String>>,
-}
-
-impl HttpEntryInfo {
-    pub fn file(path: &Path, metadata: Option<BTreeMap<String, String>>) -> Self {
-        Self {
-            path: path.to_string_lossy().into_owned(),
-            name: path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            kind: "file".to_owned(),
-            metadata,
-        }
-    }
-}
-
 /// The query parameters of `GET /files` and `POST /files`.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct FilesQuery {
@@ -171,9 +145,7 @@ pub fn authorize(
         })?),
     };
     let credentials = FileCredentials {
-        header_token: headers
-            .get(ACCESS_TOKEN_HEADER)
-            .and_then(|v| v.to_str().ok()),
+        header_token: headers.get(ACCESS_TOKEN).and_then(|v| v.to_str().ok()),
         signature: query.signature.as_deref(),
         signature_expiration,
         username: query.username.as_deref(),
@@ -375,15 +347,6 @@ mod tests {
             err.message.contains("is not a directory"),
             "{}",
             err.message
-        );
-    }
-
-    #[test]
-    fn entry_info_serializes_like_e2b() {
-        let info = HttpEntryInfo::file(Path::new("/home/user/hello.txt"), None);
-        assert_eq!(
-            serde_json::to_value(&info).unwrap(),
-            serde_json::json!({"path": "/home/user/hello.txt", "name": "hello.txt", "type": "file"})
         );
     }
 }

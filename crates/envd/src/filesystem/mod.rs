@@ -40,6 +40,7 @@ use berth_envd_proto::filesystem::{
     RemoveWatcherRequest, RemoveWatcherResponse, StatRequest, StatResponse, WatchDirRequest,
     WatchDirResponse,
 };
+use berth_envd_proto::routes;
 use futures::{Stream, StreamExt};
 
 use crate::connect::{self, RpcContext};
@@ -101,40 +102,34 @@ impl FilesystemService {
         }
         let watch_service = Arc::clone(self);
         Router::new()
-            .route("/filesystem.Filesystem/Stat", unary!(stat, StatRequest))
+            .route(routes::FILESYSTEM_STAT, unary!(stat, StatRequest))
             .route(
-                "/filesystem.Filesystem/MakeDir",
+                routes::FILESYSTEM_MAKE_DIR,
                 unary!(make_dir, MakeDirRequest),
             )
+            .route(routes::FILESYSTEM_MOVE, unary!(move_entry, MoveRequest))
             .route(
-                "/filesystem.Filesystem/Move",
-                unary!(move_entry, MoveRequest),
-            )
-            .route(
-                "/filesystem.Filesystem/ListDir",
+                routes::FILESYSTEM_LIST_DIR,
                 unary!(list_dir, ListDirRequest),
             )
+            .route(routes::FILESYSTEM_REMOVE, unary!(remove, RemoveRequest))
             .route(
-                "/filesystem.Filesystem/Remove",
-                unary!(remove, RemoveRequest),
-            )
-            .route(
-                "/filesystem.Filesystem/WatchDir",
+                routes::FILESYSTEM_WATCH_DIR,
                 connect::server_stream(move |ctx: RpcContext, request: WatchDirRequest| {
                     let service = Arc::clone(&watch_service);
                     async move { service.watch_dir(&ctx.headers, request) }
                 }),
             )
             .route(
-                "/filesystem.Filesystem/CreateWatcher",
+                routes::FILESYSTEM_CREATE_WATCHER,
                 unary!(create_watcher, CreateWatcherRequest),
             )
             .route(
-                "/filesystem.Filesystem/GetWatcherEvents",
+                routes::FILESYSTEM_GET_WATCHER_EVENTS,
                 unary!(get_watcher_events, GetWatcherEventsRequest),
             )
             .route(
-                "/filesystem.Filesystem/RemoveWatcher",
+                routes::FILESYSTEM_REMOVE_WATCHER,
                 unary!(remove_watcher, RemoveWatcherRequest),
             )
     }

@@ -50,6 +50,7 @@ use berth_envd_proto::process::{
     SendSignalRequest, SendSignalResponse, Signal, StartRequest, StartResponse, StreamInputRequest,
     StreamInputResponse, UpdateRequest, UpdateResponse,
 };
+use berth_envd_proto::routes;
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -191,35 +192,35 @@ impl ProcessService {
         let update = Arc::clone(self);
         Router::new()
             .route(
-                "/process.Process/Start",
+                routes::PROCESS_START,
                 connect::server_stream(move |ctx: RpcContext, request: StartRequest| {
                     let service = Arc::clone(&start);
                     async move { service.start(&ctx, request) }
                 }),
             )
             .route(
-                "/process.Process/Connect",
+                routes::PROCESS_CONNECT,
                 connect::server_stream(move |_ctx: RpcContext, request: ConnectRequest| {
                     let service = Arc::clone(&connect_service);
                     async move { service.connect(request) }
                 }),
             )
             .route(
-                "/process.Process/List",
+                routes::PROCESS_LIST,
                 connect::unary(move |_ctx: RpcContext, _request: ListRequest| {
                     let service = Arc::clone(&list);
                     async move { Ok(service.list()) }
                 }),
             )
             .route(
-                "/process.Process/SendInput",
+                routes::PROCESS_SEND_INPUT,
                 connect::unary(move |_ctx: RpcContext, request: SendInputRequest| {
                     let service = Arc::clone(&send_input);
                     async move { service.send_input(request).await }
                 }),
             )
             .route(
-                "/process.Process/StreamInput",
+                routes::PROCESS_STREAM_INPUT,
                 connect::client_stream(
                     move |_ctx: RpcContext, requests: MessageStream<StreamInputRequest>| {
                         let service = Arc::clone(&stream_input);
@@ -228,21 +229,21 @@ impl ProcessService {
                 ),
             )
             .route(
-                "/process.Process/SendSignal",
+                routes::PROCESS_SEND_SIGNAL,
                 connect::unary(move |_ctx: RpcContext, request: SendSignalRequest| {
                     let service = Arc::clone(&send_signal);
                     async move { service.send_signal(request) }
                 }),
             )
             .route(
-                "/process.Process/CloseStdin",
+                routes::PROCESS_CLOSE_STDIN,
                 connect::unary(move |_ctx: RpcContext, request: CloseStdinRequest| {
                     let service = Arc::clone(&close_stdin);
                     async move { service.close_stdin(request).await }
                 }),
             )
             .route(
-                "/process.Process/Update",
+                routes::PROCESS_UPDATE,
                 connect::unary(move |_ctx: RpcContext, request: UpdateRequest| {
                     let service = Arc::clone(&update);
                     async move { service.update(request) }

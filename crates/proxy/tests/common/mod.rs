@@ -16,9 +16,9 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::Router;
+use berth_envd_proto::ENVD_PORT;
 use berth_proxy::{
-    BoxFuture, PortConnector, Proxy, ResolveError, Route, RoutingConfig, SandboxId,
-    SandboxResolver, ENVD_PORT,
+    BoxFuture, PortConnector, Proxy, ResolveError, Route, RoutingConfig, SandboxId, SandboxResolver,
 };
 use bytes::Bytes;
 use futures::StreamExt;

@@ -1,11 +1,16 @@
 //! Connector tools: each one is a single REST call built from the tool table, and its
-//! result is the API's JSON. Errors from the API come back unchanged.
+//! result is the API's JSON, relayed untouched (connector tools have no model of their
+//! own: the table is their schema). Errors from the API come back unchanged.
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
-use crate::server::{CallContext, Mcp, ToolFailure, ToolResult};
-use crate::store::unix_now;
-use crate::tools::{ParamLocation, ToolSpec};
+use super::table::{ParamLocation, ToolSpec};
+use super::{
+    answer, check_args, require_connection, CallContext, LeaseEffect, ToolFailure, ToolResult,
+};
+use crate::server::Components;
+use crate::sessions::SandboxStatus;
 
 /// A REST request derived from a tool call.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,42 +19,6 @@ pub(crate) struct BuiltRequest {
     pub(crate) path: String,
     pub(crate) query: Vec<(String, String)>,
     pub(crate) body: Option<Value>,
-}
-
-fn type_matches(json_type: &str, value: &Value) -> bool {
-    match json_type {
-        "string" => value.is_string(),
-        "integer" => value.is_i64() || value.is_u64(),
-        "boolean" => value.is_boolean(),
-        "array" => value.is_array(),
-        "object" => value.is_object(),
-        _ => true,
-    }
-}
-
-/// Checks `args` against the tool's parameters: no unknown names, required ones present,
-/// JSON types as declared.
-pub(crate) fn check_args(spec: &ToolSpec, args: &Map<String, Value>) -> Result<(), ToolFailure> {
-    for (name, value) in args {
-        let Some(param) = spec.params.iter().find(|param| &param.name == name) else {
-            return Err(ToolFailure::Message(format!("unknown parameter {name:?}")));
-        };
-        if !value.is_null() && !type_matches(&param.json_type, value) {
-            return Err(ToolFailure::Message(format!(
-                "parameter {name:?} must be of type {}",
-                param.json_type
-            )));
-        }
-    }
-    for param in spec.params.iter().filter(|param| param.required) {
-        if args.get(&param.name).is_none_or(Value::is_null) {
-            return Err(ToolFailure::Message(format!(
-                "missing required parameter {:?}",
-                param.name
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Sets `value` at a dotted path (`autoResume.enabled`) inside `body`.
@@ -99,7 +68,7 @@ pub(crate) fn build_request(
     spec: &ToolSpec,
     args: &Map<String, Value>,
 ) -> Result<BuiltRequest, ToolFailure> {
-    check_args(spec, args)?;
+    check_args(spec, args, true)?;
     let method = spec
         .method
         .as_deref()
@@ -145,64 +114,71 @@ pub(crate) fn build_request(
     })
 }
 
-impl Mcp {
-    pub(crate) async fn call_connector(
-        &self,
-        context: &CallContext,
-        spec: &ToolSpec,
-        args: &Map<String, Value>,
-    ) -> ToolResult {
-        let request = build_request(spec, args)?;
-        let connected = self.require_connection(&context.identity)?;
-        let response = connected
-            .api
-            .request(
-                request.method,
-                &request.path,
-                &request.query,
-                request.body.as_ref(),
-            )
-            .await?;
-        if let Some(sandbox_id) = args.get("sandbox_id").and_then(Value::as_str) {
-            self.after_connector_call(context, &spec.name, sandbox_id)?;
-        }
-        let mut result = json!({ "status": response.status, "result": response.body });
-        if let Some(next_token) = response.next_token {
-            result["next_token"] = json!(next_token);
-        }
-        Ok(result)
-    }
+/// What a connector tool returns: the API's status and JSON, and its paging cursor.
+#[derive(Serialize)]
+pub(crate) struct RestResult {
+    pub(crate) status: u16,
+    pub(crate) result: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) next_token: Option<String>,
+}
 
-    /// Keeps the lease table in step with lifecycle calls made through connector tools.
-    fn after_connector_call(
-        &self,
-        context: &CallContext,
-        tool: &str,
-        sandbox_id: &str,
-    ) -> Result<(), ToolFailure> {
-        let store = &self.inner.store;
-        match tool {
-            "e2b_kill_sandbox" => {
-                store.set_status(&context.identity, sandbox_id, "deleted", true)?
-            }
-            "e2b_pause_sandbox" => {
-                store.set_status(&context.identity, sandbox_id, "paused", false)?
-            }
-            "e2b_connect_sandbox" => {
-                store.set_status(&context.identity, sandbox_id, "running", false)?
-            }
-            _ => {}
+/// Runs one REST tool and keeps the lease table in step with lifecycle calls.
+pub(crate) async fn call(
+    mcp: &Components,
+    call: &CallContext,
+    spec: &ToolSpec,
+    effect: LeaseEffect,
+    args: &Map<String, Value>,
+) -> ToolResult {
+    answer(&rest(mcp, call, spec, effect, args).await?)
+}
+
+/// [`call`], typed (the merged `e2b_list_sandboxes` reuses it).
+pub(crate) async fn rest(
+    mcp: &Components,
+    call: &CallContext,
+    spec: &ToolSpec,
+    effect: LeaseEffect,
+    args: &Map<String, Value>,
+) -> Result<RestResult, ToolFailure> {
+    let request = build_request(spec, args)?;
+    let connected = require_connection(mcp, call)?;
+    let response = connected
+        .api
+        .request(
+            request.method,
+            &request.path,
+            &request.query,
+            request.body.as_ref(),
+        )
+        .await?;
+    if let Some(sandbox_id) = args.get("sandbox_id").and_then(Value::as_str) {
+        let sessions = &mcp.sessions;
+        let status = match effect {
+            LeaseEffect::Renew => None,
+            LeaseEffect::Delete => Some(SandboxStatus::Deleted),
+            LeaseEffect::Pause => Some(SandboxStatus::Paused),
+            LeaseEffect::Resume => Some(SandboxStatus::Running),
+        };
+        if let Some(status) = status {
+            sessions.set_status(&call.identity, sandbox_id, status)?;
         }
-        let lease_until = unix_now() + self.inner.config.lease.ttl.as_secs() as i64;
-        store.renew_lease(&context.identity, sandbox_id, lease_until)?;
-        Ok(())
+        sessions.renew_lease(&call.identity, sandbox_id)?;
     }
+    Ok(RestResult {
+        status: response.status,
+        result: response.body,
+        next_token: response.next_token,
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
-    use crate::tools::connector_specs;
+    use crate::tools::table::connector_specs;
 
     fn spec(name: &str) -> ToolSpec {
         connector_specs()

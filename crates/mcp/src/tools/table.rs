@@ -11,16 +11,14 @@
 //! (`session`: this session's sandboxes; `project`: the API's list with filters); without
 //! `scope` it lists the session's sandboxes unless a connector filter is given.
 
-use std::sync::Arc;
-
 use rmcp::model::Tool;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::config::Toolset;
 
-const CONNECTOR_TABLE: &str = include_str!("../data/connector_tools.json");
-const SESSION_TABLE: &str = include_str!("../data/session_tools.json");
+const CONNECTOR_TABLE: &str = include_str!("../../data/connector_tools.json");
+const SESSION_TABLE: &str = include_str!("../../data/session_tools.json");
 
 /// The names both documents define.
 pub const SHARED_NAMES: [&str; 2] = ["e2b_create_sandbox", "e2b_list_sandboxes"];
@@ -246,11 +244,6 @@ pub fn mcp_tool(spec: &ToolSpec) -> Tool {
         tool["title"] = json!(title);
     }
     serde_json::from_value(tool).expect("a tool built from the table is a valid MCP tool")
-}
-
-/// The MCP tools a toolset serves, built once per server.
-pub fn tool_list(toolset: Toolset) -> Arc<Vec<Tool>> {
-    Arc::new(specs_for(toolset).iter().map(mcp_tool).collect())
 }
 
 #[cfg(test)]
