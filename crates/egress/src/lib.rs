@@ -29,9 +29,11 @@
 //! for names a restricted policy could never allow.
 #![forbid(unsafe_code)]
 
+mod ca;
 mod dns;
 mod error;
 mod inject;
+mod intercept;
 mod metrics;
 mod original_dst;
 mod policy;
@@ -51,6 +53,7 @@ use tokio_util::task::TaskTracker;
 
 pub use error::{CaError, PolicyError, StartError};
 pub use inject::{HeaderRule, HeaderTemplate, SecretResolver, SecretValue};
+pub use intercept::InterceptionConfig;
 pub use metrics::{EgressCounters, Protocol};
 pub use policy::{
     normalize_hostname, Ceiling, DomainPattern, DomainRule, EgressPolicy, NetRule, PolicySource,
@@ -83,6 +86,9 @@ pub struct EgressConfig {
     /// How often live connections are re-checked against the current policy.
     pub recheck_interval: Duration,
     pub max_connections_per_sandbox: usize,
+    /// Header injection for `network.rules` domains (TLS terminated with the
+    /// installation's CA). `None`: rule domains are dialed by name and spliced as is.
+    pub interception: Option<InterceptionConfig>,
 }
 
 impl EgressConfig {
@@ -101,6 +107,7 @@ impl EgressConfig {
             idle_timeout: Duration::from_secs(300),
             recheck_interval: Duration::from_secs(1),
             max_connections_per_sandbox: 256,
+            interception: None,
         }
     }
 }
@@ -115,6 +122,9 @@ pub struct EgressHandle {
     pub tls_addr: SocketAddr,
     /// Bound on both UDP and TCP.
     pub dns_addr: SocketAddr,
+    /// The interception CA's certificate (PEM), for sandboxes' trust stores; `None`
+    /// without interception.
+    pub ca_cert_pem: Option<String>,
     metrics: Arc<metrics::Metrics>,
     stop_accepting: CancellationToken,
     stop_all: CancellationToken,
@@ -138,6 +148,13 @@ impl Egress {
             config.dns_timeout,
         ));
         let metrics = Arc::new(metrics::Metrics::default());
+        let intercept = config
+            .interception
+            .as_ref()
+            .map(intercept::Interceptor::new)
+            .transpose()?
+            .map(Arc::new);
+        let ca_cert_pem = intercept.as_ref().map(|i| i.ca_pem().to_string());
 
         let bind_tcp = |what: &'static str, port: u16| {
             let addr = SocketAddr::new(config.listen_addr, port);
@@ -178,6 +195,7 @@ impl Egress {
                 max_connections_per_sandbox: config.max_connections_per_sandbox,
             },
             vec![http_addr, tls_addr],
+            intercept,
         ));
         let dns = Arc::new(dns::DnsServer {
             policies,
@@ -211,6 +229,7 @@ impl Egress {
             http_addr,
             tls_addr,
             dns_addr,
+            ca_cert_pem,
             metrics,
             stop_accepting,
             stop_all,

@@ -37,6 +37,8 @@ pub(crate) struct Proxy {
     /// The proxy's own listening addresses: a connection whose original destination
     /// is one of them was not redirected, and dialing it would loop.
     pub(crate) own_addrs: Vec<SocketAddr>,
+    /// Header injection for rule domains; without it rule domains are spliced blindly.
+    pub(crate) intercept: Option<Arc<crate::intercept::Interceptor>>,
     open: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -79,6 +81,7 @@ impl Proxy {
         metrics: Arc<Metrics>,
         limits: ProxyLimits,
         own_addrs: Vec<SocketAddr>,
+        intercept: Option<Arc<crate::intercept::Interceptor>>,
     ) -> Self {
         Proxy {
             policies,
@@ -86,6 +89,7 @@ impl Proxy {
             metrics,
             limits,
             own_addrs,
+            intercept,
             open: Mutex::new(HashMap::new()),
         }
     }
@@ -142,6 +146,14 @@ impl Proxy {
             Ok(admitted) => admitted,
             Err(reason) => return self.refuse(client, protocol, reason).await,
         };
+        if let (Route::Name(name), Some(intercept)) = (&admitted.route, &self.intercept) {
+            if admitted.policy.header_rule(name).is_some() {
+                let name = name.clone();
+                return intercept
+                    .handle(self, client, admitted, name, protocol, stop)
+                    .await;
+            }
+        }
         let mut upstream = match self.dial(&admitted).await {
             Ok(upstream) => upstream,
             Err(reason) => return self.refuse(client, protocol, reason).await,

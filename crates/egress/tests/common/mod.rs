@@ -99,11 +99,14 @@ impl PolicySource for Policies {
     }
 }
 
+/// (local address it arrived on, headers with lower-cased names, path)
+pub type SeenRequest = (SocketAddr, Vec<(String, String)>, String);
+
 /// What the test internet saw.
 #[derive(Default)]
 pub struct Seen {
     /// (local address the request arrived on, request headers lower-cased, path)
-    pub requests: Mutex<Vec<(SocketAddr, Vec<(String, String)>, String)>>,
+    pub requests: Mutex<Vec<SeenRequest>>,
     /// Every TCP connection accepted, by local address.
     pub connections: Mutex<Vec<SocketAddr>>,
     /// Every DNS question name.
@@ -345,7 +348,7 @@ impl Lab {
         ));
     }
 
-    fn zone(&self) -> Arc<dyn Fn(&str) -> Option<Vec<Ipv4Addr>> + Send + Sync> {
+    fn zone(&self) -> Zone {
         let (api, denied, untrusted) = (self.api_ip(), self.denied_ip(), self.untrusted_ip());
         Arc::new(move |name: &str| {
             let name = name.trim_end_matches('.').to_ascii_lowercase();
