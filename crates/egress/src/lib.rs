@@ -3,7 +3,8 @@
 //! Owns: the transparent TCP egress proxy that enforces E2B's domain rules (HTTP Host on
 //! port 80, TLS SNI on port 443), the DNS server sandboxes resolve through, and the
 //! per-sandbox policy decisions both make (`allow_internet_access`, `allowOut` /
-//! `denyOut`, the operator ceiling, built-in denied ranges).
+//! `denyOut`, the operator ceiling, built-in denied ranges), header injection with
+//! secrets for rule domains, and the interception CA that makes it possible for HTTPS.
 //!
 //! Does not own: namespaces, links, addresses, routes or nftables (crate `berth-net`
 //! redirects sandbox DNS and, for sandboxes with domain rules, TCP 80/443 to the ports
@@ -23,10 +24,23 @@
 //! host's networks. Allowed connections are spliced both ways; refusals get an HTTP 403
 //! with a one-line reason (HTTP) or a close (TLS).
 //!
+//! Header rules (`network.rules`, issue 14): a connection whose name matches a rule
+//! domain is always dialed by name (so a secret reaches only the real server) and, when
+//! [`EgressConfig::interception`] is set, its HTTP/1.1 requests are rewritten one by one
+//! (framing-aware: keep-alive, pipelining, Content-Length and chunked bodies; ambiguous
+//! framing is refused) with the rule's headers, `${e2b.secrets.NAME}` resolved per
+//! request by the daemon's [`SecretResolver`]. For TLS the proxy terminates with a leaf
+//! issued on the fly by the installation's CA (ALPN http/1.1 only) and re-encrypts to
+//! the server, verified against the host's trust store (plus extra roots); a server
+//! that fails verification gets the sandbox a 502, never a plaintext or unverified
+//! fallback. Responses flow back untouched. Every other connection is a blind splice.
+//!
 //! Choices where E2B leaves room: `*.example.com` matches names under example.com but
 //! not example.com itself (as E2B's suffix matcher does); a trailing dot is ignored.
 //! DNS answers REFUSED to unknown sources and sandboxes without internet, and NXDOMAIN
-//! for names a restricted policy could never allow.
+//! for names a restricted policy could never allow. A Host header's port is ignored:
+//! the upstream port is always the original destination's. Rule domains still need the
+//! policy to allow them (by domain or by their original address): rules never widen it.
 #![forbid(unsafe_code)]
 
 mod ca;

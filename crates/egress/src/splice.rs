@@ -87,8 +87,9 @@ where
     F: std::future::Future<Output = std::io::Result<()>>,
 {
     tokio::pin!(transfer);
-    let mut ticks = tokio::time::interval(recheck);
-    ticks.tick().await;
+    // Not `interval(recheck)`: its immediate first tick still goes through the timer
+    // wheel (1 ms granularity), which would delay every connection's first bytes.
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + recheck, recheck);
     loop {
         tokio::select! {
             _ = &mut transfer => return End::Done,

@@ -7,40 +7,10 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use berth_egress::{
-    Egress, EgressHandle, HeaderRule, InterceptionConfig, RefuseReason, SecretResolver, SecretValue,
-};
+use berth_egress::{Egress, EgressHandle, HeaderRule, InterceptionConfig, RefuseReason};
 use common::*;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Secrets of the one test sandbox.
-struct Secrets {
-    sandbox: IpAddr,
-    values: Mutex<HashMap<String, String>>,
-}
-
-impl SecretResolver for Secrets {
-    fn resolve(&self, sandbox_addr: IpAddr, name: &str) -> Option<SecretValue> {
-        (sandbox_addr == self.sandbox)
-            .then(|| {
-                self.values
-                    .lock()
-                    .unwrap()
-                    .get(name)
-                    .cloned()
-                    .map(SecretValue::new)
-            })
-            .flatten()
-    }
-}
-
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 struct Setup {
     lab: Lab,

@@ -20,7 +20,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use berth_egress::{Ceiling, EgressConfig, EgressHandle, EgressPolicy, HeaderRule, PolicySource};
+use berth_egress::{
+    Ceiling, EgressConfig, EgressHandle, EgressPolicy, HeaderRule, PolicySource, SecretResolver,
+    SecretValue,
+};
 use bytes::Bytes;
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
@@ -376,6 +379,16 @@ impl Lab {
         TcpStream::from_std(std_stream)
     }
 
+    /// Unconnected TCP sockets of the sandbox netns, made up front so that connecting
+    /// them costs what a process inside the sandbox pays (no thread or setns).
+    pub fn sandbox_sockets(&self, n: usize) -> Vec<tokio::net::TcpSocket> {
+        in_ns(&self.sbx_ns, || {
+            (0..n)
+                .map(|_| tokio::net::TcpSocket::new_v4().unwrap())
+                .collect()
+        })
+    }
+
     /// A DNS query over UDP from inside the sandbox to the gateway's port 53.
     pub async fn sandbox_dns(&self, name: &str, record_type: RecordType) -> Option<Message> {
         let socket = in_ns(&self.sbx_ns, || {
@@ -722,4 +735,32 @@ pub fn served_by(response: &Response) -> Option<IpAddr> {
         .next()?
         .parse()
         .ok()
+}
+
+/// Secrets of the one test sandbox.
+pub struct Secrets {
+    pub sandbox: IpAddr,
+    pub values: Mutex<HashMap<String, String>>,
+}
+
+impl SecretResolver for Secrets {
+    fn resolve(&self, sandbox_addr: IpAddr, name: &str) -> Option<SecretValue> {
+        (sandbox_addr == self.sandbox)
+            .then(|| {
+                self.values
+                    .lock()
+                    .unwrap()
+                    .get(name)
+                    .cloned()
+                    .map(SecretValue::new)
+            })
+            .flatten()
+    }
+}
+
+pub struct TempDir(pub std::path::PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
