@@ -235,9 +235,7 @@ impl Interceptor {
 async fn refuse<S: AsyncWrite + Unpin>(proxy: &Proxy, mut client: S, reason: RefuseReason) {
     proxy.metrics.refused(reason);
     tracing::info!(reason = reason.as_str(), "egress refused");
-    let _ = client
-        .write_all(refusal_response("502 Bad Gateway", reason).as_bytes())
-        .await;
+    let _ = client.write_all(refusal_response(reason).as_bytes()).await;
     let _ = client.shutdown().await;
 }
 

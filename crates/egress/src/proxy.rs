@@ -326,26 +326,28 @@ impl Proxy {
         self.metrics.refused(reason);
         tracing::info!(peer = ?client.peer_addr().ok(), reason = reason.as_str(), "egress refused");
         if protocol == Protocol::Http {
-            let status = match reason {
-                RefuseReason::BadRequest => "400 Bad Request",
-                RefuseReason::UpstreamUnreachable
-                | RefuseReason::ResolveFailed
-                | RefuseReason::UpstreamTlsFailed => "502 Bad Gateway",
-                RefuseReason::TooManyConnections => "429 Too Many Requests",
-                RefuseReason::SecretUnavailable => "502 Bad Gateway",
-                _ => "403 Forbidden",
-            };
-            let _ = client
-                .write_all(refusal_response(status, reason).as_bytes())
-                .await;
+            let _ = client.write_all(refusal_response(reason).as_bytes()).await;
             let _ = client.shutdown().await;
             drain(&mut client).await;
         }
     }
 }
 
+fn status(reason: RefuseReason) -> &'static str {
+    match reason {
+        RefuseReason::BadRequest => "400 Bad Request",
+        RefuseReason::TooManyConnections => "429 Too Many Requests",
+        RefuseReason::UpstreamUnreachable
+        | RefuseReason::ResolveFailed
+        | RefuseReason::UpstreamTlsFailed
+        | RefuseReason::SecretUnavailable => "502 Bad Gateway",
+        _ => "403 Forbidden",
+    }
+}
+
 /// An HTTP/1.1 response with a one-line reason, closing the connection.
-pub(crate) fn refusal_response(status: &str, reason: RefuseReason) -> String {
+pub(crate) fn refusal_response(reason: RefuseReason) -> String {
+    let status = status(reason);
     let body = format!("berth egress: {}\n", reason.message());
     format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\nX-Berth-Egress-Refused: {}\r\n\r\n{body}",
