@@ -68,11 +68,14 @@ use tokio_util::task::TaskTracker;
 pub use error::{CaError, PolicyError, StartError};
 pub use inject::{HeaderRule, HeaderTemplate, SecretResolver, SecretValue};
 pub use intercept::InterceptionConfig;
+/// Types of other crates in this API, re-exported so callers need not depend on them.
+pub use ipnet::IpNet;
 pub use metrics::{EgressCounters, Protocol};
 pub use policy::{
     normalize_hostname, Ceiling, DomainPattern, DomainRule, EgressPolicy, NetRule, PolicySource,
     Ports, RefuseReason, Route, Rule, BUILTIN_DENIED,
 };
+pub use rustls::pki_types::CertificateDer;
 pub use upstream::nameservers_from_resolv_conf;
 
 /// How the egress services are started.
