@@ -1,0 +1,3 @@
+//! berth-net (doc written below once the modules exist).
+
+pub mod policy;
