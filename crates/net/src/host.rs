@@ -26,6 +26,14 @@ const NSFS_MAGIC: i64 = 0x6e73_6673;
 /// What the daemon keeps on disk per sandbox network (`<state>/net/sandboxes/<id>.json`):
 /// the allocation and the policy. Written before anything is created in the kernel, so
 /// recovery can always find and remove what a crashed daemon made.
+///
+/// Replaced atomically (temp file, rename). A policy change is also fsynced before the
+/// rename; the first write at attach is not (an fsync costs 1–7 ms here, a third of a
+/// network's whole set-up): a daemon crash keeps it anyway (page cache), and a host crash
+/// takes the running sandbox's namespace and link with it, so a lost record loses
+/// nothing. A paused sandbox — the one case where the record must outlive a reboot — has
+/// it on disk, because pause syncs the state filesystem (`syncfs`) before it reports the
+/// sandbox paused.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct NetRecord {
     id: String,
@@ -123,13 +131,15 @@ fn write_sysctl(path: &str, value: &str) -> Result<(), NetError> {
     })
 }
 
-/// Writes `bytes` to `path` crash-safely: a temp file, fsync, rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), NetError> {
+/// Replaces `path` by `bytes` atomically: a temp file, fsync when `durable`, rename.
+fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> Result<(), NetError> {
     let tmp = path.with_extension("json.tmp");
     let write = || -> io::Result<()> {
         let mut file = fs::File::create(&tmp)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
         fs::rename(&tmp, path)
     };
     write().map_err(state(path))
@@ -173,7 +183,10 @@ impl HostNetwork {
         pool::check_overlap(config.sandbox_cidr, &routes, &host_addrs)?;
         let gateway = pool.gateway();
         let gateway_link = format!("{tag}gw");
-        let gw_index = match nl.index(&gateway_link).map_err(netlink("find gateway link"))? {
+        let gw_index = match nl
+            .index(&gateway_link)
+            .map_err(netlink("find gateway link"))?
+        {
             Some(index) => index,
             None => {
                 // A veth pair with both ends here stands in for a dummy link (kernels
@@ -197,7 +210,11 @@ impl HostNetwork {
             .map_err(netlink(format!("add {gateway} to {gateway_link}")))?;
         nl.set_up(gw_index)
             .map_err(netlink(format!("set {gateway_link} up")))?;
-        if fs::read_to_string("/proc/sys/net/ipv4/ip_forward").map_err(state("/proc/sys/net/ipv4/ip_forward"))?.trim() != "1" {
+        if fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+            .map_err(state("/proc/sys/net/ipv4/ip_forward"))?
+            .trim()
+            != "1"
+        {
             tracing::info!("enabling IPv4 forwarding for sandbox egress");
             write_sysctl("/proc/sys/net/ipv4/ip_forward", "1")?;
         }
@@ -242,7 +259,8 @@ impl HostNetwork {
             let entry = network.attached(record);
             attached.insert(entry.record.id.clone(), entry);
         }
-        let elements: Vec<SandboxElements> = attached.values().map(|a| a.elements.clone()).collect();
+        let elements: Vec<SandboxElements> =
+            attached.values().map(|a| a.elements.clone()).collect();
         let script = network.table.render(&elements);
         {
             let inner = network.inner.get_mut().unwrap_or_else(|e| e.into_inner());
@@ -265,7 +283,9 @@ impl HostNetwork {
 
     fn attached(&self, record: NetRecord) -> Attached {
         let pool = AddressPool::new(self.config.sandbox_cidr).expect("pool checked at start");
-        let offset = pool.offset(record.addr).expect("address claimed in the pool");
+        let offset = pool
+            .offset(record.addr)
+            .expect("address claimed in the pool");
         let effective = Arc::new(self.effective(&record.policy));
         let elements = sandbox_elements(&self.veth_name(offset), record.addr, offset, &effective);
         Attached {
@@ -308,9 +328,9 @@ impl HostNetwork {
         self.dir.join("sandboxes").join(format!("{id}.json"))
     }
 
-    fn write_record(&self, record: &NetRecord) -> Result<(), NetError> {
+    fn write_record(&self, record: &NetRecord, durable: bool) -> Result<(), NetError> {
         let bytes = serde_json::to_vec_pretty(record).expect("a record serialises");
-        write_atomic(&self.record_path(&record.id), &bytes)
+        write_atomic(&self.record_path(&record.id), &bytes, durable)
     }
 
     fn veth_name(&self, offset: u32) -> String {
@@ -320,8 +340,22 @@ impl HostNetwork {
     fn macs(&self, offset: u32) -> ([u8; 6], [u8; 6]) {
         let tag = u32::from_str_radix(&self.tag[1..], 16).unwrap_or(0);
         let tail = [(offset >> 16) as u8, (offset >> 8) as u8, offset as u8];
-        let host = [0x02, (tag >> 12) as u8, (tag >> 4) as u8, tail[0], tail[1], tail[2]];
-        let sandbox = [0x06, (tag >> 12) as u8, (tag >> 4) as u8, tail[0], tail[1], tail[2]];
+        let host = [
+            0x02,
+            (tag >> 12) as u8,
+            (tag >> 4) as u8,
+            tail[0],
+            tail[1],
+            tail[2],
+        ];
+        let sandbox = [
+            0x06,
+            (tag >> 12) as u8,
+            (tag >> 4) as u8,
+            tail[0],
+            tail[1],
+            tail[2],
+        ];
         (host, sandbox)
     }
 
@@ -378,16 +412,19 @@ impl HostNetwork {
             policy: policy.clone(),
         };
         let result = self
-            .write_record(&record)
+            .write_record(&record, false)
             .and_then(|()| self.build(id, addr, offset))
             .and_then(|()| {
                 let entry = self.attached(record);
                 let mut inner = lock(&self.inner);
                 let script = self.table.add_sandbox(&entry.elements);
-                inner.nft.run(&script).map_err(|message| NetError::Nftables {
-                    op: format!("add sandbox {id}"),
-                    message,
-                })?;
+                inner
+                    .nft
+                    .run(&script)
+                    .map_err(|message| NetError::Nftables {
+                        op: format!("add sandbox {id}"),
+                        message,
+                    })?;
                 let info = self.info(id, &entry);
                 inner.by_addr.insert(addr, id.to_owned());
                 inner.sandboxes.insert(id.to_owned(), entry);
@@ -468,7 +505,8 @@ impl HostNetwork {
                 source: io::Error::from(io::ErrorKind::NotFound),
             })?;
         let _ = fs::write(format!("/proc/sys/net/ipv6/conf/{veth}/disable_ipv6"), "1");
-        nl.set_up(index).map_err(netlink(format!("set {veth} up")))?;
+        nl.set_up(index)
+            .map_err(netlink(format!("set {veth} up")))?;
         nl.add_neighbour(index, addr, sandbox_mac)
             .map_err(netlink(format!("neighbour {addr} on {veth}")))?;
         nl.add_route(addr, 32, index, None, Some(gateway))
@@ -538,13 +576,16 @@ impl HostNetwork {
                 record.policy = policy.clone();
                 (record, a.elements.clone())
             };
-            self.write_record(&record)?;
+            self.write_record(&record, true)?;
             let entry = self.attached(record);
             let script = self.table.update_sandbox(&old, &entry.elements);
-            inner.nft.run(&script).map_err(|message| NetError::Nftables {
-                op: format!("update sandbox {id}"),
-                message,
-            })?;
+            inner
+                .nft
+                .run(&script)
+                .map_err(|message| NetError::Nftables {
+                    op: format!("update sandbox {id}"),
+                    message,
+                })?;
             let addr = entry.record.addr;
             inner.sandboxes.insert(id.to_owned(), entry);
             addr
@@ -570,7 +611,6 @@ impl HostNetwork {
                 // Keep the record: recovery's table rebuild drops the elements.
                 tracing::warn!(sandbox = %id, %message, "removing a sandbox's nftables elements");
             }
-            let _ = inner.nft.run(&self.table.remove_conn_entry(entry.record.addr));
             entry
         };
         self.demolish(id, entry.record.addr, entry.offset);
@@ -619,7 +659,11 @@ impl HostNetwork {
         let (veths, ids): (BTreeSet<String>, BTreeSet<String>) = {
             let inner = lock(&self.inner);
             (
-                inner.sandboxes.values().map(|a| a.elements.veth.clone()).collect(),
+                inner
+                    .sandboxes
+                    .values()
+                    .map(|a| a.elements.veth.clone())
+                    .collect(),
                 inner.sandboxes.keys().cloned().collect(),
             )
         };
@@ -750,7 +794,8 @@ fn inside_new_netns(
             nl.add_address(index, addr, 32)
                 .map_err(netlink(format!("add {addr} to eth0")))?;
         }
-        nl.set_up(index).map_err(netlink(format!("set {name} up")))?;
+        nl.set_up(index)
+            .map_err(netlink(format!("set {name} up")))?;
         if name == "eth0" {
             nl.add_neighbour(index, gateway, host_mac)
                 .map_err(netlink("gateway neighbour"))?;

@@ -116,7 +116,7 @@ impl Msg {
     }
 
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }
@@ -314,7 +314,10 @@ impl Netlink {
             let index = i32::from_ne_bytes(index.try_into().expect("4 bytes"));
             let name = attrs(answer.get(16..).unwrap_or_default())
                 .find(|(kind, _, _)| *kind == IFLA_IFNAME)
-                .map(|(_, v, _)| String::from_utf8_lossy(v.split(|b| *b == 0).next().unwrap_or_default()).into_owned());
+                .map(|(_, v, _)| {
+                    String::from_utf8_lossy(v.split(|b| *b == 0).next().unwrap_or_default())
+                        .into_owned()
+                });
             if let Some(name) = name {
                 links.push(Link { index, name });
             }
@@ -323,7 +326,12 @@ impl Netlink {
     }
 
     /// Adds `addr/prefix_len` to link `index`.
-    pub(crate) fn add_address(&mut self, index: i32, addr: Ipv4Addr, prefix_len: u8) -> io::Result<()> {
+    pub(crate) fn add_address(
+        &mut self,
+        index: i32,
+        addr: Ipv4Addr,
+        prefix_len: u8,
+    ) -> io::Result<()> {
         let mut h = [0u8; 8];
         h[0] = libc::AF_INET as u8;
         h[1] = prefix_len;
@@ -433,7 +441,12 @@ impl Netlink {
     }
 
     /// A permanent neighbour entry: `addr` is at `mac` on link `index` (no ARP needed).
-    pub(crate) fn add_neighbour(&mut self, index: i32, addr: Ipv4Addr, mac: [u8; 6]) -> io::Result<()> {
+    pub(crate) fn add_neighbour(
+        &mut self,
+        index: i32,
+        addr: Ipv4Addr,
+        mac: [u8; 6],
+    ) -> io::Result<()> {
         let mut h = [0u8; 12];
         h[0] = libc::AF_INET as u8;
         h[4..8].copy_from_slice(&index.to_ne_bytes());
@@ -455,13 +468,14 @@ impl Netlink {
                 if kind != CTA_TUPLE_ORIG {
                     continue;
                 }
-                let src = attrs(value)
-                    .find(|(k, _, _)| *k == CTA_TUPLE_IP)
-                    .and_then(|(_, ip, _)| {
-                        attrs(ip)
-                            .find(|(k, _, _)| *k == CTA_IP_V4_SRC)
-                            .and_then(|(_, v, _)| <[u8; 4]>::try_from(v).ok())
-                    });
+                let src =
+                    attrs(value)
+                        .find(|(k, _, _)| *k == CTA_TUPLE_IP)
+                        .and_then(|(_, ip, _)| {
+                            attrs(ip)
+                                .find(|(k, _, _)| *k == CTA_IP_V4_SRC)
+                                .and_then(|(_, v, _)| <[u8; 4]>::try_from(v).ok())
+                        });
                 if src == Some(addr.octets()) {
                     tuples.push(whole.to_vec());
                 }
@@ -493,7 +507,8 @@ impl Netlink {
                     kind == CTA_TUPLE_ORIG
                         && attrs(value).any(|(k, ip, _)| {
                             k == CTA_TUPLE_IP
-                                && attrs(ip).any(|(k, v, _)| k == CTA_IP_V4_SRC && v == addr.octets())
+                                && attrs(ip)
+                                    .any(|(k, v, _)| k == CTA_IP_V4_SRC && v == addr.octets())
                         })
                 })
             })

@@ -297,9 +297,8 @@ impl NetworkPolicy {
             }
         }
         if let Some(mask) = &self.mask_request_host {
-            let ok = !mask.is_empty()
-                && mask.len() <= 255
-                && mask.bytes().all(|b| b.is_ascii_graphic());
+            let ok =
+                !mask.is_empty() && mask.len() <= 255 && mask.bytes().all(|b| b.is_ascii_graphic());
             if !ok {
                 return Err(PolicyError::InvalidMaskRequestHost {
                     field: "network.maskRequestHost".into(),
@@ -765,7 +764,15 @@ mod tests {
             Some(Destination::Domain(d)) if d.is_wildcard() && d.name() == "example.com"
         ));
         for bad in [
-            "", "*", "*.", "a..b", "-a.com", "a-.com", "1.2.3", "1.2.3.4/33", "ex ample.com",
+            "",
+            "*",
+            "*.",
+            "a..b",
+            "-a.com",
+            "a-.com",
+            "1.2.3",
+            "1.2.3.4/33",
+            "ex ample.com",
             "a.*.com",
         ] {
             assert_eq!(Destination::parse(bad), None, "{bad:?}");
@@ -818,15 +825,17 @@ mod tests {
 
     #[test]
     fn domains_need_deny_all() {
+        let err =
+            NetworkPolicy::from_e2b_create(None, Some(&config(r#"{"allowOut":["example.com"]}"#)))
+                .unwrap_err();
+        assert!(
+            matches!(err, PolicyError::DomainWithoutDenyAll { ref value, .. } if value == "example.com")
+        );
         let err = NetworkPolicy::from_e2b_create(
             None,
-            Some(&config(r#"{"allowOut":["example.com"]}"#)),
-        )
-        .unwrap_err();
-        assert!(matches!(err, PolicyError::DomainWithoutDenyAll { ref value, .. } if value == "example.com"));
-        let err = NetworkPolicy::from_e2b_create(
-            None,
-            Some(&config(r#"{"allowOut":["example.com"],"denyOut":["8.8.8.8"]}"#)),
+            Some(&config(
+                r#"{"allowOut":["example.com"],"denyOut":["8.8.8.8"]}"#,
+            )),
         )
         .unwrap_err();
         assert!(matches!(err, PolicyError::DomainWithoutDenyAll { .. }));
@@ -926,7 +935,8 @@ mod tests {
 
     #[test]
     fn ceiling_bounds_every_policy() {
-        let ceiling = Ceiling::parse(&["198.18.0.0/24", "*.registry.test"], &["198.18.0.9"]).unwrap();
+        let ceiling =
+            Ceiling::parse(&["198.18.0.0/24", "*.registry.test"], &["198.18.0.9"]).unwrap();
         let open = ceiling.apply(&NetworkPolicy::default(), &[]);
         assert!(open.allows_ip(ip("198.18.0.1")));
         assert!(!open.allows_ip(ip("198.18.0.9")), "ceiling deny");
@@ -941,7 +951,9 @@ mod tests {
         // A sandbox allowing more than the ceiling gets no more.
         let wide = NetworkPolicy::from_e2b_create(
             None,
-            Some(&config(r#"{"allowOut":["0.0.0.0/0","evil.test"],"denyOut":["0.0.0.0/0"]}"#)),
+            Some(&config(
+                r#"{"allowOut":["0.0.0.0/0","evil.test"],"denyOut":["0.0.0.0/0"]}"#,
+            )),
         )
         .unwrap();
         let eff = ceiling.apply(&wide, &[]);
@@ -951,7 +963,9 @@ mod tests {
         // A sandbox allowing less gets less.
         let narrow = NetworkPolicy::from_e2b_create(
             None,
-            Some(&config(r#"{"allowOut":["198.18.0.2"],"denyOut":["0.0.0.0/0"]}"#)),
+            Some(&config(
+                r#"{"allowOut":["198.18.0.2"],"denyOut":["0.0.0.0/0"]}"#,
+            )),
         )
         .unwrap();
         let eff = ceiling.apply(&narrow, &[]);
@@ -965,7 +979,9 @@ mod tests {
         let err = Ceiling::parse(&["::/0"], &[] as &[&str]).unwrap_err();
         assert_eq!(err.field(), "--egress-allow");
         let err = Ceiling::parse(&[] as &[&str], &["example.com"]).unwrap_err();
-        assert!(matches!(err, PolicyError::InvalidDenyEntry { ref field, .. } if field == "--egress-deny"));
+        assert!(
+            matches!(err, PolicyError::InvalidDenyEntry { ref field, .. } if field == "--egress-deny")
+        );
     }
 
     #[test]
@@ -980,7 +996,13 @@ mod tests {
             secret_references("a ${e2b.secrets.A_1} b ${e2b.secrets._x}").unwrap(),
             vec!["A_1", "_x"]
         );
-        for bad in ["${e2b.secrets.}", "${e2b.secret.A}", "${HOME}", "${e2b.secrets.A", "${e2b.secrets.1A}"] {
+        for bad in [
+            "${e2b.secrets.}",
+            "${e2b.secret.A}",
+            "${HOME}",
+            "${e2b.secrets.A",
+            "${e2b.secrets.1A}",
+        ] {
             let json = format!(
                 r#"{{"rules":{{"a.com":[{{"transform":{{"headers":{{"X":{}}}}}}}]}}}}"#,
                 serde_json::to_string(bad).unwrap()
@@ -1002,7 +1024,10 @@ mod tests {
             }),
         )
         .unwrap_err();
-        assert!(matches!(err, PolicyError::TooManyRuleDomains { value: 11, .. }));
+        assert!(matches!(
+            err,
+            PolicyError::TooManyRuleDomains { value: 11, .. }
+        ));
         let two = config(r#"{"rules":{"a.com":[{},{}]}}"#);
         assert!(matches!(
             NetworkPolicy::from_e2b_create(None, Some(&two)).unwrap_err(),
@@ -1023,7 +1048,8 @@ mod tests {
             NetworkPolicy::from_e2b_create(None, Some(&many)).unwrap_err(),
             PolicyError::TooManyHeaders { value: 21, .. }
         ));
-        let bad_name = config(r#"{"rules":{"a.com":[{"transform":{"headers":{"Bad Name":"v"}}}]}}"#);
+        let bad_name =
+            config(r#"{"rules":{"a.com":[{"transform":{"headers":{"Bad Name":"v"}}}]}}"#);
         assert!(matches!(
             NetworkPolicy::from_e2b_create(None, Some(&bad_name)).unwrap_err(),
             PolicyError::InvalidHeaderName { .. }
@@ -1066,7 +1092,10 @@ mod tests {
         assert!(updated.deny_out.is_empty(), "omitted denyOut is cleared");
         assert!(!updated.allow_internet_access);
         assert!(!updated.allow_public_traffic);
-        assert_eq!(updated.mask_request_host.as_deref(), Some("localhost:${PORT}"));
+        assert_eq!(
+            updated.mask_request_host.as_deref(),
+            Some("localhost:${PORT}")
+        );
         let cleared = updated.from_e2b_update(&config("{}")).unwrap();
         assert!(cleared.allow_internet_access);
     }
@@ -1082,7 +1111,10 @@ mod tests {
         )
         .unwrap();
         let json = serde_json::to_string(&policy).unwrap();
-        assert!(json.contains(r#""allowOut":["*.example.com","198.18.0.0/15"]"#), "{json}");
+        assert!(
+            json.contains(r#""allowOut":["*.example.com","198.18.0.0/15"]"#),
+            "{json}"
+        );
         let back: NetworkPolicy = serde_json::from_str(&json).unwrap();
         assert_eq!(back, policy);
         let (internet, wire) = policy.to_e2b();

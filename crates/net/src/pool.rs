@@ -30,8 +30,7 @@ pub struct AddressPool {
 
 impl AddressPool {
     pub fn new(net: Ipv4Net) -> Result<Self, NetError> {
-        if !(MIN_POOL_PREFIX..=MAX_POOL_PREFIX).contains(&net.prefix_len()) || net.trunc() != net
-        {
+        if !(MIN_POOL_PREFIX..=MAX_POOL_PREFIX).contains(&net.prefix_len()) || net.trunc() != net {
             return Err(NetError::BadPool {
                 cidr: net,
                 reason: format!(
@@ -76,8 +75,8 @@ impl AddressPool {
         let span = end - first;
         for step in 0..span {
             let offset = first + (self.cursor - first + step) % span;
-            if !self.used.contains_key(&offset) {
-                self.used.insert(offset, owner.to_owned());
+            if let std::collections::btree_map::Entry::Vacant(slot) = self.used.entry(offset) {
+                slot.insert(owner.to_owned());
                 self.cursor = first + (offset - first + 1) % span;
                 return Ok((self.addr(offset), offset));
             }
@@ -164,9 +163,23 @@ mod tests {
     fn gateway_first_then_sandboxes_next_fit() {
         let mut p = pool("10.77.0.0/29");
         assert_eq!(p.gateway(), "10.77.0.1".parse::<Ipv4Addr>().unwrap());
-        let got: Vec<_> = (0..5).map(|i| p.allocate(&format!("s{i}")).unwrap().0.to_string()).collect();
-        assert_eq!(got, ["10.77.0.2", "10.77.0.3", "10.77.0.4", "10.77.0.5", "10.77.0.6"]);
-        assert!(matches!(p.allocate("x"), Err(NetError::PoolExhausted { sandboxes: 5, .. })));
+        let got: Vec<_> = (0..5)
+            .map(|i| p.allocate(&format!("s{i}")).unwrap().0.to_string())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "10.77.0.2",
+                "10.77.0.3",
+                "10.77.0.4",
+                "10.77.0.5",
+                "10.77.0.6"
+            ]
+        );
+        assert!(matches!(
+            p.allocate("x"),
+            Err(NetError::PoolExhausted { sandboxes: 5, .. })
+        ));
         p.release("10.77.0.3".parse().unwrap());
         assert_eq!(p.allocate("y").unwrap().0.to_string(), "10.77.0.3");
         assert_eq!(p.owner("10.77.0.3".parse().unwrap()), Some("y"));

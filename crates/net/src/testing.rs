@@ -92,18 +92,43 @@ impl FakeInternet {
         };
         run(
             "ip",
-            &["link", "add", &me.link, "type", "veth", "peer", "name", "eth0", "netns", &me.netns],
+            &[
+                "link", "add", &me.link, "type", "veth", "peer", "name", "eth0", "netns", &me.netns,
+            ],
         );
         run("ip", &["link", "set", &me.link, "up"]);
         // A block no other fake internet on the host uses: its routes are ours alone.
         let start = (pid.wrapping_mul(31).wrapping_add(n * 7) % 250) as u8;
         let block = (0..250u8)
             .map(|i| start.wrapping_add(i) % 250 + 1)
-            .find(|b| try_run("ip", &["route", "add", &format!("198.18.{b}.0/24"), "dev", &me.link]))
+            .find(|b| {
+                try_run(
+                    "ip",
+                    &["route", "add", &format!("198.18.{b}.0/24"), "dev", &me.link],
+                )
+            })
             .expect("a free 198.18.N.0/24 block");
         me.block = block;
-        run("ip", &["route", "add", &format!("198.19.{block}.0/24"), "dev", &me.link]);
-        run("ip", &["addr", "add", &format!("{}/32", me.host_side()), "dev", &me.link]);
+        run(
+            "ip",
+            &[
+                "route",
+                "add",
+                &format!("198.19.{block}.0/24"),
+                "dev",
+                &me.link,
+            ],
+        );
+        run(
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{}/32", me.host_side()),
+                "dev",
+                &me.link,
+            ],
+        );
         let ns = ["netns", "exec", me.netns.as_str()];
         let in_ns = |args: &[&str]| {
             let mut all: Vec<&str> = ns.to_vec();

@@ -30,7 +30,11 @@ fn egress_reaches_only_allowed_test_hosts_and_policy_changes_live() {
     let pin = &sbx.netns_path;
 
     let body = fetch(pin, a, 80).expect("default egress reaches the test host");
-    assert_eq!(body, format!("{a}:80 saw {}\n", internet.host_side()), "masqueraded");
+    assert_eq!(
+        body,
+        format!("{a}:80 saw {}\n", internet.host_side()),
+        "masqueraded"
+    );
     assert!(fetch(pin, b, 80).is_some());
     assert_eq!(fetch(pin, outside, 80), None, "outside the ceiling");
 
@@ -45,24 +49,32 @@ fn egress_reaches_only_allowed_test_hosts_and_policy_changes_live() {
         assert_eq!(fetch(pin, ip, addr.port()), None, "host listener {addr}");
     }
 
-    net.set_policy("sbx-egress", &policy(None, &format!(r#"{{"denyOut":["{a}"]}}"#)))
-        .unwrap();
+    net.set_policy(
+        "sbx-egress",
+        &policy(None, &format!(r#"{{"denyOut":["{a}"]}}"#)),
+    )
+    .unwrap();
     assert_eq!(fetch(pin, a, 80), None, "deny one IP");
     assert!(fetch(pin, b, 80).is_some());
 
     net.set_policy(
         "sbx-egress",
-        &policy(None, &format!(r#"{{"allowOut":["{b}"],"denyOut":["0.0.0.0/0"]}}"#)),
+        &policy(
+            None,
+            &format!(r#"{{"allowOut":["{b}"],"denyOut":["0.0.0.0/0"]}}"#),
+        ),
     )
     .unwrap();
     assert_eq!(fetch(pin, a, 80), None, "deny all");
     assert!(fetch(pin, b, 80).is_some(), "allow one IP");
 
-    net.set_policy("sbx-egress", &policy(Some(false), "{}")).unwrap();
+    net.set_policy("sbx-egress", &policy(Some(false), "{}"))
+        .unwrap();
     assert_eq!(fetch(pin, b, 80), None, "no internet");
     assert_eq!(net.policy("sbx-egress"), Some(policy(Some(false), "{}")));
 
-    net.set_policy("sbx-egress", &NetworkPolicy::default()).unwrap();
+    net.set_policy("sbx-egress", &NetworkPolicy::default())
+        .unwrap();
     assert!(fetch(pin, a, 80).is_some(), "cleared");
 
     let addr = sbx.addr;
@@ -120,8 +132,11 @@ fn live_update_cuts_an_open_connection() {
     use std::io::{BufRead, Write};
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "first");
-    net.set_policy("sbx-cut", &policy(None, &format!(r#"{{"denyOut":["{a}"]}}"#)))
-        .unwrap();
+    net.set_policy(
+        "sbx-cut",
+        &policy(None, &format!(r#"{{"denyOut":["{a}"]}}"#)),
+    )
+    .unwrap();
     client.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     line.clear();
     out.read_line(&mut line).unwrap();
@@ -135,7 +150,10 @@ fn live_update_cuts_an_open_connection() {
 fn sandbox_root_cannot_reconfigure_its_namespace() {
     let mut internet = FakeInternet::new(1);
     let t = TestNetwork::new(&mut internet);
-    let sbx = t.net().attach("sbx-root", &NetworkPolicy::default()).unwrap();
+    let sbx = t
+        .net()
+        .attach("sbx-root", &NetworkPolicy::default())
+        .unwrap();
     // Root of a user namespace of its own, as in a sandbox, inside the sandbox's netns.
     let as_userns_root = |script: &str| {
         in_netns(
@@ -152,16 +170,28 @@ fn sandbox_root_cannot_reconfigure_its_namespace() {
         "python3 -c 'import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)'",
     ] {
         let out = as_userns_root(script);
-        assert!(!out.status.success(), "`{script}` succeeded as namespaced root");
+        assert!(
+            !out.status.success(),
+            "`{script}` succeeded as namespaced root"
+        );
     }
     // The sysctls that let unprivileged processes bind low ports and ping.
     let out = in_netns(
         &sbx.netns_path,
-        &["cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start", "/proc/sys/net/ipv6/conf/all/disable_ipv6"],
+        &[
+            "cat",
+            "/proc/sys/net/ipv4/ip_unprivileged_port_start",
+            "/proc/sys/net/ipv6/conf/all/disable_ipv6",
+        ],
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "0\n1\n");
-    let out = as_userns_root("python3 -c 'import socket; s=socket.socket(); s.bind((\"0.0.0.0\", 80))'");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out =
+        as_userns_root("python3 -c 'import socket; s=socket.socket(); s.bind((\"0.0.0.0\", 80))'");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -171,8 +201,12 @@ fn spoofed_sources_are_dropped() {
     internet.serve_http(a, 80);
     let t = TestNetwork::new(&mut internet);
     let net = t.net();
-    let one = net.attach("sbx-spoof-1", &NetworkPolicy::default()).unwrap();
-    let two = net.attach("sbx-spoof-2", &NetworkPolicy::default()).unwrap();
+    let one = net
+        .attach("sbx-spoof-1", &NetworkPolicy::default())
+        .unwrap();
+    let two = net
+        .attach("sbx-spoof-2", &NetworkPolicy::default())
+        .unwrap();
     assert!(fetch(&one.netns_path, a, 80).is_some());
     // As host root (a sandbox cannot), give sandbox one a second address: the other
     // sandbox's, then one outside the pool; traffic from either is dropped.
@@ -185,7 +219,15 @@ fn spoofed_sources_are_dropped() {
         let url = format!("http://{a}/");
         let out = in_netns(
             &one.netns_path,
-            &["curl", "-s", "--max-time", "2", "--interface", &spoofed.to_string(), &url],
+            &[
+                "curl",
+                "-s",
+                "--max-time",
+                "2",
+                "--interface",
+                &spoofed.to_string(),
+                &url,
+            ],
         );
         assert!(!out.status.success(), "spoofed {spoofed} got through");
         in_netns(
@@ -199,7 +241,11 @@ fn spoofed_sources_are_dropped() {
         &["sh", "-c", "timeout 3 python3 -m http.server --bind 0.0.0.0 8000 >/dev/null 2>&1 & sleep 0.5; echo started"],
     );
     assert!(listener.status.success());
-    assert_eq!(fetch(&one.netns_path, two.addr, 8000), None, "sandbox to sandbox");
+    assert_eq!(
+        fetch(&one.netns_path, two.addr, 8000),
+        None,
+        "sandbox to sandbox"
+    );
 }
 
 #[test]
@@ -209,16 +255,28 @@ fn restart_keeps_known_networks_and_reconcile_removes_the_rest() {
     internet.serve_http(a, 80);
     let mut t = TestNetwork::new(&mut internet);
     let config = t.net().config().clone();
-    let keep = t.net().attach("sbx-keep", &policy(None, r#"{"denyOut":["198.18.250.1"]}"#)).unwrap();
-    let gone = t.net().attach("sbx-gone", &NetworkPolicy::default()).unwrap();
+    let keep = t
+        .net()
+        .attach("sbx-keep", &policy(None, r#"{"denyOut":["198.18.250.1"]}"#))
+        .unwrap();
+    let gone = t
+        .net()
+        .attach("sbx-gone", &NetworkPolicy::default())
+        .unwrap();
     // The daemon goes away without cleaning up (as after kill -9).
     drop(t.net.take());
     let net = restart(t.state.path(), &config);
     t.net = Some(net);
     let net = t.net();
     assert_eq!(net.sandbox("sbx-keep"), Some(keep.clone()));
-    assert_eq!(net.policy("sbx-keep"), Some(policy(None, r#"{"denyOut":["198.18.250.1"]}"#)));
-    assert!(fetch(&keep.netns_path, a, 80).is_some(), "connectivity after a restart");
+    assert_eq!(
+        net.policy("sbx-keep"),
+        Some(policy(None, r#"{"denyOut":["198.18.250.1"]}"#))
+    );
+    assert!(
+        fetch(&keep.netns_path, a, 80).is_some(),
+        "connectivity after a restart"
+    );
     let report = net
         .reconcile(&BTreeSet::from(["sbx-keep".to_owned()]))
         .unwrap();
@@ -227,7 +285,10 @@ fn restart_keeps_known_networks_and_reconcile_removes_the_rest() {
     assert!(links_with_prefix(&gone.veth).is_empty());
     assert!(fetch(&keep.netns_path, a, 80).is_some());
     // A record whose namespace and link vanished (a reboot) is rebuilt by ensure.
-    std::process::Command::new("ip").args(["link", "del", &keep.veth]).status().unwrap();
+    std::process::Command::new("ip")
+        .args(["link", "del", &keep.veth])
+        .status()
+        .unwrap();
     assert_eq!(fetch(&keep.netns_path, a, 80), None);
     net.ensure("sbx-keep").unwrap();
     assert!(fetch(&keep.netns_path, a, 80).is_some(), "rebuilt");
@@ -271,16 +332,35 @@ fn five_hundred_cycles_leave_nothing_behind() {
         percentile(&detach, 0.5),
         percentile(&detach, 0.99)
     );
-    assert_eq!(links_with_prefix(&format!("{}v", net.link_prefix())), Vec::<String>::new());
-    assert_eq!(std::fs::read_dir(t.state.path().join("net/netns")).unwrap().count(), 0);
-    assert_eq!(std::fs::read_dir(t.state.path().join("net/sandboxes")).unwrap().count(), 0);
+    assert_eq!(
+        links_with_prefix(&format!("{}v", net.link_prefix())),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        std::fs::read_dir(t.state.path().join("net/netns"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert_eq!(
+        std::fs::read_dir(t.state.path().join("net/sandboxes"))
+            .unwrap()
+            .count(),
+        0
+    );
     assert_eq!(net.list_table().unwrap(), table_before, "no elements left");
     for addr in &addrs {
         assert_eq!(net.conntrack_entries(*addr).unwrap(), 0, "{addr}");
     }
-    let routes = std::process::Command::new("ip").args(["route"]).output().unwrap();
+    let routes = std::process::Command::new("ip")
+        .args(["route"])
+        .output()
+        .unwrap();
     let routes = String::from_utf8_lossy(&routes.stdout);
     for addr in &addrs {
-        assert!(!routes.contains(&format!("{addr} ")), "route to {addr} left");
+        assert!(
+            !routes.contains(&format!("{addr} ")),
+            "route to {addr} left"
+        );
     }
 }

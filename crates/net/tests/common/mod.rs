@@ -98,7 +98,10 @@ pub fn fetch(pin: &Path, addr: Ipv4Addr, port: u16) -> Option<String> {
 
 /// Links whose names start with `prefix`.
 pub fn links_with_prefix(prefix: &str) -> Vec<String> {
-    let out = Command::new("ip").args(["-o", "link", "show"]).output().unwrap();
+    let out = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split(": ").nth(1))
