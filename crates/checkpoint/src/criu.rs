@@ -15,6 +15,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::fs::{self, File};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -329,6 +330,10 @@ impl Criu {
         if dump.leave_running {
             cmd.arg("--leave-running");
         }
+        if let Some(inode) = dump.external_netns {
+            cmd.arg("--external")
+                .arg(format!("net[{inode}]:{EXTERNAL_NETNS_KEY}"));
+        }
         cmd
     }
 
@@ -370,6 +375,21 @@ impl Criu {
         if let Some(root) = &restore.root {
             cmd.arg("--root").arg(root);
         }
+        if let Some(netns) = &restore.netns {
+            let fd = netns.as_raw_fd();
+            cmd.arg("--inherit-fd")
+                .arg(format!("fd[{fd}]:{EXTERNAL_NETNS_KEY}"));
+            // SAFETY: between fork and exec the hook only clears FD_CLOEXEC on an fd the
+            // child inherited (a raw fcntl), so CRIU receives the namespace.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         if let Some(cgroup_root) = &restore.cgroup_root {
             cmd.arg("--cgroup-root").arg(cgroup_root);
         }
@@ -409,6 +429,8 @@ impl Criu {
 }
 
 const DUMP_LOG: &str = "dump.log";
+/// The key naming a sandbox's external network namespace between a dump and a restore.
+const EXTERNAL_NETNS_KEY: &str = "berth-netns";
 const RESTORE_LOG: &str = "restore.log";
 
 /// What [`Criu::dump`] checkpoints.
@@ -423,6 +445,11 @@ pub struct Dump {
     /// The tree has its own mount namespace (a sandbox): lets CRIU run in a private one
     /// (see [`Criu::sandbox_command`]).
     pub own_mount_namespace: bool,
+    /// Inode of the tree's network namespace when it is external (owned and kept by the
+    /// host, like a berth sandbox's with networking): CRIU records a reference instead of
+    /// its links and addresses, and the restore must be given a namespace to join
+    /// ([`Restore::netns`]).
+    pub external_netns: Option<u64>,
 }
 
 /// What [`Criu::restore`] brings back.
@@ -437,6 +464,9 @@ pub struct Restore {
     pub root: Option<PathBuf>,
     /// Put the tree's cgroups under this path instead of the dumped one (forks).
     pub cgroup_root: Option<String>,
+    /// The network namespace to restore a tree dumped with [`Dump::external_netns`] into
+    /// (the same one after a pause, a new one per fork).
+    pub netns: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 /// The error lines of a CRIU log, minus the harmless ones this host always prints.

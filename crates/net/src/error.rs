@@ -52,6 +52,8 @@ pub enum NetError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("this runtime has no sandbox networking: configure a network (--sandbox-cidr) to use network policies")]
+    Disabled,
     #[error("sandbox {0} has no network")]
     UnknownSandbox(String),
     #[error("sandbox {0} already has a network")]

@@ -714,8 +714,8 @@ impl HostNetwork {
     }
 
     /// Removes the whole table, the gateway link and every sandbox network (the daemon
-    /// goes away for good; tests).
-    pub fn destroy(self) -> Result<(), NetError> {
+    /// goes away for good; tests). Nothing works afterwards.
+    pub fn destroy(&self) -> Result<(), NetError> {
         for id in self.ids() {
             self.detach(&id)?;
         }
