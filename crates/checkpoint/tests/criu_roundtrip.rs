@@ -84,7 +84,7 @@ fn dump_and_restore_keep_memory() {
         images: images.clone(),
         leave_running: false,
         own_mount_namespace: false,
-        external_netns: None,
+        netns: None,
     })
     .expect("criu dump");
     // The dump killed the process; collect it so the pid is free for the restore.

@@ -549,16 +549,6 @@ impl HostNetwork {
             })
     }
 
-    /// The inode of sandbox `id`'s network namespace (CRIU's `net[<inode>]`).
-    pub fn netns_inode(&self, id: &str) -> Result<u64, NetError> {
-        let fd = self.open_netns(id)?;
-        sys::inode(fd.as_fd()).map_err(|source| NetError::Namespace {
-            op: "stat",
-            path: self.netns_path(id),
-            source,
-        })
-    }
-
     /// Replaces sandbox `id`'s policy while it runs: one transaction swapping its
     /// elements, then its conntrack entries are flushed so connections to destinations
     /// the new policy denies are cut (their next packet meets the new rules as a new

@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -203,12 +203,4 @@ pub(crate) fn unmount(target: &Path) -> io::Result<()> {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) => Ok(()),
         other => other.map(drop),
     }
-}
-
-/// The inode of a namespace file (what CRIU calls the namespace's id).
-pub(crate) fn inode(fd: impl AsFd) -> io::Result<u64> {
-    // SAFETY: fstat into a zeroed stat buffer on a valid fd.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    check(unsafe { libc::fstat(fd.as_fd().as_raw_fd(), &mut st) })?;
-    Ok(st.st_ino)
 }

@@ -46,8 +46,8 @@
 //!   directory exactly as resume does (`HostRoot`); the other external mounts (device
 //!   binds, the init binary) are keyed by host paths, not by the sandbox directory.
 //! - *Network.* Without networking the sandbox's namespace (loopback only) is part of
-//!   the dump. With it the namespace is external to the dump (`--external net[…]`) and
-//!   each restore joins a new one of its own with a new address, under the source's
+//!   the dump. With it CRIU runs inside the namespace, which leaves it out of the dump,
+//!   and each restore joins a new one of its own with a new address, under the source's
 //!   policy (kept in `checkpoint.json`); TCP connections are closed (`--tcp-close`).
 //!
 //! On failure everything of the new sandbox goes (processes, cgroups, slot, directory).
@@ -180,7 +180,7 @@ impl LinuxRuntime {
                 images,
                 leave_running: true,
                 own_mount_namespace: true,
-                external_netns: self.external_netns(id)?,
+                netns: self.sandbox_netns(id)?,
             },
             &hook,
         )

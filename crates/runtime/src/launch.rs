@@ -281,7 +281,11 @@ fn become_init(
     mut layers: Vec<OwnedFd>,
     sock: BorrowedFd<'_>,
 ) -> io::Result<std::convert::Infallible> {
-    let sysfs = if config.host_sysfs { layers.pop() } else { None };
+    let sysfs = if config.host_sysfs {
+        layers.pop()
+    } else {
+        None
+    };
     let filter = crate::seccomp::build_filter()?;
     mount(
         None,

@@ -487,7 +487,15 @@ impl LinuxRuntime {
             .try_clone()
             .map_err(io_err("dup disk mount"))
             .and_then(|sent| {
-                self.finish_start(spec, uid_base, pid, &parent_sock, &launch_config, sent, sysfs)
+                self.finish_start(
+                    spec,
+                    uid_base,
+                    pid,
+                    &parent_sock,
+                    &launch_config,
+                    sent,
+                    sysfs,
+                )
             });
         if let Err(e) = result {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);

@@ -9,8 +9,9 @@
 //! namespace, so root inside cannot reconfigure it. The policy lives in berth-net's
 //! record of the sandbox (address + policy), which survives pause, resume and daemon
 //! restarts; checkpoints carry it, so forks and snapshot starts inherit it. A pause keeps
-//! the namespace, link and rules; CRIU treats the namespace as external (`--external
-//! net[<inode>]`) and joins it again on restore (`--inherit-fd`). A restore from a
+//! the namespace, link and rules; CRIU runs inside the sandbox's namespace, so it leaves
+//! the namespace out of the images and restores the tree into it again (see
+//! berth-checkpoint's `join_netns` for why not CRIU's external namespaces). A restore from a
 //! checkpoint gets a new namespace and address of its own.
 
 use std::collections::BTreeSet;
@@ -20,7 +21,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use berth_net::{HostNetwork, NetError, NetworkPolicy};
 
 use super::LinuxRuntime;
-use crate::sys::{self, FsContext, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+use crate::sys::{
+    self, FsContext, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+};
 use crate::RuntimeError;
 
 /// A detached read-only sysfs of network namespace `netns`, made from a thread that has
@@ -83,10 +86,13 @@ impl LinuxRuntime {
         Ok(Some(net.open_netns(id)?))
     }
 
-    /// Inode of sandbox `id`'s network namespace, for CRIU's `--external net[…]`.
-    pub(super) fn external_netns(&self, id: &str) -> Result<Option<u64>, RuntimeError> {
+    /// Sandbox `id`'s network namespace for CRIU to run in (None without networking).
+    pub(super) fn sandbox_netns(
+        &self,
+        id: &str,
+    ) -> Result<Option<std::sync::Arc<OwnedFd>>, RuntimeError> {
         match &self.network {
-            Some(net) => Ok(Some(net.netns_inode(id)?)),
+            Some(net) => Ok(Some(std::sync::Arc::new(net.open_netns(id)?))),
             None => Ok(None),
         }
     }

@@ -91,7 +91,7 @@ impl LinuxRuntime {
             leave_running: false,
             own_mount_namespace: true,
             // The namespace, link and rules stay while the sandbox is paused.
-            external_netns: self.external_netns(id)?,
+            netns: self.sandbox_netns(id)?,
         };
         if let Err(e) = criu.dump(&dump) {
             let _ = fs::remove_dir_all(images);

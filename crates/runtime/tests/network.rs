@@ -45,7 +45,11 @@ fn own_address(t: &TestRuntime, id: &str, addr: Ipv4Addr) -> String {
 
 fn internet_with_servers(hosts: usize) -> FakeInternet {
     let mut internet = FakeInternet::new(hosts);
-    for addr in internet.hosts().into_iter().chain([internet.outside_host()]) {
+    for addr in internet
+        .hosts()
+        .into_iter()
+        .chain([internet.outside_host()])
+    {
         internet.serve_http(addr, 80);
     }
     internet
@@ -63,10 +67,7 @@ fn default_egress_and_isolation_from_the_host_and_other_sandboxes() {
         id: s.id.clone(),
     });
     let net = t.rt.network().unwrap();
-    let (one_net, two_net) = (
-        net.sandbox(&one.id).unwrap(),
-        net.sandbox(&two.id).unwrap(),
-    );
+    let (one_net, two_net) = (net.sandbox(&one.id).unwrap(), net.sandbox(&two.id).unwrap());
 
     // As an unprivileged user and as root.
     for uid in [1000, 0] {
@@ -74,7 +75,11 @@ fn default_egress_and_isolation_from_the_host_and_other_sandboxes() {
         assert_eq!(body, format!("{a}:80 saw {}\n", internet.host_side()));
     }
     assert_eq!(own_address(&t, &one.id, a), one_net.addr.to_string());
-    assert_eq!(fetch(&t, &one.id, 0, internet.outside_host(), 80), None, "outside the ceiling");
+    assert_eq!(
+        fetch(&t, &one.id, 0, internet.outside_host(), 80),
+        None,
+        "outside the ceiling"
+    );
 
     // Listeners on the host: its address on the fake internet's link, and the gateway.
     let listeners = [
@@ -86,7 +91,11 @@ fn default_egress_and_isolation_from_the_host_and_other_sandboxes() {
         let std::net::IpAddr::V4(ip) = local.ip() else {
             unreachable!()
         };
-        assert_eq!(fetch(&t, &one.id, 0, ip, local.port()), None, "host listener {local}");
+        assert_eq!(
+            fetch(&t, &one.id, 0, ip, local.port()),
+            None,
+            "host listener {local}"
+        );
     }
     // Another sandbox, listening as root on port 80 (allowed by the namespace's sysctl).
     t.sh_ok(
@@ -94,8 +103,15 @@ fn default_egress_and_isolation_from_the_host_and_other_sandboxes() {
         0,
         "setsid python3 -m http.server --bind 0.0.0.0 80 </dev/null >/dev/null 2>&1 & sleep 0.5",
     );
-    assert_eq!(fetch(&t, &two.id, 0, Ipv4Addr::LOCALHOST, 80).map(|b| !b.is_empty()), Some(true));
-    assert_eq!(fetch(&t, &one.id, 0, two_net.addr, 80), None, "sandbox to sandbox");
+    assert_eq!(
+        fetch(&t, &two.id, 0, Ipv4Addr::LOCALHOST, 80).map(|b| !b.is_empty()),
+        Some(true)
+    );
+    assert_eq!(
+        fetch(&t, &one.id, 0, two_net.addr, 80),
+        None,
+        "sandbox to sandbox"
+    );
 
     // Root inside cannot reconfigure its network or open raw sockets.
     for script in [
@@ -131,10 +147,9 @@ fn policies_at_create_and_live() {
     let t = TestRuntime::with_network(&mut internet, |_| {});
     let (a, b) = (internet.host(0), internet.host(1));
 
-    let none = t
-        .rt
-        .create_with_network(&t.spec("net-none"), &policy(Some(false), "{}"))
-        .unwrap();
+    let none =
+        t.rt.create_with_network(&t.spec("net-none"), &policy(Some(false), "{}"))
+            .unwrap();
     let _g1 = KillGuard {
         rt: &t.rt,
         id: none.id.clone(),
@@ -142,11 +157,13 @@ fn policies_at_create_and_live() {
     assert_eq!(fetch(&t, &none.id, 0, a, 80), None, "no internet access");
     assert_eq!(fetch(&t, &none.id, 0, b, 80), None);
 
-    let one_ip = t
-        .rt
-        .create_with_network(
+    let one_ip =
+        t.rt.create_with_network(
             &t.spec("net-one-ip"),
-            &policy(None, &format!(r#"{{"allowOut":["{b}"],"denyOut":["0.0.0.0/0"]}}"#)),
+            &policy(
+                None,
+                &format!(r#"{{"allowOut":["{b}"],"denyOut":["0.0.0.0/0"]}}"#),
+            ),
         )
         .unwrap();
     let _g2 = KillGuard {
@@ -162,7 +179,8 @@ fn policies_at_create_and_live() {
         .unwrap();
     assert_eq!(fetch(&t, id, 0, a, 80), None, "deny one IP");
     assert!(fetch(&t, id, 0, b, 80).is_some());
-    t.rt.set_network_policy(id, &NetworkPolicy::default()).unwrap();
+    t.rt.set_network_policy(id, &NetworkPolicy::default())
+        .unwrap();
     assert!(fetch(&t, id, 0, a, 80).is_some(), "cleared");
     assert_eq!(t.rt.network_policy(id), Some(NetworkPolicy::default()));
 
@@ -178,7 +196,9 @@ fn restart_keeps_networks_and_policies() {
     let t = TestRuntime::with_network(&mut internet, |_| {});
     let (a, b) = (internet.host(0), internet.host(1));
     let denied_b = policy(None, &format!(r#"{{"denyOut":["{b}"]}}"#));
-    let info = t.rt.create_with_network(&t.spec("net-restart"), &denied_b).unwrap();
+    let info =
+        t.rt.create_with_network(&t.spec("net-restart"), &denied_b)
+            .unwrap();
     let _guard = KillGuard {
         rt: &t.rt,
         id: info.id.clone(),
@@ -205,7 +225,9 @@ fn pause_resume_keeps_connectivity_and_policy_and_forks_get_their_own_address() 
     let t = TestRuntime::with_network(&mut internet, |_| {});
     let (a, b) = (internet.host(0), internet.host(1));
     let denied_b = policy(None, &format!(r#"{{"denyOut":["{b}"]}}"#));
-    let info = t.rt.create_with_network(&t.spec("net-pause"), &denied_b).unwrap();
+    let info =
+        t.rt.create_with_network(&t.spec("net-pause"), &denied_b)
+            .unwrap();
     let id = info.id.clone();
     let _guard = KillGuard {
         rt: &t.rt,
@@ -217,9 +239,16 @@ fn pause_resume_keeps_connectivity_and_policy_and_forks_get_their_own_address() 
 
     let images = checkpoint_dir(&t, &id);
     t.rt.pause_with_memory(&criu, &id, &images).unwrap();
-    assert!(before.netns_path.exists(), "the namespace is kept while paused");
+    assert!(
+        before.netns_path.exists(),
+        "the namespace is kept while paused"
+    );
     t.rt.resume_paused(&criu, &id).unwrap();
-    assert_eq!(net.sandbox(&id), Some(before.clone()), "same address and link");
+    assert_eq!(
+        net.sandbox(&id),
+        Some(before.clone()),
+        "same address and link"
+    );
     assert!(fetch(&t, &id, 0, a, 80).is_some(), "egress after resume");
     assert_eq!(fetch(&t, &id, 0, b, 80), None, "policy after resume");
     assert_eq!(own_address(&t, &id, a), before.addr.to_string());
@@ -232,7 +261,9 @@ fn pause_resume_keeps_connectivity_and_policy_and_forks_get_their_own_address() 
         LinuxRuntime::read_checkpoint(&path).unwrap().network,
         Some(denied_b.clone())
     );
-    let fork = t.rt.restore_checkpoint(&criu, &path, &t.spec("net-fork")).unwrap();
+    let fork =
+        t.rt.restore_checkpoint(&criu, &path, &t.spec("net-fork"))
+            .unwrap();
     let _fork_guard = KillGuard {
         rt: &t.rt,
         id: fork.id.clone(),
@@ -242,7 +273,11 @@ fn pause_resume_keeps_connectivity_and_policy_and_forks_get_their_own_address() 
     assert_ne!(forked.netns_path, before.netns_path);
     assert_eq!(own_address(&t, &fork.id, a), forked.addr.to_string());
     assert!(fetch(&t, &fork.id, 0, a, 80).is_some(), "fork egress");
-    assert_eq!(fetch(&t, &fork.id, 0, b, 80), None, "fork inherits the policy");
+    assert_eq!(
+        fetch(&t, &fork.id, 0, b, 80),
+        None,
+        "fork inherits the policy"
+    );
     assert_eq!(t.rt.network_policy(&fork.id), Some(denied_b));
     // The source is unaffected.
     assert!(fetch(&t, &id, 0, a, 80).is_some());

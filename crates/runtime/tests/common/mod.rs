@@ -155,11 +155,15 @@ impl TestRuntime {
             let mut config = test_config(&state, &name);
             adjust(&mut config);
             let mut net = berth_net::NetConfig::new(&state);
-            net.sandbox_cidr = format!("10.{}.{}.0/24", 100 + (pid + n / 250) % 100, (pid * 7 + n) % 250)
-                .parse()
-                .unwrap();
-            net.ceiling = berth_net::Ceiling::parse(&[internet.net().to_string()], &[] as &[&str])
-                .unwrap();
+            net.sandbox_cidr = format!(
+                "10.{}.{}.0/24",
+                100 + (pid + n / 250) % 100,
+                (pid * 7 + n) % 250
+            )
+            .parse()
+            .unwrap();
+            net.ceiling =
+                berth_net::Ceiling::parse(&[internet.net().to_string()], &[] as &[&str]).unwrap();
             config.network = Some(net.clone());
             let cleanup = StateCleanup {
                 state: state.clone(),
