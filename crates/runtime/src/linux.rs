@@ -493,8 +493,7 @@ impl LinuxRuntime {
                     pid,
                     &parent_sock,
                     &launch_config,
-                    sent,
-                    sysfs,
+                    (sent, sysfs),
                 )
             });
         if let Err(e) = result {
@@ -506,7 +505,8 @@ impl LinuxRuntime {
         Ok((pidfd, pid, disk))
     }
 
-    /// Parent side of the start handshake: id maps, cgroups, idmapped layers, config.
+    /// Parent side of the start handshake: id maps, cgroups, idmapped layers, config; the
+    /// mounts sent are the disk and, with networking, a sysfs of the sandbox's namespace.
     fn finish_start(
         &self,
         spec: &SandboxSpec,
@@ -514,8 +514,7 @@ impl LinuxRuntime {
         pid: i32,
         sock: &OwnedFd,
         config: &LaunchConfig,
-        disk: OwnedFd,
-        sysfs: Option<OwnedFd>,
+        (disk, sysfs): (OwnedFd, Option<OwnedFd>),
     ) -> Result<(), RuntimeError> {
         let map = format!("0 {uid_base} {UID_RANGE_SIZE}\n");
         fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(io_err("write uid_map"))?;
