@@ -302,3 +302,83 @@ fn envd_answers_with_networking() {
     };
     assert!(t.wait_envd_health(&info.id).contains("20"));
 }
+
+#[test]
+fn a_daemon_crash_is_reconciled_at_restart() {
+    let mut internet = internet_with_servers(1);
+    let t = TestRuntime::with_network(&mut internet, |_| {});
+    let a = internet.host(0);
+    let live = t.rt.create(&t.spec("net-live")).unwrap();
+    let dead = t.rt.create(&t.spec("net-dead")).unwrap();
+    let _guards = [&live, &dead].map(|s| KillGuard {
+        rt: &t.rt,
+        id: s.id.clone(),
+    });
+    let net = t.rt.network().unwrap();
+    let dead_net = net.sandbox(&dead.id).unwrap();
+    assert!(fetch(&t, &dead.id, 0, a, 80).is_some());
+    // One sandbox dies while its daemon is gone (kill -9 of the daemon, then of it).
+    // SAFETY: SIGKILL to the sandbox's init, a process this test made.
+    assert_eq!(unsafe { libc::kill(dead.init_pid, libc::SIGKILL) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{}/stat", dead.init_pid)).exists()
+        && std::fs::read_to_string(format!("/proc/{}/stat", dead.init_pid))
+            .is_ok_and(|s| !s.contains(") Z "))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let again = t.reopen();
+    let report = again.recover().unwrap();
+    assert!(report.cleaned.contains(&dead.id), "{report:?}");
+    let net2 = again.network().unwrap();
+    assert!(net2.sandbox(&dead.id).is_none());
+    assert!(!dead_net.netns_path.exists());
+    let links = std::process::Command::new("ip").args(["-o", "link"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&links.stdout).contains(&format!("{}:", dead_net.veth)));
+    assert!(!net2.list_table().unwrap().contains(&format!("{} ", dead_net.addr)));
+    assert!(fetch(&t, &live.id, 0, a, 80).is_some(), "the live one keeps its network");
+}
+
+fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Measures (prints, asserts nothing about time) what networking adds to create and kill,
+/// in process, and checks that nothing of the sandboxes is left.
+#[test]
+fn create_and_kill_cost_with_and_without_networking() {
+    let mut internet = FakeInternet::new(1);
+    let plain = TestRuntime::new();
+    let networked = TestRuntime::with_network(&mut internet, |_| {});
+    let rounds = 100;
+    let mut report = Vec::new();
+    for (name, t) in [("loopback only", &plain), ("networking", &networked)] {
+        let (mut create, mut kill) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let spec = t.spec("net-cost");
+            let started = std::time::Instant::now();
+            let info = t.rt.create(&spec).unwrap();
+            create.push(started.elapsed());
+            let started = std::time::Instant::now();
+            t.rt.kill(&info.id).unwrap();
+            kill.push(started.elapsed());
+        }
+        create.sort();
+        kill.sort();
+        report.push(format!(
+            "{name}: create median {:?} p99 {:?}; kill median {:?} p99 {:?} ({rounds} rounds)",
+            percentile(&create, 0.5),
+            percentile(&create, 0.99),
+            percentile(&kill, 0.5),
+            percentile(&kill, 0.99)
+        ));
+    }
+    eprintln!("{}", report.join("\n"));
+    let net = networked.rt.network().unwrap();
+    assert!(net.ids().is_empty());
+    assert_eq!(
+        std::fs::read_dir(networked.state.join("net/netns")).unwrap().count(),
+        0
+    );
+}
