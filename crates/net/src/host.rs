@@ -7,7 +7,9 @@ use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
@@ -80,13 +82,89 @@ struct Inner {
     nft: Nft,
 }
 
+/// A detached sandbox's link and namespace pin, to remove in the background.
+struct Demolition {
+    id: String,
+    addr: Ipv4Addr,
+    veth: String,
+    pin: PathBuf,
+    /// nft command removing the connection-count entry (may fail: already gone).
+    conn_entry: String,
+}
+
+/// Removes detached sandboxes' links and namespace pins off the caller's path: deleting
+/// a veth and unmounting a pin each wait for an RCU grace period (tens of milliseconds on
+/// a busy host). The sandbox is cut off before (its elements are gone from the table);
+/// its address returns to the pool only once its link is gone.
+struct Demolisher {
+    queue: Option<Sender<Demolition>>,
+    thread: Option<JoinHandle<()>>,
+    pending: Arc<(Mutex<usize>, Condvar)>,
+}
+
+impl Demolisher {
+    fn start(inner: Arc<Mutex<Inner>>) -> Self {
+        let (queue, jobs) = mpsc::channel::<Demolition>();
+        let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let done = pending.clone();
+        let thread = std::thread::Builder::new()
+            .name("berth-net-demolisher".into())
+            .spawn(move || {
+                for job in jobs {
+                    demolish(&job);
+                    let mut inner = lock(&inner);
+                    let _ = inner.nft.run(&job.conn_entry);
+                    inner.pool.release(job.addr);
+                    drop(inner);
+                    let (count, changed) = &*done;
+                    *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    changed.notify_all();
+                }
+            })
+            .expect("spawn the demolisher thread");
+        Self {
+            queue: Some(queue),
+            thread: Some(thread),
+            pending,
+        }
+    }
+
+    fn push(&self, job: Demolition) {
+        let (count, _) = &*self.pending;
+        *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        if let Some(Err(mpsc::SendError(job))) = self.queue.as_ref().map(|q| q.send(job)) {
+            // The thread is gone (it panicked): do it here.
+            demolish(&job);
+            *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        }
+    }
+
+    fn settle(&self) {
+        let (count, changed) = &*self.pending;
+        let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+        while *n > 0 {
+            n = changed.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for Demolisher {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// The host side of one daemon's sandbox networking (see the crate docs).
 pub struct HostNetwork {
     config: NetConfig,
     tag: String,
     table: Table,
     dir: PathBuf,
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
+    demolisher: Demolisher,
 }
 
 /// The daemon's tag: `b` and five hex digits of a hash of its state dir; prefixes its
@@ -234,19 +312,21 @@ impl HostNetwork {
             ceiling_denied: Ipv4Net::aggregate(&config.ceiling.deny_nets),
         };
         let table = nft::table(&spec);
-        let mut network = Self {
+        let inner = Arc::new(Mutex::new(Inner {
+            pool: AddressPool::new(config.sandbox_cidr)?,
+            sandboxes: HashMap::new(),
+            by_addr: BTreeMap::new(),
+            nft: Nft::new().map_err(|e| NetError::Nftables {
+                op: "create context".into(),
+                message: e.to_string(),
+            })?,
+        }));
+        let network = Self {
             tag,
             table,
             dir,
-            inner: Mutex::new(Inner {
-                pool: AddressPool::new(config.sandbox_cidr)?,
-                sandboxes: HashMap::new(),
-                by_addr: BTreeMap::new(),
-                nft: Nft::new().map_err(|e| NetError::Nftables {
-                    op: "create context".into(),
-                    message: e.to_string(),
-                })?,
-            }),
+            demolisher: Demolisher::start(inner.clone()),
+            inner,
             config,
         };
         let mut attached = HashMap::new();
@@ -263,7 +343,7 @@ impl HostNetwork {
             attached.values().map(|a| a.elements.clone()).collect();
         let script = network.table.render(&elements);
         {
-            let inner = network.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+            let mut inner = lock(&network.inner);
             inner
                 .nft
                 .run(&script)
@@ -399,12 +479,24 @@ impl HostNetwork {
     /// table. On failure nothing of it is left.
     pub fn attach(&self, id: &str, policy: &NetworkPolicy) -> Result<SandboxNet, NetError> {
         policy.validate()?;
-        let (addr, offset) = {
+        if self.netns_path(id).exists() {
+            // An earlier network of this id is still being removed.
+            self.demolisher.settle();
+        }
+        let allocated = {
             let mut inner = lock(&self.inner);
             if inner.sandboxes.contains_key(id) {
                 return Err(NetError::AlreadyAttached(id.to_owned()));
             }
-            inner.pool.allocate(id)?
+            inner.pool.allocate(id)
+        };
+        let (addr, offset) = match allocated {
+            Err(NetError::PoolExhausted { .. }) => {
+                // Addresses of detached sandboxes come back once their links are gone.
+                self.demolisher.settle();
+                lock(&self.inner).pool.allocate(id)?
+            }
+            other => other?,
         };
         let record = NetRecord {
             id: id.to_owned(),
@@ -431,7 +523,7 @@ impl HostNetwork {
                 Ok(info)
             });
         if result.is_err() {
-            self.demolish(id, addr, offset);
+            demolish(&self.demolition(id, addr, offset));
             let _ = fs::remove_file(self.record_path(id));
             lock(&self.inner).pool.release(addr);
         }
@@ -457,7 +549,7 @@ impl HostNetwork {
         if linked && is_nsfs(&info.netns_path) {
             return Ok(info);
         }
-        self.demolish(id, info.addr, offset);
+        demolish(&self.demolition(id, info.addr, offset));
         self.build(id, info.addr, offset)?;
         Ok(info)
     }
@@ -514,27 +606,20 @@ impl HostNetwork {
         Ok(())
     }
 
-    /// Removes the link and the namespace pin of sandbox `id` (whatever exists), and its
-    /// conntrack entries.
-    fn demolish(&self, id: &str, addr: Ipv4Addr, offset: u32) {
-        let veth = self.veth_name(offset);
-        match Netlink::route().and_then(|mut nl| nl.delete_link(&veth)) {
-            Ok(()) => {}
-            Err(err) => tracing::warn!(sandbox = %id, %veth, %err, "deleting a sandbox link"),
+    fn demolition(&self, id: &str, addr: Ipv4Addr, offset: u32) -> Demolition {
+        Demolition {
+            id: id.to_owned(),
+            addr,
+            veth: self.veth_name(offset),
+            pin: self.netns_path(id),
+            conn_entry: self.table.remove_conn_entry(addr),
         }
-        let pin = self.netns_path(id);
-        if let Err(err) = sys::unmount(&pin) {
-            tracing::warn!(sandbox = %id, pin = %pin.display(), %err, "unpinning a network namespace");
-        }
-        match fs::remove_file(&pin) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                tracing::warn!(sandbox = %id, pin = %pin.display(), %err, "removing a namespace pin")
-            }
-            _ => {}
-        }
-        if let Err(err) = Netlink::netfilter().and_then(|mut nl| nl.flush_conntrack_from(addr)) {
-            tracing::warn!(sandbox = %id, %addr, %err, "flushing conntrack entries");
-        }
+    }
+
+    /// Waits until the links and namespace pins of detached sandboxes are gone (and
+    /// their addresses back in the pool).
+    pub fn settle(&self) {
+        self.demolisher.settle();
     }
 
     /// Opens sandbox `id`'s network namespace (for `setns`, or for CRIU).
@@ -586,8 +671,9 @@ impl HostNetwork {
         Ok(())
     }
 
-    /// Removes everything of sandbox `id`'s network: elements, link, namespace pin,
-    /// conntrack entries, record, address.
+    /// Removes everything of sandbox `id`'s network: its elements and record at once (it
+    /// is cut off), its link, namespace pin and conntrack entries shortly after, in the
+    /// background ([`HostNetwork::settle`] waits for that), then its address.
     pub fn detach(&self, id: &str) -> Result<(), NetError> {
         let entry = {
             let mut inner = lock(&self.inner);
@@ -603,10 +689,10 @@ impl HostNetwork {
             }
             entry
         };
-        self.demolish(id, entry.record.addr, entry.offset);
         let path = self.record_path(id);
         fs::remove_file(&path).map_err(state(&path))?;
-        lock(&self.inner).pool.release(entry.record.addr);
+        self.demolisher
+            .push(self.demolition(id, entry.record.addr, entry.offset));
         Ok(())
     }
 
@@ -646,6 +732,7 @@ impl HostNetwork {
                 report.removed.push(id);
             }
         }
+        self.settle();
         let (veths, ids): (BTreeSet<String>, BTreeSet<String>) = {
             let inner = lock(&self.inner);
             (
@@ -663,6 +750,15 @@ impl HostNetwork {
             if link.name.starts_with(&prefix) && !veths.contains(&link.name) {
                 nl.delete_link(&link.name)
                     .map_err(netlink(format!("delete {}", link.name)))?;
+                // The name carries the pool offset, so the address is known.
+                let addr = u32::from_str_radix(&link.name[prefix.len()..], 16)
+                    .ok()
+                    .map(|offset| {
+                        Ipv4Addr::from(u32::from(self.config.sandbox_cidr.network()) + offset)
+                    });
+                if let Some(addr) = addr.filter(|a| self.config.sandbox_cidr.contains(a)) {
+                    let _ = Netlink::netfilter().and_then(|mut nl| nl.flush_conntrack_from(addr));
+                }
                 report.stray_links.push(link.name);
             }
         }
@@ -794,4 +890,31 @@ fn inside_new_netns(
         }
     }
     Ok(())
+}
+
+/// Removes a sandbox's link and namespace pin (whatever exists), and its conntrack
+/// entries. Failures are logged: recovery's `reconcile` removes what is left.
+fn demolish(job: &Demolition) {
+    let Demolition {
+        id,
+        addr,
+        veth,
+        pin,
+        ..
+    } = job;
+    if let Err(err) = Netlink::route().and_then(|mut nl| nl.delete_link(veth)) {
+        tracing::warn!(sandbox = %id, %veth, %err, "deleting a sandbox link");
+    }
+    if let Err(err) = sys::unmount(pin) {
+        tracing::warn!(sandbox = %id, pin = %pin.display(), %err, "unpinning a network namespace");
+    }
+    match fs::remove_file(pin) {
+        Err(err) if err.kind() != io::ErrorKind::NotFound => {
+            tracing::warn!(sandbox = %id, pin = %pin.display(), %err, "removing a namespace pin")
+        }
+        _ => {}
+    }
+    if let Err(err) = Netlink::netfilter().and_then(|mut nl| nl.flush_conntrack_from(*addr)) {
+        tracing::warn!(sandbox = %id, %addr, %err, "flushing conntrack entries");
+    }
 }

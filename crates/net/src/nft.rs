@@ -441,6 +441,15 @@ impl Table {
         out
     }
 
+    /// Removes sandbox `addr`'s connection-count entry, if the kernel has not already
+    /// (run on its own; nft 1.0.6 has no `destroy` for maybe-absent elements).
+    pub(crate) fn remove_conn_entry(&self, addr: Ipv4Addr) -> String {
+        format!(
+            "delete element inet {} conns {{ {addr} }}\n",
+            self.spec.name
+        )
+    }
+
     /// Replaces sandbox `old`'s policy elements by `new`'s (same sandbox, same link).
     pub(crate) fn update_sandbox(&self, old: &SandboxElements, new: &SandboxElements) -> String {
         let mut out = self.policy_elements("delete", old);
@@ -467,14 +476,16 @@ impl Table {
             "{verb} element inet {t} rate_down {{ {} : \"{down}\" }}",
             e.addr
         );
-        // The connection-count entry is made here rather than by the rule's first packet,
-        // so it is removed exactly (nft 1.0.6 has no `destroy` for maybe-absent entries).
-        let count = if verb == "add" {
-            format!(" ct count over {}", self.spec.limits.max_connections)
-        } else {
-            String::new()
-        };
-        let _ = writeln!(out, "{verb} element inet {t} conns {{ {}{count} }}", e.addr);
+        // The connection-count entry is made here rather than by the rule's first packet;
+        // the kernel drops it whenever its count is zero, so it is removed on its own
+        // ([`Table::remove_conn_entry`]): a batch deleting an absent element fails whole.
+        if verb == "add" {
+            let _ = writeln!(
+                out,
+                "add element inet {t} conns {{ {} ct count over {} }}",
+                e.addr, self.spec.limits.max_connections
+            );
+        }
         out.push_str(&self.policy_elements(verb, e));
         out
     }
@@ -960,10 +971,14 @@ pub(crate) mod tests {
         let add = table.add_sandbox(&sandboxes[0]);
         let remove = table.remove_sandbox(&sandboxes[0]);
         for line in add.lines().filter(|l| l.contains(" element ")) {
-            let line = line
-                .replacen("add", "delete", 1)
-                .replace(" ct count over 4096", "");
-            assert!(remove.contains(&line), "{line}");
+            let line = line.replacen("add", "delete", 1);
+            if line.contains(" conns ") {
+                assert!(!remove.contains(" conns "));
+                let own = table.remove_conn_entry(sandboxes[0].addr);
+                assert_eq!(line.replace(" ct count over 4096", "") + "\n", own);
+            } else {
+                assert!(remove.contains(&line), "{line}");
+            }
         }
         assert!(remove.contains("delete limit inet berth_test up_2"));
     }

@@ -79,6 +79,7 @@ fn egress_reaches_only_allowed_test_hosts_and_policy_changes_live() {
 
     let addr = sbx.addr;
     net.detach("sbx-egress").unwrap();
+    net.settle();
     assert!(!pin.exists());
     assert!(!links_with_prefix(&sbx.veth).contains(&sbx.veth));
     assert!(!net.list_table().unwrap().contains(&addr.to_string()));
@@ -323,6 +324,7 @@ fn five_hundred_cycles_leave_nothing_behind() {
         net.detach(&id).unwrap();
         detach.push(started.elapsed());
     }
+    net.settle();
     attach.sort();
     detach.sort();
     eprintln!(

@@ -136,6 +136,7 @@ fn default_egress_and_isolation_from_the_host_and_other_sandboxes() {
 
     let addr = one_net.addr;
     t.rt.kill(&one.id).unwrap();
+    net.settle();
     assert!(net.sandbox(&one.id).is_none());
     assert!(!one_net.netns_path.exists());
     assert_eq!(net.conntrack_entries(addr).unwrap(), 0);
@@ -334,10 +335,19 @@ fn a_daemon_crash_is_reconciled_at_restart() {
     let net2 = again.network().unwrap();
     assert!(net2.sandbox(&dead.id).is_none());
     assert!(!dead_net.netns_path.exists());
-    let links = std::process::Command::new("ip").args(["-o", "link"]).output().unwrap();
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .unwrap();
     assert!(!String::from_utf8_lossy(&links.stdout).contains(&format!("{}:", dead_net.veth)));
-    assert!(!net2.list_table().unwrap().contains(&format!("{} ", dead_net.addr)));
-    assert!(fetch(&t, &live.id, 0, a, 80).is_some(), "the live one keeps its network");
+    assert!(!net2
+        .list_table()
+        .unwrap()
+        .contains(&format!("{} ", dead_net.addr)));
+    assert!(
+        fetch(&t, &live.id, 0, a, 80).is_some(),
+        "the live one keeps its network"
+    );
 }
 
 fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
@@ -376,9 +386,12 @@ fn create_and_kill_cost_with_and_without_networking() {
     }
     eprintln!("{}", report.join("\n"));
     let net = networked.rt.network().unwrap();
+    net.settle();
     assert!(net.ids().is_empty());
     assert_eq!(
-        std::fs::read_dir(networked.state.join("net/netns")).unwrap().count(),
+        std::fs::read_dir(networked.state.join("net/netns"))
+            .unwrap()
+            .count(),
         0
     );
 }
