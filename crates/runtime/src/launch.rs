@@ -108,6 +108,11 @@ pub(crate) struct LaunchConfig {
     /// the network namespace's owner.
     #[serde(default)]
     pub host_sysfs: bool,
+    /// With sandbox networking: the resolver written to /etc/resolv.conf at every start
+    /// (the gateway; the host redirects every DNS query to berth's DNS server, so a
+    /// template's loopback or empty resolv.conf must not stay).
+    #[serde(default)]
+    pub nameserver: Option<std::net::Ipv4Addr>,
 }
 
 /// Sends `config` and the mounts (the disk, then the layers topmost first) over the
@@ -300,6 +305,13 @@ fn become_init(
     populate_root(config, root, sysfs)?;
     pivot_into(root)?;
     mask_paths()?;
+    if let Some(nameserver) = config.nameserver {
+        // After pivot_root: a symlinked resolv.conf resolves inside the sandbox.
+        ctx(
+            "write /etc/resolv.conf",
+            fs::write("/etc/resolv.conf", format!("nameserver {nameserver}\n")),
+        )?;
+    }
     ctx(
         "sethostname",
         nix::unistd::sethostname(&config.hostname).map_err(io::Error::from),

@@ -468,6 +468,7 @@ impl LinuxRuntime {
             ],
             tmpfs_bytes: (spec.memory_mb * 1024 * 1024 / 2).max(1 << 20),
             host_sysfs: false,
+            nameserver: None,
         };
         let netns = self.netns_for_start(&spec.id)?;
         let sysfs = netns
@@ -477,6 +478,7 @@ impl LinuxRuntime {
             .map_err(io_err("mount sysfs in the sandbox's network namespace"))?;
         let launch_config = LaunchConfig {
             host_sysfs: sysfs.is_some(),
+            nameserver: self.network.as_ref().map(|net| net.gateway()),
             ..launch_config
         };
         let (parent_sock, child_sock) = socketpair().map_err(io_err("socketpair"))?;

@@ -76,6 +76,10 @@ fn default_egress_and_isolation_from_the_host_and_other_sandboxes() {
     }
     assert_eq!(own_address(&t, &one.id, a), one_net.addr.to_string());
     assert_eq!(
+        t.sh_ok(&one.id, 1000, "cat /etc/resolv.conf"),
+        format!("nameserver {}", one_net.gateway)
+    );
+    assert_eq!(
         fetch(&t, &one.id, 0, internet.outside_host(), 80),
         None,
         "outside the ceiling"
@@ -394,4 +398,76 @@ fn create_and_kill_cost_with_and_without_networking() {
             .count(),
         0
     );
+}
+
+/// Stands in for berth's DNS server and egress proxy on the gateway: DNS from any
+/// sandbox (to any address) arrives at the DNS port; with domain rules, TCP 80/443 to an
+/// address not allowed by CIDR arrives at the HTTP/TLS ports; with no internet access,
+/// not even DNS leaves.
+#[test]
+fn dns_and_domain_traffic_go_to_the_egress_ports_on_the_gateway() {
+    use std::net::UdpSocket;
+    use std::time::Duration;
+    let mut internet = internet_with_servers(1);
+    let t = TestRuntime::with_network(&mut internet, |_| {});
+    let a = internet.host(0);
+    let net = t.rt.network().unwrap();
+    let ports = net.config().ports;
+    let gateway = net.gateway();
+    let dns = UdpSocket::bind((gateway, ports.dns)).unwrap();
+    dns.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let tls = TcpListener::bind((gateway, ports.tls)).unwrap();
+    let http = TcpListener::bind((gateway, ports.http)).unwrap();
+
+    let send_dns = |id: &str| {
+        t.sh_ok(
+            id,
+            1000,
+            &format!(
+                "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+                 s.sendto(b'{id}', ('{a}', 53))\""
+            ),
+        );
+    };
+    let open = t.rt.create(&t.spec("net-dns")).unwrap();
+    let none =
+        t.rt.create_with_network(&t.spec("net-nodns"), &policy(Some(false), "{}"))
+            .unwrap();
+    let domains =
+        t.rt.create_with_network(
+            &t.spec("net-domains"),
+            &policy(
+                None,
+                r#"{"allowOut":["*.example.test"],"denyOut":["0.0.0.0/0"]}"#,
+            ),
+        )
+        .unwrap();
+    let _guards = [&open, &none, &domains].map(|s| KillGuard {
+        rt: &t.rt,
+        id: s.id.clone(),
+    });
+    let addr_of = |id: &str| std::net::IpAddr::V4(net.sandbox(id).unwrap().addr);
+
+    send_dns(&none.id);
+    send_dns(&open.id);
+    let mut buf = [0u8; 64];
+    let (n, from) = dns.recv_from(&mut buf).unwrap();
+    assert_eq!(
+        &buf[..n],
+        open.id.as_bytes(),
+        "only the sandbox with egress got through"
+    );
+    assert_eq!(from.ip(), addr_of(&open.id));
+
+    for (listener, port, scheme) in [(&tls, 443, "https"), (&http, 80, "http")] {
+        let id = domains.id.clone();
+        let url = format!("{scheme}://{a}:{port}/");
+        std::thread::scope(|scope| {
+            scope.spawn(|| t.sh(&id, 1000, &format!("curl -s -k --max-time 2 {url}")));
+            let (_conn, peer) = listener.accept().unwrap();
+            assert_eq!(peer.ip(), addr_of(&id), "{scheme} went to the egress proxy");
+        });
+    }
+    // Without domain rules, port 80 goes straight out to the test host.
+    assert!(fetch(&t, &open.id, 0, a, 80).is_some());
 }
