@@ -366,3 +366,51 @@ fn five_hundred_cycles_leave_nothing_behind() {
         );
     }
 }
+
+#[test]
+fn connection_cap_refuses_new_connections_past_the_limit() {
+    let mut internet = FakeInternet::new(1);
+    let a = internet.host(0);
+    // A server that holds every connection open.
+    let mut server = std::process::Command::new("ip")
+        .args(["netns", "exec", &internet.netns, "python3", "-c"])
+        .arg(format!(
+            "import socket,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+             s.bind(('{a}',7001));s.listen(16);print('ready',flush=True)\nheld=[]\n\
+             while True:\n  held.append(s.accept()[0])\n"
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(server.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+    }
+    let t = TestNetwork::with(&mut internet, |config| config.limits.max_connections = 3);
+    let sbx = t
+        .net()
+        .attach("sbx-cap", &NetworkPolicy::default())
+        .unwrap();
+    let out = in_netns(
+        &sbx.netns_path,
+        &[
+            "python3",
+            "-c",
+            &format!(
+                "import socket\nheld=[]\nfor i in range(5):\n  try:\n    \
+                 held.append(socket.create_connection(('{a}',7001),timeout=2)); print('ok')\n  \
+                 except OSError as e: print('refused')\n"
+            ),
+        ],
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "ok\nok\nok\nrefused\nrefused\n"
+    );
+}

@@ -20,11 +20,16 @@ pub struct TestNetwork {
 
 impl TestNetwork {
     pub fn new(internet: &mut FakeInternet) -> Self {
+        Self::with(internet, |_| {})
+    }
+
+    /// Like `new`, with the config adjusted (limits, ports) before the start.
+    pub fn with(internet: &mut FakeInternet, adjust: impl Fn(&mut NetConfig)) -> Self {
         let state = tempfile::Builder::new()
             .prefix("berth-net-test")
             .tempdir()
             .unwrap();
-        let net = start_on(state.path(), internet);
+        let net = start_on(state.path(), internet, &adjust);
         let prefix = format!("{}v", net.link_prefix());
         let network = Self {
             net: Some(net),
@@ -51,7 +56,11 @@ impl Drop for TestNetwork {
 
 /// Starts a network on `state` with a pool of its own: a /24 in 10.(100..200).x.0 that
 /// overlaps nothing on the host (other daemons' pools included).
-pub fn start_on(state: &Path, internet: &FakeInternet) -> HostNetwork {
+pub fn start_on(
+    state: &Path,
+    internet: &FakeInternet,
+    adjust: &dyn Fn(&mut NetConfig),
+) -> HostNetwork {
     let pid = std::process::id();
     for attempt in 0..200 {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst) + attempt;
@@ -60,6 +69,7 @@ pub fn start_on(state: &Path, internet: &FakeInternet) -> HostNetwork {
         let mut config = NetConfig::new(state);
         config.sandbox_cidr = format!("10.{second}.{third}.0/24").parse().unwrap();
         config.ceiling = Ceiling::parse(&[internet.net().to_string()], &[] as &[&str]).unwrap();
+        adjust(&mut config);
         match HostNetwork::start(config) {
             Ok(net) => return net,
             Err(NetError::PoolOverlaps { .. }) => continue,
