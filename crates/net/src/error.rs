@@ -54,6 +54,11 @@ pub enum NetError {
     },
     #[error("this runtime has no sandbox networking: configure a network (--sandbox-cidr) to use network policies")]
     Disabled,
+    #[error(
+        "the checkpoint {images} was made with sandbox networking (its network namespace is \
+         not in the images); restore it with networking configured"
+    )]
+    CheckpointNeedsNetwork { images: PathBuf },
     #[error("sandbox {0} has no network")]
     UnknownSandbox(String),
     #[error("sandbox {0} already has a network")]

@@ -342,6 +342,7 @@ impl LinuxRuntime {
         .map_err(|e| RuntimeError::Other(format!("sandbox {}: {e}", spec.id)))?;
         // Its own new namespace and address (attached by the caller), joined by CRIU.
         let netns = self.netns_for_start(&spec.id)?.map(std::sync::Arc::new);
+        Self::check_restore_netns(&images, netns.as_ref())?;
         let root = HostRoot::mount(dir, &spec.layers, uid_base)?;
         let work = dir.join("restore");
         fs::create_dir(&work).map_err(io_err("create restore work dir"))?;

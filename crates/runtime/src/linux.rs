@@ -554,8 +554,15 @@ impl LinuxRuntime {
             return Err(io_err("confirm cgroups")(io::Error::last_os_error()));
         }
         let mut buf = vec![0u8; 4096];
-        // SAFETY: reading into our own buffer; the socket has a receive timeout.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        let n = loop {
+            // SAFETY: reading into our own buffer; the socket has a receive timeout.
+            let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            // A timed socket wait returns EINTR on any signal (a stop and continue of the
+            // daemon, say) instead of restarting.
+            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                break n;
+            }
+        };
         match n {
             0 => Ok(()),
             n if n > 0 => Err(RuntimeError::Other(format!(

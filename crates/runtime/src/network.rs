@@ -97,6 +97,33 @@ impl LinuxRuntime {
         }
     }
 
+    /// Refuses a restore without a network namespace (`netns` None) of images that hold
+    /// none either (dumped with networking): CRIU would put the tree in the daemon's own
+    /// network namespace, the host's.
+    pub(super) fn check_restore_netns(
+        images: &std::path::Path,
+        netns: Option<&std::sync::Arc<OwnedFd>>,
+    ) -> Result<(), RuntimeError> {
+        if netns.is_some() {
+            return Ok(());
+        }
+        let has_netns_image = std::fs::read_dir(images)
+            .map_err(|source| RuntimeError::Io {
+                op: format!("read {}", images.display()),
+                source,
+            })?
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("netns-"));
+        if has_netns_image {
+            Ok(())
+        } else {
+            Err(NetError::CheckpointNeedsNetwork {
+                images: images.to_path_buf(),
+            }
+            .into())
+        }
+    }
+
     /// Sandbox `id`'s stored policy (None without networking).
     pub fn network_policy(&self, id: &str) -> Option<NetworkPolicy> {
         self.network.as_ref()?.policy(id)

@@ -187,6 +187,7 @@ impl LinuxRuntime {
             )
             .map_err(io_err("create cgroups"))?;
         let netns = self.netns_for_start(id)?.map(std::sync::Arc::new);
+        Self::check_restore_netns(&images, netns.as_ref())?;
         let root = HostRoot::mount(&dir, &spec.layers, self.uid_base_of(record.slot))?;
         let work = dir.join("restore");
         fs::create_dir_all(&work).map_err(io_err("create restore work dir"))?;

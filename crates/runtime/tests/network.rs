@@ -248,6 +248,22 @@ fn pause_resume_keeps_connectivity_and_policy_and_forks_get_their_own_address() 
         before.netns_path.exists(),
         "the namespace is kept while paused"
     );
+    {
+        // The same state without networking refuses to resume it: CRIU would restore
+        // the tree into the host's network namespace.
+        let plain = LinuxRuntime::new(common::test_config(&t.state, t.cgroup_parent())).unwrap();
+        let refused = plain.resume_paused(&criu, &id);
+        assert!(
+            matches!(
+                refused,
+                Err(berth_runtime::RuntimeError::Network(
+                    berth_net::NetError::CheckpointNeedsNetwork { .. }
+                ))
+            ),
+            "{refused:?}"
+        );
+        assert!(plain.is_paused(&id));
+    }
     t.rt.resume_paused(&criu, &id).unwrap();
     assert_eq!(
         net.sandbox(&id),
@@ -286,6 +302,20 @@ fn pause_resume_keeps_connectivity_and_policy_and_forks_get_their_own_address() 
     assert_eq!(t.rt.network_policy(&fork.id), Some(denied_b));
     // The source is unaffected.
     assert!(fetch(&t, &id, 0, a, 80).is_some());
+    // A runtime without networking refuses it: it could not enforce the policy.
+    let plain = TestRuntime::new();
+    let refused = plain
+        .rt
+        .restore_checkpoint(&criu, &path, &plain.spec("net-fork-plain"));
+    assert!(
+        matches!(
+            refused,
+            Err(berth_runtime::RuntimeError::Network(
+                berth_net::NetError::Disabled
+            ))
+        ),
+        "{refused:?}"
+    );
     t.rt.delete_checkpoint(&path).unwrap();
 }
 
