@@ -51,10 +51,13 @@
 //! addresses) come before any allow.
 //!
 //! **Crash safety and recovery.** A sandbox's record (address + policy) is written (temp
-//! file, fsync, rename) before anything is created in the kernel and removed last. At
-//! start the table is rebuilt from the records in one transaction; `reconcile` removes
-//! the networks of sandboxes the runtime does not know and any link or pin of this
-//! daemon without a record.
+//! file, rename; fsynced on policy changes, see `host::NetRecord` for why not at attach)
+//! before anything is created in the kernel. Detach removes the sandbox's elements and
+//! record at once and leaves its link, namespace pin and conntrack entries to a
+//! background thread (each waits for an RCU grace period); the address returns to the
+//! pool after that ([`HostNetwork::settle`] waits for it). At start the table is rebuilt
+//! from the records in one transaction; `reconcile` removes the networks of sandboxes the
+//! runtime does not know and any link or pin of this daemon without a record.
 //!
 //! **Host settings.** IPv4 forwarding is switched on at start (needed for NAT); nothing
 //! needs `route_localnet`, because DNS and proxied traffic is DNAT'ed to the gateway

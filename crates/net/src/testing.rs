@@ -62,7 +62,7 @@ pub struct FakeInternet {
     block: u8,
     hosts: usize,
     servers: Vec<Server>,
-    guard: Option<String>,
+    guards: Vec<String>,
 }
 
 impl FakeInternet {
@@ -88,7 +88,7 @@ impl FakeInternet {
             block: 0,
             hosts,
             servers: Vec::new(),
-            guard: None,
+            guards: Vec::new(),
         };
         run(
             "ip",
@@ -226,7 +226,11 @@ impl FakeInternet {
     /// with `veth_prefix` (a berth daemon's sandbox veths) are forwarded only to this
     /// fake internet's link.
     pub fn guard(&mut self, veth_prefix: &str) {
-        let table = format!("bfi_guard_{}", self.link.trim_start_matches("bfi"));
+        let table = format!(
+            "bfi_guard_{}_{}",
+            self.link.trim_start_matches("bfi"),
+            self.guards.len()
+        );
         run(
             "nft",
             &[&format!(
@@ -236,7 +240,7 @@ impl FakeInternet {
                 self.link
             )],
         );
-        self.guard = Some(table);
+        self.guards.push(table);
     }
 
     /// Runs `argv` inside the fake internet's namespace.
@@ -257,7 +261,7 @@ impl Drop for FakeInternet {
                 let _ = thread.join();
             }
         }
-        if let Some(table) = &self.guard {
+        for table in &self.guards {
             try_run("nft", &["delete", "table", "inet", table]);
         }
         // Deleting the link removes its routes and address.

@@ -414,3 +414,86 @@ fn connection_cap_refuses_new_connections_past_the_limit() {
         "ok\nok\nok\nrefused\nrefused\n"
     );
 }
+
+#[test]
+fn bandwidth_cap_is_enforced() {
+    let mut internet = FakeInternet::new(1);
+    let a = internet.host(0);
+    // 4 MiB from the fake internet: 32 s at the cap below, well under a second without.
+    let mut server = std::process::Command::new("ip")
+        .args(["netns", "exec", &internet.netns, "python3", "-c"])
+        .arg(format!(
+            "import socket\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+             s.bind(('{a}',7002));s.listen(8);print('ready',flush=True)\nbody=b'x'*(4<<20)\n\
+             while True:\n  c,_=s.accept()\n  n=int(c.recv(16))\n  \
+             try: c.sendall(body[:n])\n  except OSError: pass\n  c.close()\n"
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(server.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+    }
+    let t = TestNetwork::with(&mut internet, |config| {
+        config.limits.ingress_bytes_per_sec = 128 * 1024;
+    });
+    let sbx = t
+        .net()
+        .attach("sbx-rate", &NetworkPolicy::default())
+        .unwrap();
+    let download = |bytes: usize| {
+        let out = in_netns(
+            &sbx.netns_path,
+            &[
+                "python3",
+                "-c",
+                &format!(
+                    "import socket,time\nc=socket.create_connection(('{a}',7002),timeout=3)\n\
+                     c.sendall(b'{bytes}');c.settimeout(None);got=0;end=time.time()+4\n\
+                     c.settimeout(1)\nwhile time.time()<end:\n  try: d=c.recv(65536)\n  \
+                     except socket.timeout: continue\n  if not d: break\n  got+=len(d)\n\
+                     print(got)\n"
+                ),
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<usize>()
+            .unwrap_or(0)
+    };
+    assert_eq!(download(1024), 1024, "small transfers pass");
+    let got = download(4 << 20);
+    // The same transfer without the cap (another daemon, default limits) completes.
+    let uncapped = TestNetwork::new(&mut internet);
+    let free = uncapped
+        .net()
+        .attach("sbx-free", &NetworkPolicy::default())
+        .unwrap();
+    let out = in_netns(
+        &free.netns_path,
+        &[
+            "python3",
+            "-c",
+            &format!(
+                "import socket\nc=socket.create_connection(('{a}',7002),timeout=3)\n\
+             c.sendall(b'{}');c.settimeout(10);got=0\nwhile True:\n  d=c.recv(65536)\n  \
+             if not d: break\n  got+=len(d)\nprint(got)\n",
+                4 << 20
+            ),
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        (4 << 20).to_string()
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    // 4 s at 128 KiB/s plus a burst of a quarter of that: about 0.5 MiB, never 4 MiB.
+    assert!(got < 2 << 20, "{got} bytes in 4 s through a 128 KiB/s cap");
+    assert!(got > 0);
+}
