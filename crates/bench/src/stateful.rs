@@ -200,12 +200,11 @@ fn measure_size(
         let dest = scratch.join(format!("ckpt-{mib}-{i}"));
         let guard = RemoveDir(dest.clone());
         let t = Instant::now();
-        let info = Runtime::checkpoint(rt, &id, &dest)?;
+        let info = rt.checkpoint_into(&rt.criu()?, &id, &dest)?;
         r.checkpoint.durations.push(t.elapsed());
         r.checkpoint_size.push(info.size_bytes);
         r.checkpoint_images
             .push(allocated_bytes(&dest.join("images"))?);
-        rt.delete_checkpoint(&dest)?;
         drop(guard);
 
         let t = Instant::now();
@@ -277,7 +276,7 @@ fn measure_forks(
         let dest = scratch.join(format!("fork-{count}"));
         let _guard = RemoveDir(dest.clone());
         let t = Instant::now();
-        let info = Runtime::checkpoint(rt, &source, &dest)?;
+        let info = rt.checkpoint_into(&rt.criu()?, &source, &dest)?;
         let checkpoint = t.elapsed();
         let forks = Mutex::new(Vec::new());
         let t = Instant::now();
@@ -312,7 +311,6 @@ fn measure_forks(
             bench.kill(id)?;
         }
         let kill_all = t.elapsed();
-        rt.delete_checkpoint(&dest)?;
         results.push(ForkResult {
             count,
             checkpoint,
@@ -669,7 +667,7 @@ fn uid_base_of(pid: i32) -> anyhow::Result<u32> {
 }
 
 fn state_sandbox_dir(rt: &LinuxRuntime, id: &str) -> PathBuf {
-    rt.state_dir().join("sandboxes").join(id)
+    rt.config().state_dir.join("sandboxes").join(id)
 }
 
 /// The error lines of a CRIU log (it is removed with its directory when the bench fails).

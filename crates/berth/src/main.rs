@@ -234,7 +234,7 @@ fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, Option<Strin
     let team = match store.create_team(DEFAULT_TEAM) {
         Ok(team) => team,
         // Another berth process made it between our check and our insert.
-        Err(berth_store::StoreError::Conflict(_)) => store
+        Err(berth_store::StoreError::TeamExists { .. }) => store
             .team_by_name(DEFAULT_TEAM)?
             .context("default team vanished")?,
         Err(err) => return Err(err.into()),
@@ -256,7 +256,7 @@ fn keys(state_dir: &Path, command: KeysCommand) -> Result<()> {
                             eprintln!("created team {team_name} ({})", team.id);
                             team
                         }
-                        Err(berth_store::StoreError::Conflict(_)) => {
+                        Err(berth_store::StoreError::TeamExists { .. }) => {
                             store.team_by_name(&team_name)?.context("team vanished")?
                         }
                         Err(err) => return Err(err.into()),
@@ -288,7 +288,7 @@ fn keys(state_dir: &Path, command: KeysCommand) -> Result<()> {
         }
         KeysCommand::Revoke { id } => match store.revoke_api_key(&id) {
             Ok(()) => println!("revoked {id}"),
-            Err(berth_store::StoreError::NotFound(_)) => bail!("no API key with id {id}"),
+            Err(berth_store::StoreError::NotFound { .. }) => bail!("no API key with id {id}"),
             Err(err) => return Err(err.into()),
         },
     }

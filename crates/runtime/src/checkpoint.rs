@@ -110,14 +110,17 @@ impl Metadata {
     fn read(checkpoint: &Path) -> Result<Self, RuntimeError> {
         let path = checkpoint.join(META_FILE);
         let bytes = fs::read(&path).map_err(io_err(format!("read {}", path.display())))?;
-        let meta: Self = serde_json::from_slice(&bytes)
-            .map_err(|e| RuntimeError::Other(format!("{}: {e}", path.display())))?;
+        let meta: Self =
+            serde_json::from_slice(&bytes).map_err(|source| RuntimeError::BadCheckpoint {
+                path: path.clone(),
+                source,
+            })?;
         if meta.format != FORMAT {
-            return Err(RuntimeError::Other(format!(
-                "{}: checkpoint format {} (this berth reads {FORMAT})",
-                path.display(),
-                meta.format
-            )));
+            return Err(RuntimeError::CheckpointFormat {
+                path,
+                found: meta.format,
+                supported: FORMAT,
+            });
         }
         Ok(meta)
     }
@@ -130,7 +133,7 @@ impl LinuxRuntime {
     /// read-only afterwards; [`LinuxRuntime::restore_checkpoint`] makes sandboxes from it.
     /// A frozen sandbox is thawed (CRIU cannot seize frozen tasks). Only one checkpoint
     /// into a given `dest` may run at a time.
-    pub fn checkpoint(
+    pub fn checkpoint_into(
         &self,
         criu: &Criu,
         id: &str,
@@ -138,10 +141,7 @@ impl LinuxRuntime {
     ) -> Result<CheckpointInfo, RuntimeError> {
         let sandbox = self.get(id)?;
         if dest.exists() {
-            return Err(RuntimeError::Other(format!(
-                "checkpoint {} already exists",
-                dest.display()
-            )));
+            return Err(RuntimeError::CheckpointExists(dest.display().to_string()));
         }
         let tmp = tmp_path(dest);
         if tmp.exists() {
@@ -184,7 +184,11 @@ impl LinuxRuntime {
             },
             &hook,
         )
-        .map_err(|e| RuntimeError::Other(format!("checkpoint {id}: {e}")))?;
+        .map_err(|source| RuntimeError::Criu {
+            id: id.to_owned(),
+            op: "dump",
+            source: Box::new(source),
+        })?;
         fs::remove_file(&hook).map_err(io_err("remove post-dump hook"))?;
         let spec = &sandbox.info.spec;
         let mut meta = Metadata {
@@ -259,24 +263,21 @@ impl LinuxRuntime {
         spec: &SandboxSpec,
     ) -> Result<SandboxInfo, RuntimeError> {
         if !valid_id(&spec.id) {
-            return Err(RuntimeError::Other(format!(
-                "invalid sandbox id {:?}",
-                spec.id
-            )));
+            return Err(RuntimeError::InvalidId(spec.id.clone()));
         }
         let meta = Metadata::read(checkpoint)?;
         let source = &meta.info;
-        if spec.layers != source.layers
-            || spec.template != source.template
-            || spec.disk_size_mb != source.disk_size_mb
-        {
-            return Err(RuntimeError::Other(format!(
-                "sandbox {}: template, layers and disk size must be the checkpoint's ({}, {} layers, {} MB)",
-                spec.id,
-                source.template,
-                source.layers.len(),
-                source.disk_size_mb
-            )));
+        for (differs, what) in [
+            (spec.layers != source.layers, "layers"),
+            (spec.template != source.template, "template"),
+            (spec.disk_size_mb != source.disk_size_mb, "disk size"),
+        ] {
+            if differs {
+                return Err(RuntimeError::CheckpointMismatch {
+                    id: spec.id.clone(),
+                    what,
+                });
+            }
         }
         // CRIU detaches the restored tree: tracked by pidfd, never reaped by us. A fresh
         // boot's init is our child.
@@ -339,7 +340,10 @@ impl LinuxRuntime {
                 hostname: spec.id.clone(),
             },
         )
-        .map_err(|e| RuntimeError::Other(format!("sandbox {}: {e}", spec.id)))?;
+        .map_err(|source| RuntimeError::Images {
+            id: spec.id.clone(),
+            source: Box::new(source),
+        })?;
         // Its own new namespace and address (attached by the caller), joined by CRIU.
         let netns = self.netns_for_start(&spec.id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
@@ -366,7 +370,11 @@ impl LinuxRuntime {
                 },
                 &per_controller,
             )
-            .map_err(|e| RuntimeError::Other(format!("restore {}: {e}", spec.id)))?;
+            .map_err(|source| RuntimeError::Criu {
+                id: spec.id.clone(),
+                op: "restore",
+                source: Box::new(source),
+            })?;
         let disk = root.release();
         let pidfd = sys::pidfd_open(pid).map_err(io_err("open restored init"))?;
         let _ = fs::remove_dir_all(&images);

@@ -171,20 +171,91 @@ pub struct RecoveryReport {
     pub paused: Vec<String>,
 }
 
+/// Why a runtime operation failed: one variant per cause, so the control plane can tell
+/// "no capacity" from "no such sandbox" from a broken host without parsing text.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("sandbox {0} not found")]
     NotFound(String),
+    #[error("sandbox {0} already exists")]
+    AlreadyExists(String),
+    #[error("invalid sandbox id {0:?}: expected 1-64 characters of [A-Za-z0-9_-]")]
+    InvalidId(String),
+    #[error("invalid checkpoint id {0:?}: expected 1-64 characters of [A-Za-z0-9_-]")]
+    InvalidCheckpointId(String),
+    #[error("a sandbox needs at least one template layer")]
+    NoLayers,
+    #[error("all {max} sandbox slots are in use: kill or pause sandboxes, or raise max_sandboxes")]
+    NoFreeSlot { max: u32 },
+    #[error("{what} {path} not found")]
+    MissingBinary { what: &'static str, path: PathBuf },
+    #[error("CRIU is not available: {0}")]
+    CriuUnavailable(#[source] Box<berth_checkpoint::CriuError>),
+    #[error("sandbox {id} failed to start: {reason}")]
+    StartFailed { id: String, reason: String },
+    #[error("sandbox {0}: its init did not exit after SIGKILL")]
+    InitDidNotExit(String),
+    #[error("sandbox {0} is running, not paused")]
+    NotPaused(String),
+    #[error("sandbox {0} was paused without memory")]
+    PausedWithoutMemory(String),
+    #[error("checkpoint {0} not found")]
+    CheckpointNotFound(String),
+    #[error("checkpoint {0} already exists")]
+    CheckpointExists(String),
+    #[error("checkpoint metadata {path} is unreadable: {source}")]
+    BadCheckpoint {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("checkpoint {path} has format {found}; this berth reads format {supported}")]
+    CheckpointFormat {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    #[error("sandbox {id}: {what} must be the checkpoint's")]
+    CheckpointMismatch { id: String, what: &'static str },
+    #[error("sandbox {id}: criu {op}: {source}")]
+    Criu {
+        id: String,
+        op: &'static str,
+        #[source]
+        source: Box<berth_checkpoint::CriuError>,
+    },
+    #[error("sandbox {id}: preparing restore images: {source}")]
+    Images {
+        id: String,
+        #[source]
+        source: Box<berth_checkpoint::ImageError>,
+    },
     #[error("{op}: {source}")]
     Io {
         op: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Other(String),
+    #[error("a runtime worker thread panicked during {0}")]
+    WorkerPanicked(&'static str),
     #[error(transparent)]
     Network(#[from] berth_net::NetError),
+}
+
+impl RuntimeError {
+    /// True when the host is out of a resource (slots, disk), so retrying later or
+    /// elsewhere can succeed: the caller's request itself was fine.
+    pub fn is_capacity(&self) -> bool {
+        match self {
+            RuntimeError::NoFreeSlot { .. } => true,
+            RuntimeError::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(libc::ENOSPC) | Some(libc::ENOMEM) | Some(libc::EAGAIN)
+            ),
+            RuntimeError::Network(berth_net::NetError::PoolExhausted { .. }) => true,
+            _ => false,
+        }
+    }
 }
 
 /// The seam between the control plane and an isolation backend.
@@ -202,8 +273,6 @@ pub trait Runtime: Send + Sync + 'static {
     /// Open a TCP connection to `port` on the sandbox's loopback (envd is 49983),
     /// created inside the sandbox's network namespace so nothing is exposed elsewhere.
     fn connect(&self, id: &str, port: u16) -> Result<std::net::TcpStream, RuntimeError>;
-    /// Where the runtime keeps its state (records, upper dirs, templates).
-    fn state_dir(&self) -> PathBuf;
     /// Stop sandbox `id`, keeping its disk and, with `memory`, a checkpoint of every
     /// process's state; its RAM is freed and it leaves [`Runtime::list`] until
     /// [`Runtime::resume`]. Paused sandboxes survive daemon restarts and reboots.
@@ -212,22 +281,25 @@ pub trait Runtime: Send + Sync + 'static {
     /// memory, unless `keep_memory` is false: then the checkpoint is dropped) or a fresh
     /// init starts on the kept disk. On failure it stays paused.
     fn resume(&self, id: &str, keep_memory: bool) -> Result<ResumedSandbox, RuntimeError>;
-    /// Checkpoint running sandbox `id` into the new directory `dest` while it keeps
+    /// Checkpoint running sandbox `id` as new checkpoint `checkpoint_id` while it keeps
     /// running: every process's memory and a copy of its disk from the same instant.
-    /// Written to a temporary name and renamed, so `dest` is whole or absent.
-    fn checkpoint(&self, id: &str, dest: &std::path::Path) -> Result<CheckpointInfo, RuntimeError>;
-    /// Start new sandbox `id` from `checkpoint` (only read: several restores may share
-    /// it) on its own copy of the disk, with the checkpoint's template and limits: its
-    /// processes continue from the checkpoint's memory, or (`memory` false) a fresh init
-    /// boots on the disk.
+    /// The checkpoint is whole or absent, never half-written. Where it lives is the
+    /// runtime's business; callers name it only by id.
+    fn checkpoint(&self, id: &str, checkpoint_id: &str) -> Result<CheckpointInfo, RuntimeError>;
+    /// Start new sandbox `id` from checkpoint `checkpoint_id` (only read: several
+    /// restores may share it) on its own copy of the disk, with the checkpoint's template
+    /// and limits: its processes continue from the checkpoint's memory, or (`memory`
+    /// false) a fresh init boots on the disk.
     fn restore(
         &self,
-        checkpoint: &std::path::Path,
+        checkpoint_id: &str,
         id: &str,
         memory: bool,
     ) -> Result<SandboxInfo, RuntimeError>;
-    /// Delete a checkpoint made by [`Runtime::checkpoint`].
-    fn delete_checkpoint(&self, checkpoint: &std::path::Path) -> Result<(), RuntimeError>;
+    /// Delete checkpoint `checkpoint_id`; deleting one that does not exist is not an error.
+    fn delete_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError>;
+    /// Ids of every checkpoint the runtime holds (to reconcile with what owns them).
+    fn checkpoints(&self) -> Result<Vec<String>, RuntimeError>;
     /// [`Runtime::create`] under a network policy (`create` uses E2B's default: internet
     /// access). Backends without networking refuse: a policy they cannot enforce must
     /// not be accepted silently.

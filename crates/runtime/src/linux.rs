@@ -180,10 +180,10 @@ impl LinuxRuntime {
             ("launcher binary", &config.launcher_binary),
         ] {
             if !path.is_file() {
-                return Err(RuntimeError::Other(format!(
-                    "{what} {} not found",
-                    path.display()
-                )));
+                return Err(RuntimeError::MissingBinary {
+                    what,
+                    path: path.to_path_buf(),
+                });
             }
         }
         let network = config
@@ -216,13 +216,26 @@ impl LinuxRuntime {
             return Ok(criu.clone());
         }
         let found = Criu::ensure(&self.config.criu_state_dir, |line| tracing::info!("{line}"))
-            .map_err(|e| RuntimeError::Other(format!("CRIU is not available: {e}")))?;
+            .map_err(|e| RuntimeError::CriuUnavailable(Box::new(e)))?;
         *criu = Some(found.clone());
         Ok(found)
     }
 
     fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.config.state_dir.join("sandboxes").join(id)
+    }
+
+    /// `<state>/checkpoints`: snapshots' and forks' checkpoints, one directory each.
+    fn checkpoint_root(&self) -> PathBuf {
+        self.config.state_dir.join("checkpoints")
+    }
+
+    /// Where checkpoint `checkpoint_id` lives; ids are validated so none escapes the root.
+    fn checkpoint_dir(&self, checkpoint_id: &str) -> Result<PathBuf, RuntimeError> {
+        if !valid_id(checkpoint_id) {
+            return Err(RuntimeError::InvalidCheckpointId(checkpoint_id.to_owned()));
+        }
+        Ok(self.checkpoint_root().join(checkpoint_id))
     }
 
     fn get(&self, id: &str) -> Result<Arc<Sandbox>, RuntimeError> {
@@ -255,10 +268,9 @@ impl LinuxRuntime {
                 return Ok(slot);
             }
         }
-        Err(RuntimeError::Other(format!(
-            "all {} sandbox slots are in use",
-            self.config.max_sandboxes
-        )))
+        Err(RuntimeError::NoFreeSlot {
+            max: self.config.max_sandboxes,
+        })
     }
 
     /// Marks `slot` used by sandbox `id` found on disk (recovery).
@@ -299,9 +311,7 @@ impl LinuxRuntime {
     ) -> Result<SandboxInfo, RuntimeError> {
         let dir = self.sandbox_dir(&spec.id);
         fs::create_dir(&dir).map_err(|e| match e.kind() {
-            io::ErrorKind::AlreadyExists => {
-                RuntimeError::Other(format!("sandbox {} already exists", spec.id))
-            }
+            io::ErrorKind::AlreadyExists => RuntimeError::AlreadyExists(spec.id.clone()),
             _ => io_err("create sandbox dir")(e),
         })?;
         let slot = match self.take_slot(&spec.id) {
@@ -565,11 +575,10 @@ impl LinuxRuntime {
         };
         match n {
             0 => Ok(()),
-            n if n > 0 => Err(RuntimeError::Other(format!(
-                "sandbox {} failed to start: {}",
-                spec.id,
-                String::from_utf8_lossy(&buf[..n as usize])
-            ))),
+            n if n > 0 => Err(RuntimeError::StartFailed {
+                id: spec.id.clone(),
+                reason: String::from_utf8_lossy(&buf[..n as usize]).into_owned(),
+            }),
             _ => Err(io_err("wait for sandbox init")(io::Error::last_os_error())),
         }
     }
@@ -584,9 +593,7 @@ impl LinuxRuntime {
         own_child: bool,
     ) -> Result<(), RuntimeError> {
         if !sys::pidfd_wait_exit(pidfd.as_fd(), 30_000).map_err(io_err("wait for sandbox init"))? {
-            return Err(RuntimeError::Other(format!(
-                "sandbox {id}: init did not exit"
-            )));
+            return Err(RuntimeError::InitDidNotExit(id.to_owned()));
         }
         if own_child {
             let _ = sys::pidfd_reap(pidfd.as_fd());
@@ -629,15 +636,10 @@ impl LinuxRuntime {
         policy: Option<&berth_net::NetworkPolicy>,
     ) -> Result<SandboxInfo, RuntimeError> {
         if !valid_id(&spec.id) {
-            return Err(RuntimeError::Other(format!(
-                "invalid sandbox id {:?}",
-                spec.id
-            )));
+            return Err(RuntimeError::InvalidId(spec.id.clone()));
         }
         if spec.layers.is_empty() {
-            return Err(RuntimeError::Other(
-                "a sandbox needs at least one template layer".into(),
-            ));
+            return Err(RuntimeError::NoLayers);
         }
         self.bring_up(spec, true, |slot, dir| {
             self.attach_network(&spec.id, policy)?;
@@ -822,7 +824,7 @@ impl Runtime for LinuxRuntime {
                 .map_err(io_err(format!("connect to port {port}")))
         })
         .join()
-        .map_err(|_| RuntimeError::Other("connect thread panicked".into()))?
+        .map_err(|_| RuntimeError::WorkerPanicked("connect"))?
     }
 
     fn pause(&self, id: &str, memory: bool) -> Result<(), RuntimeError> {
@@ -849,18 +851,24 @@ impl Runtime for LinuxRuntime {
         })
     }
 
-    fn checkpoint(&self, id: &str, dest: &Path) -> Result<CheckpointInfo, RuntimeError> {
+    fn checkpoint(&self, id: &str, checkpoint_id: &str) -> Result<CheckpointInfo, RuntimeError> {
+        let dest = self.checkpoint_dir(checkpoint_id)?;
+        fs::create_dir_all(self.checkpoint_root()).map_err(io_err("create checkpoint dir"))?;
         let criu = self.criu()?;
-        LinuxRuntime::checkpoint(self, &criu, id, dest)
+        self.checkpoint_into(&criu, id, &dest)
     }
 
     fn restore(
         &self,
-        checkpoint: &Path,
+        checkpoint_id: &str,
         id: &str,
         memory: bool,
     ) -> Result<SandboxInfo, RuntimeError> {
-        let source = LinuxRuntime::read_checkpoint(checkpoint)?;
+        let checkpoint = self.checkpoint_dir(checkpoint_id)?;
+        if !checkpoint.is_dir() {
+            return Err(RuntimeError::CheckpointNotFound(checkpoint_id.to_owned()));
+        }
+        let source = LinuxRuntime::read_checkpoint(&checkpoint)?;
         let spec = SandboxSpec {
             id: id.to_owned(),
             template: source.template,
@@ -870,14 +878,15 @@ impl Runtime for LinuxRuntime {
             disk_size_mb: source.disk_size_mb,
         };
         if memory {
-            self.restore_checkpoint(&self.criu()?, checkpoint, &spec)
+            self.restore_checkpoint(&self.criu()?, &checkpoint, &spec)
         } else {
-            self.restore_checkpoint_filesystem(checkpoint, &spec)
+            self.restore_checkpoint_filesystem(&checkpoint, &spec)
         }
     }
 
-    fn delete_checkpoint(&self, checkpoint: &Path) -> Result<(), RuntimeError> {
-        match fs::remove_dir_all(checkpoint) {
+    fn delete_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError> {
+        let checkpoint = self.checkpoint_dir(checkpoint_id)?;
+        match fs::remove_dir_all(&checkpoint) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 Err(io_err(format!("delete {}", checkpoint.display()))(e))
             }
@@ -885,8 +894,17 @@ impl Runtime for LinuxRuntime {
         }
     }
 
-    fn state_dir(&self) -> PathBuf {
-        self.config.state_dir.clone()
+    fn checkpoints(&self) -> Result<Vec<String>, RuntimeError> {
+        let entries = match fs::read_dir(self.checkpoint_root()) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("list checkpoints")(e)),
+        };
+        Ok(entries
+            .flatten()
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .filter(|name| valid_id(name))
+            .collect())
     }
 }
 

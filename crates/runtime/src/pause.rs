@@ -66,8 +66,16 @@ impl PausedMarker {
     }
 }
 
-fn criu_err(what: String) -> impl FnOnce(berth_checkpoint::CriuError) -> RuntimeError {
-    move |e| RuntimeError::Other(format!("{what}: {e}"))
+fn criu_err(
+    id: &str,
+    op: &'static str,
+) -> impl FnOnce(berth_checkpoint::CriuError) -> RuntimeError {
+    let id = id.to_owned();
+    move |source| RuntimeError::Criu {
+        id,
+        op,
+        source: Box::new(source),
+    }
 }
 
 impl LinuxRuntime {
@@ -95,7 +103,7 @@ impl LinuxRuntime {
         };
         if let Err(e) = criu.dump(&dump) {
             let _ = fs::remove_dir_all(images);
-            return Err(criu_err(format!("pause {id}"))(e));
+            return Err(criu_err(id, "dump")(e));
         }
         let removed = self
             .sandboxes
@@ -169,9 +177,7 @@ impl LinuxRuntime {
         let marker = self.paused(id)?;
         let dir = self.sandbox_dir(id);
         let Some(images) = marker.images.clone() else {
-            return Err(RuntimeError::Other(format!(
-                "sandbox {id} was paused without memory"
-            )));
+            return Err(RuntimeError::PausedWithoutMemory(id.to_owned()));
         };
         let mut record = Record::read(&dir).map_err(io_err("read record"))?;
         let spec = record.spec.clone();
@@ -198,7 +204,7 @@ impl LinuxRuntime {
             cgroup_root: None,
             netns,
         });
-        let pid = restored.map_err(criu_err(format!("resume {id}")))?;
+        let pid = restored.map_err(criu_err(id, "restore"))?;
         let disk = root.release();
         let pidfd = sys::pidfd_open(pid).map_err(io_err("open restored init"))?;
         record.init_pid = Some(pid);
@@ -283,7 +289,7 @@ impl LinuxRuntime {
             .unwrap_or_else(|e| e.into_inner())
             .contains_key(id)
         {
-            return Err(RuntimeError::Other(format!("sandbox {id} is not paused")));
+            return Err(RuntimeError::NotPaused(id.to_owned()));
         }
         self.paused_marker(id)
             .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))

@@ -57,7 +57,7 @@ fn three_forks_of_a_running_sandbox_share_memory_not_identity() {
     let path = checkpoint_path(&t, "three");
     let _remove = RemoveDir(path.clone());
     let started = Instant::now();
-    let info = t.rt.checkpoint(&criu, src, &path).unwrap();
+    let info = t.rt.checkpoint_into(&criu, src, &path).unwrap();
     let checkpointed_in = started.elapsed();
     assert_eq!(info.source, src);
     assert!(info.size_bytes > 1 << 20, "{info:?}");
@@ -191,7 +191,7 @@ fn restored_disk_matches_restored_memory() {
     );
     let path = checkpoint_path(&t, "disk");
     let _remove = RemoveDir(path.clone());
-    t.rt.checkpoint(&criu, src, &path).unwrap();
+    t.rt.checkpoint_into(&criu, src, &path).unwrap();
 
     let fork =
         t.rt.restore_checkpoint(&criu, &path, &t.spec("fork-disk"))

@@ -12,6 +12,9 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::time::Instant;
 
+/// How long a new sandbox's envd may take to answer `/health`.
+pub(crate) const READY_LIMIT: Duration = Duration::from_secs(30);
+
 /// Longest wait for envd's answer to `/init`.
 const INIT_LIMIT: Duration = Duration::from_secs(10);
 
@@ -25,7 +28,17 @@ pub enum EnvdError {
     #[error("opening a connection to envd: {0}")]
     Connect(#[from] RuntimeError),
     #[error("talking to envd: {0}")]
-    Http(String),
+    Io(#[from] std::io::Error),
+    #[error("talking to envd: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("building a request to envd: {0}")]
+    Request(#[from] hyper::http::Error),
+    #[error("encoding the /init body: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("the connect worker failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("no answer to /init within {0:?}")]
+    InitTimeout(Duration),
     #[error("envd answered {status} to {route}: {body}")]
     Status {
         route: &'static str,
@@ -56,30 +69,16 @@ async fn request(
 ) -> Result<(u16, Bytes), EnvdError> {
     let runtime = runtime.clone();
     let id = sandbox_id.to_string();
-    let stream = tokio::task::spawn_blocking(move || runtime.connect(&id, ENVD_PORT))
-        .await
-        .map_err(|err| EnvdError::Http(format!("connect task failed: {err}")))??;
-    stream
-        .set_nonblocking(true)
-        .map_err(|err| EnvdError::Http(err.to_string()))?;
-    let stream =
-        tokio::net::TcpStream::from_std(stream).map_err(|err| EnvdError::Http(err.to_string()))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|err| EnvdError::Http(err.to_string()))?;
+    let stream = tokio::task::spawn_blocking(move || runtime.connect(&id, ENVD_PORT)).await??;
+    stream.set_nonblocking(true)?;
+    let stream = tokio::net::TcpStream::from_std(stream)?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     let driver = tokio::spawn(connection);
     let result = async {
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|err| EnvdError::Http(err.to_string()))?;
+        let response = sender.send_request(request).await?;
         let status = response.status().as_u16();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|err| EnvdError::Http(err.to_string()))?
-            .to_bytes();
+        let body = response.into_body().collect().await?.to_bytes();
         Ok((status, body))
     }
     .await;
@@ -99,8 +98,7 @@ pub async fn wait_healthy(
     loop {
         let health = Request::get("/health")
             .header("host", "localhost")
-            .body(Full::new(Bytes::new()))
-            .map_err(|err| EnvdError::Http(err.to_string()))?;
+            .body(Full::new(Bytes::new()))?;
         // Each attempt is bounded too: a connection that is accepted but never answered
         // must not stall the create past its limit.
         let attempt = tokio::time::timeout_at(deadline, request(runtime, sandbox_id, health)).await;
@@ -129,7 +127,7 @@ pub async fn init(
     body: &InitRequest,
     presented_token: Option<&str>,
 ) -> Result<(), EnvdError> {
-    let json = serde_json::to_vec(body).map_err(|err| EnvdError::Http(err.to_string()))?;
+    let json = serde_json::to_vec(body)?;
     let mut builder = Request::post("/init")
         .header("host", "localhost")
         .header("content-type", "application/json");
@@ -138,12 +136,10 @@ pub async fn init(
     if let Some(token) = presented_token.or(body.access_token.as_deref()) {
         builder = builder.header("x-access-token", token);
     }
-    let init = builder
-        .body(Full::new(Bytes::from(json)))
-        .map_err(|err| EnvdError::Http(err.to_string()))?;
+    let init = builder.body(Full::new(Bytes::from(json)))?;
     let (status, reply) = tokio::time::timeout(INIT_LIMIT, request(runtime, sandbox_id, init))
         .await
-        .map_err(|_| EnvdError::Http(format!("no answer to /init within {INIT_LIMIT:?}")))??;
+        .map_err(|_| EnvdError::InitTimeout(INIT_LIMIT))??;
     if !(200..300).contains(&status) {
         return Err(EnvdError::Status {
             route: "/init",

@@ -11,27 +11,31 @@
 //! [`Server::serve`] (one listener for the API and the proxy).
 
 mod auth;
-mod checkpoints;
 mod envd;
+mod error;
 mod events;
 mod extract;
 mod handlers;
-mod lifecycle;
+mod keyed_lock;
 mod metrics;
 mod openapi;
 mod reaper;
 mod resolver;
+mod sandboxes;
 mod webhooks;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use berth_runtime::Runtime;
 use berth_store::Store;
 use berth_template::TemplateStore;
+use keyed_lock::KeyedLocks;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+pub use error::ServiceError;
 pub use openapi::openapi_document;
 
 /// envd version berth's sandboxes report to SDKs (they gate features on it): the version
@@ -71,8 +75,8 @@ pub struct ServerConfig {
 pub enum ServerError {
     #[error("store: {0}")]
     Store(#[from] berth_store::StoreError),
-    #[error("runtime: {0}")]
-    Runtime(#[from] berth_runtime::RuntimeError),
+    #[error("recovering sandboxes: {0}")]
+    Recovery(#[from] ServiceError),
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -90,56 +94,12 @@ pub(crate) struct AppState {
     /// Previous CPU reading per sandbox, to turn cumulative CPU time into a percentage.
     pub cpu_readings: Mutex<HashMap<String, metrics::CpuReading>>,
     /// Serializes creates that share an idempotency key.
-    pub idempotency_locks: Mutex<HashMap<IdempotencyScope, Arc<tokio::sync::Mutex<()>>>>,
+    pub idempotency_locks: KeyedLocks<IdempotencyScope>,
     /// One lock per sandbox: pause, resume, kill, snapshot and fork of the same sandbox
     /// run one at a time, each seeing the state the previous one left.
-    pub sandbox_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub sandbox_locks: KeyedLocks<String>,
     /// The proxy's connections into sandboxes, closed when a sandbox pauses or dies.
     pub connections: berth_proxy::SandboxConnections,
-}
-
-impl AppState {
-    /// Hold sandbox `id`'s lifecycle lock; state read after this is not changed by
-    /// another pause, resume, kill, snapshot or fork until the guard drops.
-    pub(crate) async fn lock_sandbox(&self, id: &str) -> SandboxGuard<'_> {
-        let lock = self
-            .sandbox_locks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .entry(id.to_string())
-            .or_default()
-            .clone();
-        SandboxGuard {
-            guard: Some(lock.lock_owned().await),
-            state: self,
-            id: id.to_string(),
-        }
-    }
-}
-
-/// A held sandbox lock; the map entry goes when nobody else waits on it.
-pub(crate) struct SandboxGuard<'a> {
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-    state: &'a AppState,
-    id: String,
-}
-
-impl Drop for SandboxGuard<'_> {
-    fn drop(&mut self) {
-        let mut locks = self
-            .state
-            .sandbox_locks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        drop(self.guard.take());
-        // The map and this guard's mutex are the only references: nobody waits.
-        if locks
-            .get(&self.id)
-            .is_some_and(|lock| Arc::strong_count(lock) == 1)
-        {
-            locks.remove(&self.id);
-        }
-    }
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -170,11 +130,11 @@ impl Server {
             reaper_wakeup: Notify::new(),
             delivery_wakeup: Notify::new(),
             cpu_readings: Mutex::new(HashMap::new()),
-            idempotency_locks: Mutex::new(HashMap::new()),
-            sandbox_locks: Mutex::new(HashMap::new()),
+            idempotency_locks: KeyedLocks::default(),
+            sandbox_locks: KeyedLocks::default(),
             connections: berth_proxy::SandboxConnections::default(),
         });
-        lifecycle::recover(&state).await?;
+        sandboxes::recover(&state).await?;
         let tasks = vec![
             tokio::spawn(reaper::run(state.clone())),
             tokio::spawn(webhooks::run(state.clone())),

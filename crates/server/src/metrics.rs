@@ -34,8 +34,7 @@ async fn sample(state: &AppState, sandbox_id: &str) {
     let previous = {
         let mut readings = state
             .cpu_readings
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .lock();
         readings.insert(
             sandbox_id.to_string(),
             CpuReading {
@@ -84,7 +83,6 @@ pub fn forget(state: &AppState, sandbox_id: &str) {
     state
         .cpu_readings
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
         .remove(sandbox_id);
 }
 

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use berth_api::ApiError;
 use time::OffsetDateTime;
 
-use crate::{lifecycle, SharedState};
+use crate::sandboxes;
+use crate::{ServiceError, SharedState};
 
 /// Idempotency keys are honoured this long after the create they name.
 const IDEMPOTENCY_KEY_LIFETIME: time::Duration = time::Duration::hours(24);
@@ -35,17 +35,17 @@ pub async fn run(state: SharedState) {
                 for sandbox in expired {
                     if sandbox.lifecycle.auto_pause {
                         let memory = sandbox.lifecycle.auto_pause_memory;
-                        match lifecycle::pause(&state, &sandbox.id, memory, "timeout").await {
+                        match sandboxes::pause(&state, &sandbox.id, memory, "timeout").await {
                             Ok(_) => continue,
                             // Someone paused or killed it meanwhile: nothing left to do.
-                            Err(ApiError::Conflict(_) | ApiError::NotFound(_)) => continue,
+                            Err(ServiceError::AlreadyPaused(_) | ServiceError::SandboxNotFound(_)) => continue,
                             // Running past the end time forever is not an option either.
                             Err(err) => tracing::error!(
                                 sandbox = %sandbox.id, %err, "auto-pause failed; killing instead"
                             ),
                         }
                     }
-                    if let Err(err) = lifecycle::kill(&state, &sandbox, "timeout").await {
+                    if let Err(err) = sandboxes::kill(&state, &sandbox, "timeout").await {
                         tracing::error!(sandbox = %sandbox.id, %err, "reaping sandbox");
                     }
                 }

@@ -11,7 +11,8 @@ use berth_runtime::{Runtime, RuntimeError};
 use berth_store::SandboxStatus;
 use tokio::net::TcpStream;
 
-use crate::{lifecycle, SharedState};
+use crate::sandboxes::{self, Resumed};
+use crate::SharedState;
 
 /// Resolves running sandboxes from the store and connects through the runtime; a
 /// paused sandbox with `autoResume` is resumed first.
@@ -40,7 +41,7 @@ impl PortConnector for RuntimeConnector {
                     io::Error::new(io::ErrorKind::NotFound, err.to_string())
                 }
                 RuntimeError::Io { source, .. } => source,
-                RuntimeError::Other(message) => io::Error::other(message),
+                other => io::Error::other(other.to_string()),
             })
         }))
     }
@@ -64,10 +65,13 @@ impl SandboxResolver for StoreResolver {
                 if !(sandbox.lifecycle.auto_resume && memory) {
                     return Err(ResolveError::NotFound);
                 }
-                sandbox = match lifecycle::resume(&self.state, &sandbox.id, None, true).await {
-                    Ok(lifecycle::Resumed::Resumed(record))
-                    | Ok(lifecycle::Resumed::WasRunning(record)) => record,
-                    Err(err) => return Err(ResolveError::Lookup(err.to_string())),
+                sandbox = match sandboxes::resume(&self.state, &sandbox.id, None, true).await {
+                    Ok(Resumed::Resumed(record)) | Ok(Resumed::WasRunning(record)) => record,
+                    Err(err) => {
+                        // Logged here: the proxy answers with its own shape.
+                        let api = berth_api::ApiError::from(err);
+                        return Err(ResolveError::Lookup(api.to_string()));
+                    }
                 };
             }
             Ok(Route {

@@ -1,9 +1,14 @@
 //! Schema migrations, applied in order and recorded in SQLite's `user_version`.
+//!
+//! The DDL is SQLite's (`INTEGER PRIMARY KEY AUTOINCREMENT`, `json_each` in the
+//! backfill); a Postgres backend keeps the same numbered list in its own dialect.
 
 use rusqlite::Connection;
 
+use crate::error::{Result, StoreError};
+
 /// Each entry moves the schema from version `index` to `index + 1`. Append only.
-const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE teams (
     id TEXT PRIMARY KEY,
@@ -124,31 +129,71 @@ CREATE TABLE snapshots (
     UNIQUE (team_id, name)
 );
 "#,
+    // Keyset listings: sandboxes by team, state and start time; snapshots by team and
+    // creation time. Metadata pairs one per row, filled from the JSON column (rows whose
+    // JSON is corrupt are skipped here and reported when read).
+    r#"
+DROP INDEX sandboxes_team_status;
+CREATE INDEX sandboxes_team_status_started ON sandboxes(team_id, status, started_at_ms, id);
+CREATE INDEX snapshots_team_created ON snapshots(team_id, created_at_ms, id);
+CREATE TABLE sandbox_metadata (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes(id),
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (sandbox_id, key)
+);
+INSERT INTO sandbox_metadata (sandbox_id, key, value)
+    SELECT s.id, j.key, j.value FROM sandboxes s, json_each(s.metadata) j
+    WHERE json_valid(s.metadata) AND json_type(s.metadata) = 'object' AND j.type = 'text';
+"#,
+    // Snapshots name their checkpoint by id (the runtime owns where it lives). Rows
+    // written before hold the checkpoint directory, whose last component is that id.
+    r#"
+ALTER TABLE snapshots RENAME COLUMN path TO checkpoint_id;
+"#,
 ];
 
-/// Bring the database to the newest schema, one transaction per migration.
-pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    let current: usize =
-        conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))? as usize;
-    for (index, sql) in MIGRATIONS.iter().enumerate().skip(current) {
-        // IMMEDIATE takes the write lock up front, so two processes opening a fresh
-        // database at once serialize instead of both applying the migration.
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if version as usize > index {
-            conn.execute_batch("COMMIT")?;
-            continue;
-        }
-        let applied = conn
-            .execute_batch(sql)
-            .and_then(|()| conn.pragma_update(None, "user_version", (index + 1) as i64));
-        match applied {
-            Ok(()) => conn.execute_batch("COMMIT")?,
-            Err(err) => {
-                conn.execute_batch("ROLLBACK")?;
-                return Err(err);
-            }
-        }
+/// The schema version this berth writes.
+pub(crate) const VERSION: usize = MIGRATIONS.len();
+
+/// Bring the database to the newest schema, one transaction per migration. A database
+/// from a newer berth is refused rather than used with a schema this code does not know.
+pub(crate) fn migrate(conn: &Connection) -> Result<()> {
+    let current = user_version(conn)?;
+    if current > VERSION as i64 {
+        return Err(StoreError::NewerSchema {
+            found: current,
+            known: VERSION,
+        });
+    }
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
+        let version = index + 1;
+        apply(conn, index, sql).map_err(|source| StoreError::Migration { version, source })?;
     }
     Ok(())
+}
+
+fn user_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+}
+
+/// Apply migration `index` unless another process did first.
+fn apply(conn: &Connection, index: usize, sql: &str) -> rusqlite::Result<()> {
+    // IMMEDIATE takes the write lock up front, so two processes opening a fresh
+    // database at once serialize instead of both applying the migration.
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let applied = user_version(conn).and_then(|version| {
+        if version as usize > index {
+            return Ok(());
+        }
+        conn.execute_batch(sql)?;
+        conn.pragma_update(None, "user_version", (index + 1) as i64)
+    });
+    match applied {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(err) => {
+            conn.execute_batch("ROLLBACK")?;
+            Err(err)
+        }
+    }
 }

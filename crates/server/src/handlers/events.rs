@@ -9,8 +9,8 @@ use berth_api::{
 use berth_store::{WebhookChanges, WebhookRecord};
 use time::OffsetDateTime;
 
-use super::store_error;
 use crate::auth::Caller;
+use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery};
 use crate::SharedState;
 
@@ -21,16 +21,16 @@ struct Page {
     types: Vec<String>,
 }
 
-fn page(query: &EventsQuery) -> Result<Page, ApiError> {
+fn page(query: &EventsQuery) -> Result<Page, HttpError> {
     let offset = query.offset.unwrap_or(0);
     if offset < 0 {
-        return Err(ApiError::BadRequest("offset must not be negative".into()));
+        return Err(ApiError::BadRequest("offset must not be negative".into()).into());
     }
     let limit = query.limit.unwrap_or(10);
     if !(1..=100).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
             "limit must be between 1 and 100, got {limit}"
-        )));
+        )).into());
     }
     let types = match &query.types {
         Some(list) => list
@@ -49,14 +49,14 @@ fn page(query: &EventsQuery) -> Result<Page, ApiError> {
     })
 }
 
-fn check_event_type(event_type: &str) -> Result<(), ApiError> {
+fn check_event_type(event_type: &str) -> Result<(), HttpError> {
     if EVENT_TYPES.contains(&event_type) {
         Ok(())
     } else {
         Err(ApiError::BadRequest(format!(
             "unknown event type \"{event_type}\" (one of {})",
             EVENT_TYPES.join(", ")
-        )))
+        )).into())
     }
 }
 
@@ -65,7 +65,7 @@ fn list(
     caller: &Caller,
     sandbox_id: Option<&str>,
     query: &EventsQuery,
-) -> Result<Json<Vec<SandboxEvent>>, ApiError> {
+) -> Result<Json<Vec<SandboxEvent>>, HttpError> {
     let page = page(query)?;
     let events = state
         .store
@@ -76,8 +76,7 @@ fn list(
             page.ascending,
             page.offset,
             page.limit,
-        )
-        .map_err(store_error)?;
+        )?;
     Ok(Json(events.iter().map(crate::events::to_api).collect()))
 }
 
@@ -92,7 +91,7 @@ pub async fn team_events(
     State(state): State<SharedState>,
     caller: Caller,
     ApiQuery(query): ApiQuery<EventsQuery>,
-) -> Result<Json<Vec<SandboxEvent>>, ApiError> {
+) -> Result<Json<Vec<SandboxEvent>>, HttpError> {
     list(&state, &caller, None, &query)
 }
 
@@ -110,14 +109,13 @@ pub async fn sandbox_events(
     caller: Caller,
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<EventsQuery>,
-) -> Result<Json<Vec<SandboxEvent>>, ApiError> {
+) -> Result<Json<Vec<SandboxEvent>>, HttpError> {
     if state
         .store
-        .sandbox(&caller.team.id, &id)
-        .map_err(store_error)?
+        .sandbox(&caller.team.id, &id)?
         .is_none()
     {
-        return Err(ApiError::sandbox_not_found(&id));
+        return Err(ApiError::sandbox_not_found(&id).into());
     }
     list(&state, &caller, Some(&id), &query)
 }
@@ -134,27 +132,27 @@ fn to_api(hook: &WebhookRecord) -> Webhook {
     }
 }
 
-fn check_url(url: &str) -> Result<(), ApiError> {
+fn check_url(url: &str) -> Result<(), HttpError> {
     let uri: axum::http::Uri = url
         .parse()
         .map_err(|_| ApiError::BadRequest(format!("url \"{url}\" is not a valid URL")))?;
     if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
         return Err(ApiError::BadRequest(format!(
             "url \"{url}\" must be an http:// URL with a host (berth does not deliver over TLS yet)"
-        )));
+        )).into());
     }
     Ok(())
 }
 
-fn check_events(events: &[String]) -> Result<(), ApiError> {
+fn check_events(events: &[String]) -> Result<(), HttpError> {
     events.iter().try_for_each(|e| check_event_type(e))
 }
 
-fn check_text(field: &str, value: &str) -> Result<(), ApiError> {
+fn check_text(field: &str, value: &str) -> Result<(), HttpError> {
     if value.trim().is_empty() || value.len() > 1024 {
         return Err(ApiError::BadRequest(format!(
             "{field} must be 1 to 1024 characters and not blank"
-        )));
+        )).into());
     }
     Ok(())
 }
@@ -174,7 +172,7 @@ pub async fn create_webhook(
     State(state): State<SharedState>,
     caller: Caller,
     ApiJson(body): ApiJson<NewWebhook>,
-) -> Result<(StatusCode, Json<Webhook>), ApiError> {
+) -> Result<(StatusCode, Json<Webhook>), HttpError> {
     check_text("name", &body.name)?;
     check_text("signatureSecret", &body.signature_secret)?;
     check_url(&body.url)?;
@@ -189,7 +187,7 @@ pub async fn create_webhook(
         secret: body.signature_secret,
         created_at: OffsetDateTime::now_utc(),
     };
-    state.store.create_webhook(&hook).map_err(store_error)?;
+    state.store.create_webhook(&hook)?;
     Ok((StatusCode::CREATED, Json(to_api(&hook))))
 }
 
@@ -202,8 +200,8 @@ pub async fn create_webhook(
 pub async fn list_webhooks(
     State(state): State<SharedState>,
     caller: Caller,
-) -> Result<Json<Vec<Webhook>>, ApiError> {
-    let hooks = state.store.webhooks(&caller.team.id).map_err(store_error)?;
+) -> Result<Json<Vec<Webhook>>, HttpError> {
+    let hooks = state.store.webhooks(&caller.team.id)?;
     Ok(Json(hooks.iter().map(to_api).collect()))
 }
 
@@ -219,11 +217,10 @@ pub async fn get_webhook(
     State(state): State<SharedState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Webhook>, ApiError> {
+) -> Result<Json<Webhook>, HttpError> {
     let hook = state
         .store
-        .webhook(&caller.team.id, &id)
-        .map_err(store_error)?
+        .webhook(&caller.team.id, &id)?
         .ok_or_else(|| not_found(&id))?;
     Ok(Json(to_api(&hook)))
 }
@@ -243,7 +240,7 @@ pub async fn update_webhook(
     caller: Caller,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<WebhookUpdate>,
-) -> Result<Json<Webhook>, ApiError> {
+) -> Result<Json<Webhook>, HttpError> {
     if let Some(name) = &body.name {
         check_text("name", name)?;
     }
@@ -267,8 +264,8 @@ pub async fn update_webhook(
         .store
         .update_webhook(&caller.team.id, &id, &changes)
         .map_err(|err| match err {
-            berth_store::StoreError::NotFound(_) => not_found(&id),
-            other => store_error(other),
+            berth_store::StoreError::NotFound { .. } => not_found(&id).into(),
+            other => HttpError::from(other),
         })?;
     Ok(Json(to_api(&hook)))
 }
@@ -285,13 +282,13 @@ pub async fn delete_webhook(
     State(state): State<SharedState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     state
         .store
         .delete_webhook(&caller.team.id, &id)
         .map_err(|err| match err {
-            berth_store::StoreError::NotFound(_) => not_found(&id),
-            other => store_error(other),
+            berth_store::StoreError::NotFound { .. } => not_found(&id).into(),
+            other => HttpError::from(other),
         })?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -9,8 +9,8 @@ use berth_api::{
 };
 use berth_store::{ApiKeyRecord, KeyMask, API_KEY_PREFIX};
 
-use super::store_error;
 use crate::auth::Caller;
+use crate::error::HttpError;
 use crate::extract::ApiJson;
 use crate::SharedState;
 
@@ -34,11 +34,11 @@ fn to_api(record: &ApiKeyRecord) -> TeamApiKey {
     }
 }
 
-fn check_name(name: &str) -> Result<(), ApiError> {
+fn check_name(name: &str) -> Result<(), HttpError> {
     if name.trim().is_empty() || name.len() > 256 {
         return Err(ApiError::BadRequest(
             "name must be 1 to 256 characters and not blank".into(),
-        ));
+        ).into());
     }
     Ok(())
 }
@@ -52,11 +52,10 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 pub async fn list_keys(
     State(state): State<SharedState>,
     caller: Caller,
-) -> Result<Json<Vec<TeamApiKey>>, ApiError> {
+) -> Result<Json<Vec<TeamApiKey>>, HttpError> {
     let keys = state
         .store
-        .list_api_keys(&caller.team.id)
-        .map_err(store_error)?;
+        .list_api_keys(&caller.team.id)?;
     Ok(Json(keys.iter().map(to_api).collect()))
 }
 
@@ -71,12 +70,11 @@ pub async fn create_key(
     State(state): State<SharedState>,
     caller: Caller,
     ApiJson(body): ApiJson<NewTeamApiKey>,
-) -> Result<(StatusCode, Json<CreatedTeamApiKey>), ApiError> {
+) -> Result<(StatusCode, Json<CreatedTeamApiKey>), HttpError> {
     check_name(&body.name)?;
     let (record, raw) = state
         .store
-        .create_api_key(&caller.team.id, &body.name)
-        .map_err(store_error)?;
+        .create_api_key(&caller.team.id, &body.name)?;
     Ok((
         StatusCode::CREATED,
         Json(CreatedTeamApiKey {
@@ -106,12 +104,11 @@ pub async fn update_key(
     caller: Caller,
     Path(key_id): Path<String>,
     ApiJson(body): ApiJson<UpdateTeamApiKey>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     check_name(&body.name)?;
     state
         .store
-        .rename_api_key(&caller.team.id, &key_id, &body.name)
-        .map_err(store_error)?;
+        .rename_api_key(&caller.team.id, &key_id, &body.name)?;
     Ok(StatusCode::OK)
 }
 
@@ -127,10 +124,9 @@ pub async fn delete_key(
     State(state): State<SharedState>,
     caller: Caller,
     Path(key_id): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     state
         .store
-        .delete_api_key(&caller.team.id, &key_id)
-        .map_err(store_error)?;
+        .delete_api_key(&caller.team.id, &key_id)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -18,7 +18,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use berth_api::ApiError;
-use berth_store::StoreError;
 
 use crate::SharedState;
 
@@ -29,13 +28,17 @@ pub use snapshots::*;
 pub use teams::*;
 pub use templates::*;
 
-/// Map a store failure to the API error the caller sees.
-pub(crate) fn store_error(err: StoreError) -> ApiError {
-    match err {
-        StoreError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
-        StoreError::Conflict(message) => ApiError::Conflict(message),
-        other => ApiError::Internal(other.to_string()),
+/// Longest time to live a sandbox may be given, in seconds (E2B's largest plan: 24 h).
+pub const MAX_TIMEOUT_SECS: i64 = 24 * 60 * 60;
+
+/// Check a requested time to live.
+pub(crate) fn validate_timeout(seconds: i64) -> Result<i64, ApiError> {
+    if !(0..=MAX_TIMEOUT_SECS).contains(&seconds) {
+        return Err(ApiError::BadRequest(format!(
+            "timeout must be between 0 and {MAX_TIMEOUT_SECS} seconds, got {seconds}"
+        )));
     }
+    Ok(seconds)
 }
 
 /// Health check (no auth).
@@ -174,4 +177,16 @@ pub fn router(state: SharedState) -> Router {
         .layer(DefaultBodyLimit::max(crate::MAX_API_BODY_BYTES))
         .layer(middleware::from_fn(buffer_body))
         .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_outside_range_are_refused() {
+        assert!(validate_timeout(-1).is_err());
+        assert!(validate_timeout(MAX_TIMEOUT_SECS + 1).is_err());
+        assert_eq!(validate_timeout(300).unwrap(), 300);
+    }
 }

@@ -1,7 +1,6 @@
 //! Sandbox routes: create, list, get, kill, timeout, refresh, connect, logs, metrics.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -20,10 +19,11 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use utoipa::IntoParams;
 
-use super::store_error;
 use crate::auth::Caller;
+use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery, OptionalJson};
-use crate::lifecycle::{self, CreateRequest};
+use crate::sandboxes::{self, CreateRequest, Resumed};
+use super::validate_timeout;
 use crate::{events, SharedState};
 
 /// Default time to live of `POST /sandboxes` (E2B's server default).
@@ -72,12 +72,11 @@ fn api_state(record: &SandboxRecord) -> SandboxState {
 }
 
 /// A running or paused sandbox of the caller's team.
-fn live(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRecord, ApiError> {
+fn live(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRecord, HttpError> {
     state
         .store
-        .live_sandbox(&caller.team.id, id)
-        .map_err(store_error)?
-        .ok_or_else(|| ApiError::sandbox_not_found(id))
+        .live_sandbox(&caller.team.id, id)?
+        .ok_or_else(|| ApiError::sandbox_not_found(id).into())
 }
 
 /// A running sandbox of the caller's team; 409 when it is paused.
@@ -85,26 +84,25 @@ fn running_not_paused(
     state: &SharedState,
     caller: &Caller,
     id: &str,
-) -> Result<SandboxRecord, ApiError> {
+) -> Result<SandboxRecord, HttpError> {
     let record = live(state, caller, id)?;
     if let SandboxStatus::Paused { .. } = record.status {
         return Err(ApiError::Conflict(format!(
             "sandbox {id} is paused; resume it first"
-        )));
+        )).into());
     }
     Ok(record)
 }
 
-fn any_state(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRecord, ApiError> {
+fn any_state(state: &SharedState, caller: &Caller, id: &str) -> Result<SandboxRecord, HttpError> {
     state
         .store
-        .sandbox(&caller.team.id, id)
-        .map_err(store_error)?
-        .ok_or_else(|| ApiError::sandbox_not_found(id))
+        .sandbox(&caller.team.id, id)?
+        .ok_or_else(|| ApiError::sandbox_not_found(id).into())
 }
 
 /// The lifecycle a create asks for: `autoPause`, `autoPauseMemory`, `autoResume`.
-fn requested_lifecycle(body: &NewSandbox) -> Result<Lifecycle, ApiError> {
+fn requested_lifecycle(body: &NewSandbox) -> Result<Lifecycle, HttpError> {
     let auto_resume = match &body.auto_resume {
         None | Some(serde_json::Value::Null) => false,
         Some(serde_json::Value::Object(config)) => match config.get("enabled") {
@@ -113,13 +111,13 @@ fn requested_lifecycle(body: &NewSandbox) -> Result<Lifecycle, ApiError> {
             Some(other) => {
                 return Err(ApiError::BadRequest(format!(
                     "autoResume.enabled must be a boolean, got {other}"
-                )))
+                )).into())
             }
         },
         Some(other) => {
             return Err(ApiError::BadRequest(format!(
                 "autoResume must be an object like {{\"enabled\": true}}, got {other}"
-            )))
+            )).into())
         }
     };
     let lifecycle = Lifecycle {
@@ -130,38 +128,38 @@ fn requested_lifecycle(body: &NewSandbox) -> Result<Lifecycle, ApiError> {
     if lifecycle.auto_resume && !lifecycle.auto_pause {
         return Err(ApiError::BadRequest(
             "autoResume needs autoPause: only a paused sandbox can be resumed by traffic".into(),
-        ));
+        ).into());
     }
     if lifecycle.auto_resume && !lifecycle.auto_pause_memory {
         return Err(ApiError::BadRequest(
             "autoResume cannot be combined with autoPauseMemory=false: a sandbox paused \
              without memory must be resumed explicitly (connect or resume)"
                 .into(),
-        ));
+        ).into());
     }
     Ok(lifecycle)
 }
 
 /// Refuse request fields for features berth does not have yet, naming them.
-fn refuse_unsupported(body: &NewSandbox) -> Result<(), ApiError> {
+fn refuse_unsupported(body: &NewSandbox) -> Result<(), HttpError> {
     if body.allow_internet_access == Some(false) {
         return Err(ApiError::NotImplemented(
             "allow_internet_access=false (egress network policy)".into(),
-        ));
+        ).into());
     }
     if body.network.as_ref().is_some_and(|v| !is_empty_json(v)) {
         return Err(ApiError::NotImplemented(
             "network (egress network policy)".into(),
-        ));
+        ).into());
     }
     if body.mcp.as_ref().is_some_and(|v| !is_empty_json(v)) {
-        return Err(ApiError::NotImplemented("mcp (MCP gateway)".into()));
+        return Err(ApiError::NotImplemented("mcp (MCP gateway)".into()).into());
     }
     if body.iam.as_ref().is_some_and(|v| !is_empty_json(v)) {
-        return Err(ApiError::NotImplemented("iam (workload tokens)".into()));
+        return Err(ApiError::NotImplemented("iam (workload tokens)".into()).into());
     }
     if body.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::NotImplemented("volumeMounts (volumes)".into()));
+        return Err(ApiError::NotImplemented("volumeMounts (volumes)".into()).into());
     }
     Ok(())
 }
@@ -182,43 +180,36 @@ async fn create(
     body: NewSandbox,
     default_timeout: i64,
     always_secure: bool,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     if body.template_id.trim().is_empty() {
-        return Err(ApiError::BadRequest("templateID is required".into()));
+        return Err(ApiError::BadRequest("templateID is required".into()).into());
     }
     refuse_unsupported(&body)?;
     let lifecycle = requested_lifecycle(&body)?;
-    let timeout_secs = lifecycle::validate_timeout(body.timeout.unwrap_or(default_timeout))?;
+    let timeout_secs = validate_timeout(body.timeout.unwrap_or(default_timeout))?;
     let idempotency_key = headers
         .get(IDEMPOTENCY_KEY_HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty())
         .map(str::to_string);
     // Requests sharing a key run one at a time, so a retry sees the first one's sandbox.
-    let key_lock = idempotency_key.as_ref().map(|key| {
-        let mut locks = state
-            .idempotency_locks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        locks
-            .entry((caller.team.id.clone(), key.clone()))
-            .or_default()
-            .clone()
-    });
-    let _guard = match &key_lock {
-        Some(lock) => Some(lock.lock().await),
+    let _key_guard = match &idempotency_key {
+        Some(key) => Some(
+            state
+                .idempotency_locks
+                .lock((caller.team.id.clone(), key.clone()))
+                .await,
+        ),
         None => None,
     };
     if let Some(key) = &idempotency_key {
         if let Some(existing) = state
             .store
-            .idempotent_sandbox(&caller.team.id, key)
-            .map_err(store_error)?
+            .idempotent_sandbox(&caller.team.id, key)?
         {
             if let Some(record) = state
                 .store
-                .live_sandbox(&caller.team.id, &existing)
-                .map_err(store_error)?
+                .live_sandbox(&caller.team.id, &existing)?
             {
                 return Ok(
                     (StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response(),
@@ -236,29 +227,12 @@ async fn create(
         allow_internet_access: body.allow_internet_access,
         lifecycle,
     };
-    let created = lifecycle::create(&state, request).await;
+    let record = sandboxes::create(&state, request).await?;
     if let Some(key) = &idempotency_key {
-        if let Ok(record) = &created {
-            state
-                .store
-                .remember_idempotency_key(&caller.team.id, key, &record.id)
-                .map_err(store_error)?;
-        }
-        // Drop the key's lock once nobody else waits on it (the map and this request
-        // hold the only references).
-        let mut locks = state
-            .idempotency_locks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let scope = (caller.team.id.clone(), key.clone());
-        if locks
-            .get(&scope)
-            .is_some_and(|lock| Arc::strong_count(lock) <= 2)
-        {
-            locks.remove(&scope);
-        }
+        state
+            .store
+            .remember_idempotency_key(&caller.team.id, key, &record.id)?;
     }
-    let record = created?;
     Ok((StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response())
 }
 
@@ -277,7 +251,7 @@ pub async fn create_sandbox_v1(
     caller: Caller,
     headers: HeaderMap,
     ApiJson(body): ApiJson<NewSandbox>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     create(state, caller, headers, body, DEFAULT_TIMEOUT_V1, false).await
 }
 
@@ -296,13 +270,13 @@ pub async fn create_sandbox_v2(
     caller: Caller,
     headers: HeaderMap,
     ApiJson(body): ApiJson<NewSandbox>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     create(state, caller, headers, body, DEFAULT_TIMEOUT_V2, true).await
 }
 
 /// Parse E2B's metadata filter: `k1=v1&k2=v2`, keys and values URL-encoded (once more
 /// than the query string itself).
-fn parse_metadata_filter(raw: &str) -> Result<Vec<(String, String)>, ApiError> {
+fn parse_metadata_filter(raw: &str) -> Result<Vec<(String, String)>, HttpError> {
     let mut pairs = Vec::new();
     for part in raw.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = part.split_once('=').ok_or_else(|| {
@@ -313,7 +287,7 @@ fn parse_metadata_filter(raw: &str) -> Result<Vec<(String, String)>, ApiError> {
     Ok(pairs)
 }
 
-fn percent_decode(text: &str) -> Result<String, ApiError> {
+fn percent_decode(text: &str) -> Result<String, HttpError> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -339,7 +313,8 @@ fn percent_decode(text: &str) -> Result<String, ApiError> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| ApiError::BadRequest(format!("\"{text}\" is not UTF-8")))
+    String::from_utf8(out)
+        .map_err(|_| ApiError::BadRequest(format!("\"{text}\" is not UTF-8")).into())
 }
 
 /// Query of `GET /sandboxes`.
@@ -361,15 +336,14 @@ pub async fn list_sandboxes_v1(
     State(state): State<SharedState>,
     caller: Caller,
     ApiQuery(query): ApiQuery<ListV1Query>,
-) -> Result<Json<Vec<ListedSandbox>>, ApiError> {
+) -> Result<Json<Vec<ListedSandbox>>, HttpError> {
     let filter = SandboxFilter {
         metadata: parse_metadata_filter(query.metadata.as_deref().unwrap_or(""))?,
         ..Default::default()
     };
     let page = state
         .store
-        .list_sandboxes(&caller.team.id, &filter, usize::MAX, None)
-        .map_err(store_error)?;
+        .list_sandboxes(&caller.team.id, &filter, usize::MAX, None)?;
     Ok(Json(page.sandboxes.iter().map(listed).collect()))
 }
 
@@ -409,7 +383,7 @@ pub async fn list_sandboxes_v2(
     State(state): State<SharedState>,
     caller: Caller,
     ApiQuery(query): ApiQuery<ListV2Query>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let mut states = StateFilter {
         running: true,
         paused: true,
@@ -426,7 +400,7 @@ pub async fn list_sandboxes_v2(
                 other => {
                     return Err(ApiError::BadRequest(format!(
                         "unknown sandbox state \"{other}\" (running, paused)"
-                    )))
+                    )).into())
                 }
             }
         }
@@ -437,7 +411,7 @@ pub async fn list_sandboxes_v2(
         Some(other) => {
             return Err(ApiError::BadRequest(format!(
                 "order must be asc or desc, got \"{other}\""
-            )))
+            )).into())
         }
     };
     let started_after = query
@@ -453,19 +427,7 @@ pub async fn list_sandboxes_v2(
     if !(1..=100).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
             "limit must be between 1 and 100, got {limit}"
-        )));
-    }
-    // Cursors are sandbox ids; anything else was not issued by this server.
-    if let Some(token) = &query.next_token {
-        if token.is_empty()
-            || !token
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        {
-            return Err(ApiError::BadRequest(format!(
-                "invalid nextToken \"{token}\""
-            )));
-        }
+        )).into());
     }
     let filter = SandboxFilter {
         metadata: parse_metadata_filter(query.metadata.as_deref().unwrap_or(""))?,
@@ -482,8 +444,7 @@ pub async fn list_sandboxes_v2(
             &filter,
             limit as usize,
             query.next_token.as_deref(),
-        )
-        .map_err(store_error)?;
+        )?;
     headers.insert("x-total-running", HeaderValue::from(page.total));
     if let Some(token) = page.next_token {
         if let Ok(value) = HeaderValue::from_str(&token) {
@@ -506,7 +467,7 @@ pub async fn get_sandbox(
     State(state): State<SharedState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<SandboxDetail>, ApiError> {
+) -> Result<Json<SandboxDetail>, HttpError> {
     let record = live(&state, &caller, &id)?;
     Ok(Json(SandboxDetail {
         template_id: record.template_id.clone(),
@@ -539,12 +500,12 @@ pub async fn kill_sandbox(
     State(state): State<SharedState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     let record = live(&state, &caller, &id)?;
-    if lifecycle::kill(&state, &record, "killed by request").await? {
+    if sandboxes::kill(&state, &record, "killed by request").await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::sandbox_not_found(&id))
+        Err(ApiError::sandbox_not_found(&id).into())
     }
 }
 
@@ -557,11 +518,10 @@ fn set_end(
     state: &SharedState,
     record: &SandboxRecord,
     end_at: OffsetDateTime,
-) -> Result<(), ApiError> {
+) -> Result<(), HttpError> {
     state
         .store
-        .set_end_at(&record.team_id, &record.id, end_at)
-        .map_err(store_error)?;
+        .set_end_at(&record.team_id, &record.id, end_at)?;
     state.reaper_wakeup.notify_one();
     events::record(
         state,
@@ -587,8 +547,8 @@ pub async fn set_timeout(
     caller: Caller,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<SandboxTimeoutRequest>,
-) -> Result<StatusCode, ApiError> {
-    let seconds = lifecycle::validate_timeout(body.timeout)?;
+) -> Result<StatusCode, HttpError> {
+    let seconds = validate_timeout(body.timeout)?;
     let record = running_not_paused(&state, &caller, &id)?;
     set_end(
         &state,
@@ -613,12 +573,12 @@ pub async fn refresh(
     caller: Caller,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<SandboxRefreshRequest>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     let seconds = body.duration.unwrap_or(DEFAULT_REFRESH_SECS);
     if !(0..=3600).contains(&seconds) {
         return Err(ApiError::BadRequest(format!(
             "duration must be between 0 and 3600 seconds, got {seconds}"
-        )));
+        )).into());
     }
     let record = running_not_paused(&state, &caller, &id)?;
     let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(seconds);
@@ -634,16 +594,16 @@ async fn connect(
     id: String,
     timeout: i64,
     keep_memory: bool,
-) -> Result<Response, ApiError> {
-    let seconds = lifecycle::validate_timeout(timeout)?;
+) -> Result<Response, HttpError> {
+    let seconds = validate_timeout(timeout)?;
     live(&state, &caller, &id)?;
-    let mut record = match lifecycle::resume(&state, &id, Some(seconds), keep_memory).await? {
-        lifecycle::Resumed::Resumed(record) => {
+    let mut record = match sandboxes::resume(&state, &id, Some(seconds), keep_memory).await? {
+        Resumed::Resumed(record) => {
             return Ok(
                 (StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response(),
             )
         }
-        lifecycle::Resumed::WasRunning(record) => record,
+        Resumed::WasRunning(record) => record,
     };
     // Connect only ever extends the end time.
     let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(seconds);
@@ -670,7 +630,7 @@ pub async fn connect_v1(
     caller: Caller,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ConnectSandbox>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     connect(state, caller, id, body.timeout, true).await
 }
 
@@ -690,7 +650,7 @@ pub async fn connect_v2(
     caller: Caller,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ConnectSandboxV2>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     connect(
         state,
         caller,
@@ -716,10 +676,10 @@ pub async fn pause_sandbox(
     caller: Caller,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<SandboxPauseRequest>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     live(&state, &caller, &id)?;
     let memory = body.memory.unwrap_or(true);
-    lifecycle::pause(&state, &id, memory, "paused by request").await?;
+    sandboxes::pause(&state, &id, memory, "paused by request").await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -739,19 +699,19 @@ pub async fn resume_sandbox(
     caller: Caller,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ResumedSandbox>,
-) -> Result<Response, ApiError> {
-    let seconds = lifecycle::validate_timeout(body.timeout.unwrap_or(DEFAULT_TIMEOUT_V1))?;
+) -> Result<Response, HttpError> {
+    let seconds = validate_timeout(body.timeout.unwrap_or(DEFAULT_TIMEOUT_V1))?;
     live(&state, &caller, &id)?;
     if body.auto_pause == Some(true) {
-        state.store.set_auto_pause(&id, true).map_err(store_error)?;
+        state.store.set_auto_pause(&id, true)?;
     }
-    match lifecycle::resume(&state, &id, Some(seconds), true).await? {
-        lifecycle::Resumed::Resumed(record) => {
+    match sandboxes::resume(&state, &id, Some(seconds), true).await? {
+        Resumed::Resumed(record) => {
             Ok((StatusCode::CREATED, Json(sandbox_response(&state, &record))).into_response())
         }
-        lifecycle::Resumed::WasRunning(_) => Err(ApiError::Conflict(format!(
+        Resumed::WasRunning(_) => Err(ApiError::Conflict(format!(
             "sandbox {id} is already running"
-        ))),
+        )).into()),
     }
 }
 
@@ -767,12 +727,12 @@ pub struct LogsV1Query {
     limit: Option<i64>,
 }
 
-fn check_limit(limit: Option<i64>, max: i64) -> Result<usize, ApiError> {
+fn check_limit(limit: Option<i64>, max: i64) -> Result<usize, HttpError> {
     let limit = limit.unwrap_or(1000);
     if !(0..=max).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
             "limit must be between 0 and {max}, got {limit}"
-        )));
+        )).into());
     }
     Ok(limit as usize)
 }
@@ -796,16 +756,15 @@ pub async fn logs_v1(
     caller: Caller,
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<LogsV1Query>,
-) -> Result<Json<SandboxLogs>, ApiError> {
+) -> Result<Json<SandboxLogs>, HttpError> {
     let limit = check_limit(query.limit, 10_000)?;
     if query.start.is_some_and(|s| s < 0) {
-        return Err(ApiError::BadRequest("start must not be negative".into()));
+        return Err(ApiError::BadRequest("start must not be negative".into()).into());
     }
     let record = any_state(&state, &caller, &id)?;
     let lines = state
         .store
-        .logs(&record.id, query.start, true, LogLevel::Debug, None, limit)
-        .map_err(store_error)?;
+        .logs(&record.id, query.start, true, LogLevel::Debug, None, limit)?;
     Ok(Json(SandboxLogs {
         logs: lines
             .iter()
@@ -860,10 +819,10 @@ pub async fn logs_v2(
     caller: Caller,
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<LogsV2Query>,
-) -> Result<Json<SandboxLogsV2Response>, ApiError> {
+) -> Result<Json<SandboxLogsV2Response>, HttpError> {
     let limit = check_limit(query.limit, 1000)?;
     if query.cursor.is_some_and(|c| c < 0) {
-        return Err(ApiError::BadRequest("cursor must not be negative".into()));
+        return Err(ApiError::BadRequest("cursor must not be negative".into()).into());
     }
     let forward = match query.direction.as_deref() {
         None | Some("forward") => true,
@@ -871,7 +830,7 @@ pub async fn logs_v2(
         Some(other) => {
             return Err(ApiError::BadRequest(format!(
                 "direction must be forward or backward, got \"{other}\""
-            )))
+            )).into())
         }
     };
     let level = match query.level.as_deref() {
@@ -889,7 +848,7 @@ pub async fn logs_v2(
     {
         return Err(ApiError::BadRequest(
             "search is longer than 256 characters".into(),
-        ));
+        ).into());
     }
     let record = any_state(&state, &caller, &id)?;
     let lines = state
@@ -901,8 +860,7 @@ pub async fn logs_v2(
             level,
             query.search.as_deref(),
             limit,
-        )
-        .map_err(store_error)?;
+        )?;
     Ok(Json(SandboxLogsV2Response {
         logs: lines.iter().map(entry).collect(),
     }))
@@ -949,11 +907,11 @@ pub async fn sandbox_metrics(
     caller: Caller,
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<MetricsQuery>,
-) -> Result<Json<Vec<SandboxMetric>>, ApiError> {
+) -> Result<Json<Vec<SandboxMetric>>, HttpError> {
     if query.start.is_some_and(|s| s < 0) || query.end.is_some_and(|e| e < 0) {
         return Err(ApiError::BadRequest(
             "start and end must not be negative".into(),
-        ));
+        ).into());
     }
     let record = any_state(&state, &caller, &id)?;
     let start = query
@@ -962,8 +920,7 @@ pub async fn sandbox_metrics(
     let end = query.end.unwrap_or(i64::MAX);
     let samples = state
         .store
-        .metrics(&record.id, start, end)
-        .map_err(store_error)?;
+        .metrics(&record.id, start, end)?;
     Ok(Json(samples.iter().map(metric).collect()))
 }
 
@@ -986,25 +943,24 @@ pub async fn sandboxes_metrics(
     State(state): State<SharedState>,
     caller: Caller,
     ApiQuery(query): ApiQuery<ManyMetricsQuery>,
-) -> Result<Json<SandboxesWithMetrics>, ApiError> {
+) -> Result<Json<SandboxesWithMetrics>, HttpError> {
     let ids: Vec<&str> = query
         .sandbox_ids
         .split(',')
         .filter(|s| !s.is_empty())
         .collect();
     if ids.len() > 100 {
-        return Err(ApiError::BadRequest("at most 100 sandbox_ids".into()));
+        return Err(ApiError::BadRequest("at most 100 sandbox_ids".into()).into());
     }
     let mut sandboxes = BTreeMap::new();
     for id in ids {
         let Some(record) = state
             .store
-            .running_sandbox(&caller.team.id, id)
-            .map_err(store_error)?
+            .running_sandbox(&caller.team.id, id)?
         else {
             continue;
         };
-        if let Some(sample) = state.store.latest_metric(&record.id).map_err(store_error)? {
+        if let Some(sample) = state.store.latest_metric(&record.id)? {
             sandboxes.insert(record.id.clone(), metric(&sample));
         }
     }
@@ -1038,7 +994,7 @@ mod tests {
             ..Default::default()
         };
         let err = refuse_unsupported(&body).unwrap_err();
-        assert_eq!(err.status(), 501);
+        assert_eq!(err.0.status(), 501);
         assert!(err.to_string().contains("network"));
         let defaults = NewSandbox {
             template_id: "base".into(),
@@ -1070,7 +1026,7 @@ mod tests {
             body(Some(true), None, serde_json::json!({"enabled": "yes"})),
         ] {
             let err = requested_lifecycle(&bad).unwrap_err();
-            assert_eq!(err.status(), 400, "{err}");
+            assert_eq!(err.0.status(), 400, "{err}");
             assert!(err.to_string().contains("autoResume"), "{err}");
         }
         let off = requested_lifecycle(&body(None, None, serde_json::Value::Null)).unwrap();

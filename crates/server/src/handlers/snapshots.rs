@@ -10,16 +10,15 @@ use berth_api::{
     ApiError, SandboxForkRequest, SandboxForkResult, SandboxSnapshotRequest, SnapshotInfo,
 };
 use berth_store::SnapshotRecord;
-use berth_template::TemplateError;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::sandboxes::sandbox_response;
-use super::store_error;
 use crate::auth::Caller;
-use crate::checkpoints;
+use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery, OptionalJson};
-use crate::{lifecycle, SharedState};
+use super::validate_timeout;
+use crate::{sandboxes, SharedState};
 
 /// Default time to live of a fork, in seconds (the SDKs' default timeout).
 const DEFAULT_FORK_TIMEOUT: i64 = 300;
@@ -34,13 +33,12 @@ fn snapshot_info(record: &SnapshotRecord) -> SnapshotInfo {
 }
 
 /// The caller's live sandbox `id` (404 otherwise), before any work is done.
-fn check_owner(state: &SharedState, caller: &Caller, id: &str) -> Result<(), ApiError> {
+fn check_owner(state: &SharedState, caller: &Caller, id: &str) -> Result<(), HttpError> {
     state
         .store
-        .live_sandbox(&caller.team.id, id)
-        .map_err(store_error)?
+        .live_sandbox(&caller.team.id, id)?
         .map(drop)
-        .ok_or_else(|| ApiError::sandbox_not_found(id))
+        .ok_or_else(|| ApiError::sandbox_not_found(id).into())
 }
 
 /// Fork a running sandbox: one checkpoint, `count` new sandboxes from it.
@@ -59,16 +57,16 @@ pub async fn fork_sandbox(
     caller: Caller,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<SandboxForkRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let count = body.count.unwrap_or(1);
     if !(1..=MAX_FORKS).contains(&count) {
         return Err(ApiError::BadRequest(format!(
             "count must be between 1 and {MAX_FORKS}, got {count}"
-        )));
+        )).into());
     }
-    let timeout = lifecycle::validate_timeout(body.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT))?;
+    let timeout = validate_timeout(body.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT))?;
     check_owner(&state, &caller, &id)?;
-    let results = checkpoints::fork(&state, &id, count as usize, timeout).await?;
+    let results = sandboxes::fork(&state, &id, count as usize, timeout).await?;
     let body: Vec<SandboxForkResult> = results
         .into_iter()
         .map(|result| match result {
@@ -78,7 +76,7 @@ pub async fn fork_sandbox(
             },
             Err(err) => SandboxForkResult {
                 sandbox: None,
-                error: Some(err.body()),
+                error: Some(berth_api::ApiError::from(err).body()),
             },
         })
         .collect();
@@ -86,7 +84,7 @@ pub async fn fork_sandbox(
 }
 
 /// A snapshot name must be usable as a template id.
-fn check_name(name: &str) -> Result<(), ApiError> {
+fn check_name(name: &str) -> Result<(), HttpError> {
     let valid = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
@@ -99,7 +97,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
         Err(ApiError::BadRequest(format!(
             "name \"{name}\" must be 1 to {MAX_NAME_LEN} letters, digits, '-', '_' or '.', \
              starting with a letter or digit"
-        )))
+        )).into())
     }
 }
 
@@ -119,27 +117,14 @@ pub async fn create_snapshot(
     caller: Caller,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<SandboxSnapshotRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let name = body.name.filter(|name| !name.is_empty());
     if let Some(name) = &name {
         check_name(name)?;
-        let templates = state.templates.clone();
-        let owned = name.clone();
-        let template = tokio::task::spawn_blocking(move || templates.get(&owned))
-            .await
-            .map_err(|err| ApiError::Internal(format!("template lookup failed: {err}")))?;
-        if !matches!(
-            template,
-            Err(TemplateError::NotFound(_) | TemplateError::InvalidId(_))
-        ) {
-            return Err(ApiError::Conflict(format!(
-                "\"{name}\" is the name of a template; choose another snapshot name"
-            )));
-        }
     }
     check_owner(&state, &caller, &id)?;
     let memory = body.memory.unwrap_or(true);
-    let record = checkpoints::snapshot(&state, &id, name, memory).await?;
+    let record = sandboxes::snapshot(&state, &id, name, memory).await?;
     Ok((StatusCode::CREATED, Json(snapshot_info(&record))).into_response())
 }
 
@@ -172,12 +157,12 @@ pub async fn list_snapshots(
     State(state): State<SharedState>,
     caller: Caller,
     ApiQuery(query): ApiQuery<SnapshotsQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let limit = query.limit.unwrap_or(100);
     if !(1..=100).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
             "limit must be between 1 and 100, got {limit}"
-        )));
+        )).into());
     }
     let (page, next) = state
         .store
@@ -187,8 +172,7 @@ pub async fn list_snapshots(
             query.name.as_deref(),
             limit as usize,
             query.next_token.as_deref(),
-        )
-        .map_err(store_error)?;
+        )?;
     let mut headers = HeaderMap::new();
     if let Some(value) = next.and_then(|token| HeaderValue::from_str(&token).ok()) {
         headers.insert("x-next-token", value);
@@ -209,17 +193,16 @@ pub async fn delete_template(
     State(state): State<SharedState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     let exists = state
         .store
-        .snapshot(&caller.team.id, &id)
-        .map_err(store_error)?
+        .snapshot(&caller.team.id, &id)?
         .is_some();
     if !exists {
         return Err(ApiError::NotFound(format!(
             "snapshot \"{id}\" not found (installed templates cannot be deleted through the API)"
-        )));
+        )).into());
     }
-    checkpoints::delete_snapshot(&state, &caller.team.id, &id).await?;
+    sandboxes::delete_snapshot(&state, &caller.team.id, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -7,8 +7,8 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use utoipa::IntoParams;
 
-use super::store_error;
 use crate::auth::Caller;
+use crate::error::HttpError;
 use crate::extract::ApiQuery;
 use crate::SharedState;
 
@@ -59,11 +59,11 @@ pub struct TeamMetricsMaxQuery {
     metric: berth_api::TeamMetricName,
 }
 
-fn own_team(caller: &Caller, team_id: &str) -> Result<(), ApiError> {
+fn own_team(caller: &Caller, team_id: &str) -> Result<(), HttpError> {
     if caller.team.id != team_id {
         return Err(ApiError::Forbidden(format!(
             "team \"{team_id}\" is not the team of this API key"
-        )));
+        )).into());
     }
     Ok(())
 }
@@ -75,14 +75,14 @@ fn series(
     team_id: &str,
     start: Option<i64>,
     end: Option<i64>,
-) -> Result<Vec<TeamMetric>, ApiError> {
+) -> Result<Vec<TeamMetric>, HttpError> {
     let now = OffsetDateTime::now_utc().unix_timestamp();
     let end = end.unwrap_or(now).min(now);
     let start = start.unwrap_or(end - DEFAULT_WINDOW_SECS);
     if start < 0 || end < 0 {
         return Err(ApiError::BadRequest(
             "start and end must not be negative".into(),
-        ));
+        ).into());
     }
     if start > end {
         return Ok(Vec::new());
@@ -93,8 +93,7 @@ fn series(
         .map_err(|_| ApiError::BadRequest(format!("end {end} is out of range")))?;
     let spans = state
         .store
-        .team_sandbox_spans(team_id, from, to)
-        .map_err(store_error)?;
+        .team_sandbox_spans(team_id, from, to)?;
     let step = ((end - start) / MAX_POINTS).max(5);
     let mut points = Vec::new();
     let mut t = start + step;
@@ -142,7 +141,7 @@ pub async fn team_metrics(
     caller: Caller,
     Path(team_id): Path<String>,
     ApiQuery(query): ApiQuery<TeamMetricsQuery>,
-) -> Result<Json<Vec<TeamMetric>>, ApiError> {
+) -> Result<Json<Vec<TeamMetric>>, HttpError> {
     own_team(&caller, &team_id)?;
     Ok(Json(series(&state, &team_id, query.start, query.end)?))
 }
@@ -161,7 +160,7 @@ pub async fn team_metrics_max(
     caller: Caller,
     Path(team_id): Path<String>,
     ApiQuery(query): ApiQuery<TeamMetricsMaxQuery>,
-) -> Result<Json<MaxTeamMetric>, ApiError> {
+) -> Result<Json<MaxTeamMetric>, HttpError> {
     own_team(&caller, &team_id)?;
     let points = series(&state, &team_id, query.start, query.end)?;
     let value_of = |p: &TeamMetric| match query.metric {

@@ -9,39 +9,36 @@ use berth_api::{
     ApiError, Template, TemplateAliasResponse, TemplateBuild, TemplateBuildStatus,
     TemplateWithBuilds,
 };
-use berth_template::TemplateError;
 use serde::Deserialize;
 use time::OffsetDateTime;
 use utoipa::IntoParams;
 
 use crate::auth::Caller;
+use crate::error::HttpError;
 use crate::extract::ApiQuery;
-use crate::lifecycle::build_id;
+use crate::sandboxes::{self, build_id};
+use crate::ServiceError;
 use crate::{SharedState, ENVD_VERSION};
 
-async fn installed(state: &SharedState) -> Result<Vec<berth_template::Template>, ApiError> {
+async fn installed(state: &SharedState) -> Result<Vec<berth_template::Template>, HttpError> {
     let store = state.templates.clone();
-    tokio::task::spawn_blocking(move || store.list())
+    let listed = tokio::task::spawn_blocking(move || store.list())
         .await
-        .map_err(|err| ApiError::Internal(format!("template listing failed: {err}")))?
-        .map_err(|err| ApiError::Internal(format!("listing templates: {err}")))
+        .map_err(|source| ServiceError::Task {
+            what: "template listing",
+            source,
+        })?;
+    Ok(listed.map_err(ServiceError::TemplateListing)?)
 }
 
-async fn one(state: &SharedState, id: &str) -> Result<berth_template::Template, ApiError> {
-    let store = state.templates.clone();
-    let name = id.to_string();
-    match tokio::task::spawn_blocking(move || store.get(&name))
-        .await
-        .map_err(|err| ApiError::Internal(format!("template lookup failed: {err}")))?
-    {
+async fn one(state: &SharedState, id: &str) -> Result<berth_template::Template, HttpError> {
+    match sandboxes::load_template(state, id).await {
         Ok(template) => Ok(template),
         // An invalid name cannot name an installed template: same answer as unknown.
-        Err(TemplateError::NotFound(_)) | Err(TemplateError::InvalidId(_)) => {
-            Err(ApiError::NotFound(format!("template \"{id}\" not found")))
+        Err(ServiceError::InvalidTemplate { .. }) => {
+            Err(ServiceError::TemplateNotFound(id.to_string()).into())
         }
-        Err(err) => Err(ApiError::Internal(format!(
-            "loading template \"{id}\": {err}"
-        ))),
+        Err(err) => Err(err.into()),
     }
 }
 
@@ -96,12 +93,12 @@ pub async fn list_templates_v2(
     State(state): State<SharedState>,
     _caller: Caller,
     ApiQuery(query): ApiQuery<TemplatesQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let limit = query.limit.unwrap_or(100);
     if !(1..=100).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
             "limit must be between 1 and 100, got {limit}"
-        )));
+        )).into());
     }
     let all = installed(&state).await?;
     // Listed by id; the cursor is the last id of the previous page.
@@ -131,7 +128,7 @@ pub async fn list_templates_v2(
 pub async fn list_templates_v1(
     State(state): State<SharedState>,
     _caller: Caller,
-) -> Result<Json<Vec<Template>>, ApiError> {
+) -> Result<Json<Vec<Template>>, HttpError> {
     let all = installed(&state).await?;
     Ok(Json(all.iter().map(|t| to_api(&state, t)).collect()))
 }
@@ -162,12 +159,12 @@ pub async fn get_template(
     _caller: Caller,
     Path(id): Path<String>,
     ApiQuery(query): ApiQuery<TemplateBuildsQuery>,
-) -> Result<Json<TemplateWithBuilds>, ApiError> {
+) -> Result<Json<TemplateWithBuilds>, HttpError> {
     let limit = query.limit.unwrap_or(100);
     if !(1..=100).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
             "limit must be between 1 and 100, got {limit}"
-        )));
+        )).into());
     }
     let template = one(&state, &id).await?;
     let resources = state.config.resources;
@@ -211,7 +208,7 @@ pub async fn get_template_alias(
     State(state): State<SharedState>,
     _caller: Caller,
     Path(alias): Path<String>,
-) -> Result<Json<TemplateAliasResponse>, ApiError> {
+) -> Result<Json<TemplateAliasResponse>, HttpError> {
     let template = one(&state, &alias).await?;
     Ok(Json(TemplateAliasResponse {
         template_id: template.id,

@@ -1,0 +1,285 @@
+//! The control plane's one error boundary.
+//!
+//! Services (the sandbox pipeline, snapshots, templates, the store) return
+//! [`ServiceError`], one variant per cause, and never build HTTP answers. Exactly one
+//! function, [`to_api`] (reached through `From<ServiceError> for ApiError`), turns a
+//! service error into E2B's `{code, message}` shape and status, and logs every 5xx with
+//! its cause chain and the sandbox it concerns. Handlers validate their own input and
+//! answer those mistakes with `ApiError::BadRequest` directly; everything else reaches
+//! the client through `?`.
+//!
+//! The proxy answers with its own shapes (`berth_proxy::ProxyError`, documented there):
+//! E2B's clients expect a 502 `{sandboxId, message, code}` for a sandbox they cannot
+//! reach, which is not the API's shape.
+
+use berth_api::ApiError;
+use berth_runtime::RuntimeError;
+use berth_store::StoreError;
+use berth_template::TemplateError;
+
+use crate::envd::EnvdError;
+
+/// A step of a sandbox's bring-up or teardown, named in errors and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Create,
+    Resume,
+    Restore,
+    Pause,
+    Checkpoint,
+    Kill,
+    DeleteCheckpoint,
+    Recover,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stage::Create => "starting the sandbox",
+            Stage::Resume => "resuming the sandbox",
+            Stage::Restore => "starting the sandbox from a checkpoint",
+            Stage::Pause => "pausing the sandbox",
+            Stage::Checkpoint => "checkpointing the sandbox",
+            Stage::Kill => "killing the sandbox",
+            Stage::DeleteCheckpoint => "deleting a checkpoint",
+            Stage::Recover => "recovering sandboxes",
+        })
+    }
+}
+
+/// Everything a control-plane service can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Also the answer for another team's sandbox: the two are indistinguishable.
+    #[error("sandbox \"{0}\" doesn't exist or you don't have access to it")]
+    SandboxNotFound(String),
+    #[error("sandbox {0} is already paused")]
+    AlreadyPaused(String),
+    #[error("sandbox {0} is paused; resume it first")]
+    Paused(String),
+    #[error("sandbox {0} is already running")]
+    AlreadyRunning(String),
+    #[error("template \"{0}\" not found")]
+    TemplateNotFound(String),
+    #[error("invalid template id \"{name}\": {source}")]
+    InvalidTemplate {
+        name: String,
+        #[source]
+        source: TemplateError,
+    },
+    #[error("template \"{name}\" is incomplete on this host: {source}")]
+    TemplateIncomplete {
+        name: String,
+        #[source]
+        source: TemplateError,
+    },
+    #[error("loading template \"{name}\": {source}")]
+    Template {
+        name: String,
+        #[source]
+        source: TemplateError,
+    },
+    #[error("listing templates: {0}")]
+    TemplateListing(#[source] TemplateError),
+    #[error("\"{0}\" is the name of a template; choose another snapshot name")]
+    SnapshotNameTaken(String),
+    #[error("{stage} {sandbox}: {source}")]
+    Runtime {
+        sandbox: String,
+        stage: Stage,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error("sandbox {sandbox}: envd did not come up ({stage}): {source}")]
+    Envd {
+        sandbox: String,
+        stage: Stage,
+        #[source]
+        source: EnvdError,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{what}: a worker task failed: {source}")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl ServiceError {
+    /// The sandbox this error concerns, for the log line of a 5xx.
+    fn sandbox(&self) -> Option<&str> {
+        match self {
+            ServiceError::SandboxNotFound(id)
+            | ServiceError::AlreadyPaused(id)
+            | ServiceError::Paused(id)
+            | ServiceError::AlreadyRunning(id)
+            | ServiceError::Runtime { sandbox: id, .. }
+            | ServiceError::Envd { sandbox: id, .. } => Some(id),
+            _ => None,
+        }
+    }
+}
+
+/// The HTTP answer for a runtime failure during `stage` of `sandbox`.
+fn runtime_to_api(err: &ServiceError, source: &RuntimeError) -> ApiError {
+    match source {
+        RuntimeError::NotFound(id) => ApiError::sandbox_not_found(id),
+        RuntimeError::NotPaused(id) => ApiError::Conflict(format!("sandbox {id} is running")),
+        RuntimeError::CheckpointNotFound(id) => {
+            ApiError::NotFound(format!("checkpoint {id} not found"))
+        }
+        RuntimeError::InvalidId(_) | RuntimeError::InvalidCheckpointId(_) => {
+            ApiError::BadRequest(err.to_string())
+        }
+        RuntimeError::NoFreeSlot { .. } | RuntimeError::CriuUnavailable(_) => {
+            ApiError::Unavailable(err.to_string())
+        }
+        other if other.is_capacity() => ApiError::Unavailable(format!(
+            "{err} (the host is out of capacity; try again later)"
+        )),
+        _ => ApiError::Internal(err.to_string()),
+    }
+}
+
+/// The one mapping from a service error to the status and `{code, message}` a client
+/// sees. Every 5xx is logged here with its cause chain.
+pub fn to_api(err: &ServiceError) -> ApiError {
+    let api = match err {
+        ServiceError::SandboxNotFound(id) => ApiError::sandbox_not_found(id),
+        ServiceError::AlreadyPaused(_)
+        | ServiceError::Paused(_)
+        | ServiceError::AlreadyRunning(_)
+        | ServiceError::SnapshotNameTaken(_) => ApiError::Conflict(err.to_string()),
+        ServiceError::TemplateNotFound(_) => ApiError::NotFound(err.to_string()),
+        ServiceError::InvalidTemplate { .. } => ApiError::BadRequest(err.to_string()),
+        ServiceError::TemplateIncomplete { .. } | ServiceError::Envd { .. } => {
+            ApiError::Unavailable(err.to_string())
+        }
+        ServiceError::Runtime { source, .. } => runtime_to_api(err, source),
+        ServiceError::Store(store) => match store {
+            StoreError::NotFound { .. } => ApiError::NotFound(store.to_string()),
+            StoreError::TeamExists { .. } => ApiError::Conflict(store.to_string()),
+            StoreError::InvalidCursor { .. } => ApiError::BadRequest(store.to_string()),
+            StoreError::Busy { .. } => ApiError::Unavailable(store.to_string()),
+            _ => ApiError::Internal(store.to_string()),
+        },
+        ServiceError::Template { .. }
+        | ServiceError::TemplateListing(_)
+        | ServiceError::Task { .. } => ApiError::Internal(err.to_string()),
+    };
+    if api.status() >= 500 {
+        let chain = error_chain(err);
+        match err.sandbox() {
+            Some(sandbox) => tracing::error!(%sandbox, status = api.status(), error = %chain),
+            None => tracing::error!(status = api.status(), error = %chain),
+        }
+    }
+    api
+}
+
+/// `err` and each of its sources, joined with ": ", skipping a source whose text the
+/// outer message already contains.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(err: ServiceError) -> Self {
+        to_api(&err)
+    }
+}
+
+/// What a handler fails with: an E2B error answer. Handlers build [`ApiError`]s for
+/// their own input checks; service and store errors become one through [`to_api`].
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct HttpError(pub ApiError);
+
+impl From<ApiError> for HttpError {
+    fn from(err: ApiError) -> Self {
+        HttpError(err)
+    }
+}
+
+impl From<ServiceError> for HttpError {
+    fn from(err: ServiceError) -> Self {
+        HttpError(to_api(&err))
+    }
+}
+
+impl From<StoreError> for HttpError {
+    fn from(err: StoreError) -> Self {
+        HttpError(to_api(&ServiceError::Store(err)))
+    }
+}
+
+impl axum::response::IntoResponse for HttpError {
+    fn into_response(self) -> axum::response::Response {
+        self.0.into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(source: RuntimeError) -> ServiceError {
+        ServiceError::Runtime {
+            sandbox: "isbx".into(),
+            stage: Stage::Create,
+            source,
+        }
+    }
+
+    #[test]
+    fn capacity_is_a_503_that_says_so() {
+        let api = to_api(&runtime(RuntimeError::NoFreeSlot { max: 3 }));
+        assert_eq!(api.status(), 503);
+        assert!(api.to_string().contains("all 3 sandbox slots are in use"), "{api}");
+        let full = RuntimeError::Io {
+            op: "create sandbox disk".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        let api = to_api(&runtime(full));
+        assert_eq!(api.status(), 503);
+        assert!(api.to_string().contains("out of capacity"), "{api}");
+    }
+
+    #[test]
+    fn state_errors_are_conflicts_and_missing_sandboxes_404() {
+        assert_eq!(to_api(&ServiceError::AlreadyPaused("i1".into())).status(), 409);
+        assert_eq!(to_api(&ServiceError::Paused("i1".into())).status(), 409);
+        assert_eq!(to_api(&runtime(RuntimeError::NotFound("i1".into()))).status(), 404);
+        assert_eq!(
+            to_api(&ServiceError::Store(StoreError::NotFound {
+                what: "snapshot",
+                id: "x".into()
+            }))
+            .status(),
+            404
+        );
+    }
+
+    #[test]
+    fn the_cause_chain_is_kept_without_repeats() {
+        let err = runtime(RuntimeError::Io {
+            op: "write record".into(),
+            source: std::io::Error::other("disk on fire"),
+        });
+        let chain = error_chain(&err);
+        assert_eq!(chain.matches("disk on fire").count(), 1, "{chain}");
+        assert!(chain.starts_with("starting the sandbox isbx"), "{chain}");
+    }
+}

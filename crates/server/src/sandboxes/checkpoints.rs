@@ -1,0 +1,326 @@
+//! Sandboxes made from checkpoints: snapshots (a named checkpoint of a running sandbox,
+//! usable as `templateID`) and fork (a checkpoint taken and restored `count` times at
+//! once). The source keeps running through both; each new sandbox is a run of the
+//! bring-up pipeline with a restore boot: it continues from the source's memory on its
+//! own copy of the disk, under its own id, uid range and token.
+//!
+//! Checkpoints are named by id; a snapshot's checkpoint id is the snapshot's id, a
+//! fork's is `fork-<uuid>` and lives only while the fork runs.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use berth_api::{LogLevel, StringMap};
+use berth_store::{SandboxRecord, SandboxStatus, SnapshotRecord};
+use time::OffsetDateTime;
+
+use super::pipeline::{self, Boot, BringUp, Init, NewRow, Row};
+use super::{blocking, live, log, new_sandbox_id, new_token, CreateRequest};
+use crate::error::{ServiceError, Stage};
+use crate::{events, AppState};
+
+/// Most forks started at once: each restore is CPU-bound (CRIU, a disk copy, a chown
+/// walk), so more than a few at a time only makes each one slower.
+const PARALLEL_RESTORES: usize = 4;
+
+/// The checkpoint id a snapshot row names. Rows written before checkpoints were named
+/// by id hold the checkpoint's directory, whose last component is that id.
+fn checkpoint_id(stored: &str) -> &str {
+    Path::new(stored)
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or(stored)
+}
+
+/// What a sandbox started from a checkpoint inherits.
+struct Origin {
+    team_id: String,
+    /// The template the checkpointed sandbox came from (its envd defaults).
+    template_id: String,
+    /// Reported as the new sandbox's alias (a snapshot's name, or the source's alias).
+    alias: Option<String>,
+    build_id: String,
+    metadata: StringMap,
+    env_vars: StringMap,
+    /// The token the checkpointed envd holds, needed to initialise it again.
+    envd_token: Option<String>,
+    /// Continue from the checkpoint's memory; false: boot afresh on its disk.
+    memory: bool,
+}
+
+/// What a sandbox started from a checkpoint is asked to be.
+struct Start {
+    timeout_secs: i64,
+    secure: bool,
+    metadata: Option<StringMap>,
+    env_vars: StringMap,
+    lifecycle: berth_store::Lifecycle,
+}
+
+/// One run of the pipeline from checkpoint `checkpoint_id`.
+async fn start_from_checkpoint(
+    state: &Arc<AppState>,
+    checkpoint_id: &str,
+    origin: &Origin,
+    start: Start,
+) -> Result<SandboxRecord, ServiceError> {
+    let mut env_vars = origin.env_vars.clone();
+    env_vars.extend(start.env_vars);
+    let plan = BringUp {
+        id: new_sandbox_id(),
+        init: Init {
+            template_id: origin.template_id.clone(),
+            env_vars,
+            access_token: start.secure.then(new_token),
+            presented_token: origin.envd_token.clone(),
+            after_memory_restore: true,
+        },
+        row: Row::Insert(Box::new(NewRow {
+            team_id: origin.team_id.clone(),
+            template_id: origin.template_id.clone(),
+            alias: origin.alias.clone(),
+            build_id: origin.build_id.clone(),
+            metadata: start.metadata.unwrap_or_else(|| origin.metadata.clone()),
+            allow_internet_access: None,
+            timeout_secs: start.timeout_secs,
+            lifecycle: start.lifecycle,
+        })),
+        log_line: format!(
+            "sandbox started from a checkpoint of template {}",
+            origin.template_id
+        ),
+    };
+    let boot = Boot::Restore {
+        checkpoint_id: checkpoint_id.to_string(),
+        memory: origin.memory,
+    };
+    pipeline::bring_up(state, boot, plan).await
+}
+
+/// Checkpoint running sandbox `id` as `checkpoint_id` under its lock; 409 when it is
+/// paused. Emits `checkpointed` on the source.
+async fn checkpoint_running(
+    state: &AppState,
+    id: &str,
+    checkpoint_id: &str,
+) -> Result<(SandboxRecord, berth_runtime::CheckpointInfo), ServiceError> {
+    let _guard = state.sandbox_locks.lock(id.to_string()).await;
+    let record = live(state, id)?;
+    if let SandboxStatus::Paused { .. } = record.status {
+        return Err(ServiceError::Paused(id.to_string()));
+    }
+    let runtime = state.runtime.clone();
+    let (owned, checkpoint) = (id.to_string(), checkpoint_id.to_string());
+    let info = blocking(id, Stage::Checkpoint, move || {
+        runtime.checkpoint(&owned, &checkpoint)
+    })
+    .await?;
+    events::record(
+        state,
+        &record,
+        events::CHECKPOINTED,
+        Some(serde_json::json!({ "sizeBytes": info.size_bytes })),
+    );
+    Ok((record, info))
+}
+
+/// Fork running sandbox `id` `count` times: one checkpoint, then `count` sandboxes
+/// started from it. One result per fork; the source keeps running untouched.
+pub async fn fork(
+    state: &Arc<AppState>,
+    id: &str,
+    count: usize,
+    timeout_secs: i64,
+) -> Result<Vec<Result<SandboxRecord, ServiceError>>, ServiceError> {
+    let checkpoint = format!("fork-{}", uuid::Uuid::new_v4());
+    let (source, _) = checkpoint_running(state, id, &checkpoint).await?;
+    let origin = Arc::new(Origin {
+        team_id: source.team_id.clone(),
+        template_id: source.template_id.clone(),
+        alias: source.alias.clone(),
+        build_id: source.build_id.clone(),
+        metadata: source.metadata.clone(),
+        env_vars: source.env_vars.clone(),
+        envd_token: source.envd_access_token.clone(),
+        memory: true,
+    });
+    let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
+    let mut forks = tokio::task::JoinSet::new();
+    for index in 0..count {
+        let (state, origin, limit, checkpoint) = (
+            state.clone(),
+            origin.clone(),
+            limit.clone(),
+            checkpoint.clone(),
+        );
+        let secure = source.envd_access_token.is_some();
+        forks.spawn(async move {
+            let _permit = limit.acquire_owned().await;
+            let start = Start {
+                timeout_secs,
+                secure,
+                metadata: None,
+                env_vars: StringMap::new(),
+                lifecycle: berth_store::Lifecycle::default(),
+            };
+            (
+                index,
+                start_from_checkpoint(&state, &checkpoint, &origin, start).await,
+            )
+        });
+    }
+    let mut results: Vec<Option<Result<SandboxRecord, ServiceError>>> =
+        (0..count).map(|_| None).collect();
+    while let Some(joined) = forks.join_next().await {
+        match joined {
+            Ok((index, result)) => results[index] = Some(result),
+            Err(err) => tracing::error!(%err, "fork task failed"),
+        }
+    }
+    delete_checkpoint(state, &checkpoint).await;
+    log(
+        state,
+        id,
+        LogLevel::Info,
+        &format!("sandbox forked {count} time(s)"),
+    );
+    Ok(results
+        .into_iter()
+        .map(|result| {
+            result.unwrap_or_else(|| {
+                Err(ServiceError::Runtime {
+                    sandbox: id.to_string(),
+                    stage: Stage::Restore,
+                    source: berth_runtime::RuntimeError::WorkerPanicked("fork"),
+                })
+            })
+        })
+        .collect())
+}
+
+/// Snapshot running sandbox `id` as `name` (a snapshot of that name is replaced), with
+/// its memory or (`memory` false) only its files. Both take a full checkpoint, whose disk
+/// copy is consistent with a stopped instant; a filesystem-only one just never uses the
+/// memory.
+pub async fn snapshot(
+    state: &Arc<AppState>,
+    id: &str,
+    name: Option<String>,
+    memory: bool,
+) -> Result<SnapshotRecord, ServiceError> {
+    if let Some(name) = &name {
+        if super::load_template(state, name).await.is_ok() {
+            return Err(ServiceError::SnapshotNameTaken(name.clone()));
+        }
+    }
+    let snapshot_id = format!("s{}", &new_sandbox_id()[1..]);
+    let name = name.unwrap_or_else(|| snapshot_id.clone());
+    let (source, info) = checkpoint_running(state, id, &snapshot_id).await?;
+    let record = SnapshotRecord {
+        id: snapshot_id.clone(),
+        team_id: source.team_id.clone(),
+        name,
+        source_sandbox_id: source.id.clone(),
+        template_id: source.template_id.clone(),
+        build_id: source.build_id.clone(),
+        cpu_count: source.cpu_count,
+        memory_mb: source.memory_mb,
+        disk_size_mb: source.disk_size_mb,
+        env_vars: source.env_vars.clone(),
+        envd_access_token: source.envd_access_token.clone(),
+        checkpoint_id: snapshot_id.clone(),
+        size_bytes: info.size_bytes,
+        created_at: OffsetDateTime::now_utc(),
+        memory,
+    };
+    let replaced = match state.store.put_snapshot(&record) {
+        Ok(replaced) => replaced,
+        Err(err) => {
+            delete_checkpoint(state, &snapshot_id).await;
+            return Err(err.into());
+        }
+    };
+    if let Some(old) = replaced {
+        delete_checkpoint(state, checkpoint_id(&old)).await;
+    }
+    log(
+        state,
+        id,
+        LogLevel::Info,
+        &format!(
+            "snapshot {} taken ({} bytes)",
+            record.name, record.size_bytes
+        ),
+    );
+    Ok(record)
+}
+
+/// A new sandbox from snapshot `snapshot`, as `request` asks (its template is the
+/// snapshot's name).
+pub(super) async fn create_from_snapshot(
+    state: &Arc<AppState>,
+    snapshot: &SnapshotRecord,
+    request: CreateRequest,
+) -> Result<SandboxRecord, ServiceError> {
+    let origin = Origin {
+        team_id: snapshot.team_id.clone(),
+        template_id: snapshot.template_id.clone(),
+        alias: Some(snapshot.name.clone()),
+        build_id: snapshot.build_id.clone(),
+        metadata: StringMap::new(),
+        env_vars: snapshot.env_vars.clone(),
+        envd_token: snapshot.envd_access_token.clone(),
+        memory: snapshot.memory,
+    };
+    let start = Start {
+        timeout_secs: request.timeout_secs,
+        secure: request.secure,
+        metadata: Some(request.metadata),
+        env_vars: request.env_vars,
+        lifecycle: request.lifecycle,
+    };
+    start_from_checkpoint(state, checkpoint_id(&snapshot.checkpoint_id), &origin, start).await
+}
+
+/// Delete snapshot `name_or_id` of `team_id` and its checkpoint.
+pub async fn delete_snapshot(
+    state: &AppState,
+    team_id: &str,
+    name_or_id: &str,
+) -> Result<(), ServiceError> {
+    let removed = state.store.delete_snapshot(team_id, name_or_id)?;
+    delete_checkpoint(state, checkpoint_id(&removed.checkpoint_id)).await;
+    Ok(())
+}
+
+/// At start: delete checkpoints no snapshot owns (a fork's, or a snapshot's whose
+/// recording did not happen, left by a crash).
+pub(super) async fn remove_unowned(state: &AppState) -> Result<(), ServiceError> {
+    let owned: std::collections::HashSet<String> = state
+        .store
+        .snapshot_checkpoints()?
+        .iter()
+        .map(|stored| checkpoint_id(stored).to_string())
+        .collect();
+    let runtime = state.runtime.clone();
+    let held = blocking("", Stage::Recover, move || runtime.checkpoints()).await?;
+    for checkpoint in held.iter().filter(|id| !owned.contains(*id)) {
+        tracing::info!(%checkpoint, "deleting a checkpoint no snapshot owns");
+        delete_checkpoint(state, checkpoint).await;
+    }
+    Ok(())
+}
+
+/// Delete checkpoint `checkpoint_id`; a failure is logged (the checkpoint is then left
+/// for the next start's [`remove_unowned`]).
+async fn delete_checkpoint(state: &AppState, checkpoint_id: &str) {
+    let runtime = state.runtime.clone();
+    let owned = checkpoint_id.to_string();
+    if let Err(err) = blocking("", Stage::DeleteCheckpoint, move || {
+        runtime.delete_checkpoint(&owned)
+    })
+    .await
+    {
+        tracing::warn!(checkpoint = %checkpoint_id, error = %crate::error::error_chain(&err), "deleting a checkpoint");
+    }
+}

@@ -1,0 +1,326 @@
+//! The sandbox service: everything that changes a sandbox's state — create, pause,
+//! resume, snapshot, fork, kill, and reconciling with the runtime at start.
+//!
+//! Every bring-up (create, resume with or without memory, restore from a checkpoint
+//! for fork and snapshot starts) is one run of the pipeline in [`pipeline`]: claim →
+//! root and disk → runtime start → envd ready → `/init` → row → event, each stage
+//! written once. Pause, resume, kill, snapshot and fork of one sandbox hold its lock
+//! (`AppState::sandbox_locks`), the single serialisation point, and re-read the row
+//! under it. Errors are [`ServiceError`]s; handlers turn them into HTTP answers at the
+//! one boundary in `crate::error`.
+//!
+//! The runtime owns its on-disk layout: this module names checkpoints by id only.
+
+mod checkpoints;
+mod pipeline;
+mod recovery;
+
+use std::sync::Arc;
+
+use berth_api::{LogLevel, StringMap};
+use berth_runtime::{RuntimeError, SandboxSpec};
+use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
+use berth_template::TemplateError;
+
+use crate::error::{ServiceError, Stage};
+use crate::{events, AppState};
+
+pub use checkpoints::{delete_snapshot, fork, snapshot};
+pub use recovery::recover;
+
+use pipeline::{Boot, BringUp, Init, NewRow, Row};
+
+/// What a create request asks for, after validation.
+pub struct CreateRequest {
+    pub team_id: String,
+    pub template: String,
+    pub timeout_secs: i64,
+    pub secure: bool,
+    pub metadata: StringMap,
+    pub env_vars: StringMap,
+    pub allow_internet_access: Option<bool>,
+    pub lifecycle: Lifecycle,
+}
+
+/// A new sandbox id: `i` + 20 characters of `[a-z0-9]`.
+pub fn new_sandbox_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut id = String::with_capacity(21);
+    id.push('i');
+    for _ in 0..20 {
+        id.push(ALPHABET[rand::random_range(0..ALPHABET.len())] as char);
+    }
+    id
+}
+
+/// A random token (hex) for envd access.
+pub fn new_token() -> String {
+    let bytes: [u8; 24] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A build id for a template: stable for the same layers, shaped like a UUID.
+pub fn build_id(layer_ids: &[berth_template::LayerId]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for id in layer_ids {
+        hasher.update(id.as_str().as_bytes());
+        hasher.update([0]);
+    }
+    let digest = hasher.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .to_string()
+}
+
+/// Template `name` from the store.
+pub(crate) async fn load_template(
+    state: &AppState,
+    name: &str,
+) -> Result<berth_template::Template, ServiceError> {
+    let templates = state.templates.clone();
+    let owned = name.to_string();
+    let found = tokio::task::spawn_blocking(move || templates.get(&owned))
+        .await
+        .map_err(|source| ServiceError::Task {
+            what: "template lookup",
+            source,
+        })?;
+    found.map_err(|source| {
+        let name = name.to_string();
+        match source {
+            TemplateError::NotFound(_) => ServiceError::TemplateNotFound(name),
+            TemplateError::InvalidId(_) => ServiceError::InvalidTemplate { name, source },
+            TemplateError::MissingLayer { .. } => {
+                ServiceError::TemplateIncomplete { name, source }
+            }
+            source => ServiceError::Template { name, source },
+        }
+    })
+}
+
+/// Runs blocking runtime work for `stage` of sandbox `id` off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    id: &str,
+    stage: Stage,
+    work: impl FnOnce() -> Result<T, RuntimeError> + Send + 'static,
+) -> Result<T, ServiceError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|source| ServiceError::Task {
+            what: "runtime call",
+            source,
+        })?
+        .map_err(|source| ServiceError::Runtime {
+            sandbox: id.to_string(),
+            stage,
+            source,
+        })
+}
+
+/// The live (running or paused) sandbox `id` of any team; call under its lock.
+pub(crate) fn live(state: &AppState, id: &str) -> Result<SandboxRecord, ServiceError> {
+    state
+        .store
+        .live_sandbox_any_team(id)?
+        .ok_or_else(|| ServiceError::SandboxNotFound(id.to_string()))
+}
+
+/// Create a sandbox from a template (or a snapshot of that name) and wait until its
+/// envd is initialised.
+pub async fn create(
+    state: &Arc<AppState>,
+    request: CreateRequest,
+) -> Result<SandboxRecord, ServiceError> {
+    if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
+        return checkpoints::create_from_snapshot(state, &snapshot, request).await;
+    }
+    let template = load_template(state, &request.template).await?;
+    let id = new_sandbox_id();
+    let resources = state.config.resources;
+    let spec = SandboxSpec {
+        id: id.clone(),
+        template: template.id.clone(),
+        layers: template.layers.clone(),
+        cpu_count: resources.cpu_count,
+        memory_mb: resources.memory_mb,
+        disk_size_mb: resources.disk_size_mb,
+    };
+    let plan = BringUp {
+        id,
+        init: Init {
+            template_id: template.id.clone(),
+            env_vars: request.env_vars,
+            access_token: request.secure.then(new_token),
+            presented_token: None,
+            after_memory_restore: true,
+        },
+        row: Row::Insert(Box::new(NewRow {
+            team_id: request.team_id,
+            template_id: template.id.clone(),
+            alias: Some(template.id.clone()),
+            build_id: build_id(&template.layer_ids),
+            metadata: request.metadata,
+            allow_internet_access: request.allow_internet_access,
+            timeout_secs: request.timeout_secs,
+            lifecycle: request.lifecycle,
+        })),
+        log_line: format!("sandbox created from template {}", template.id),
+    };
+    pipeline::bring_up(state, Boot::Fresh(spec), plan).await
+}
+
+/// Pause running sandbox `id` (with its memory, or only its disk). Emits `paused`.
+pub async fn pause(
+    state: &AppState,
+    id: &str,
+    memory: bool,
+    reason: &str,
+) -> Result<SandboxRecord, ServiceError> {
+    let _guard = state.sandbox_locks.lock(id.to_string()).await;
+    let record = live(state, id)?;
+    if let SandboxStatus::Paused { .. } = record.status {
+        return Err(ServiceError::AlreadyPaused(id.to_string()));
+    }
+    let runtime = state.runtime.clone();
+    let owned = id.to_string();
+    blocking(id, Stage::Pause, move || runtime.pause(&owned, memory)).await?;
+    // The sandbox's end of every proxied connection is gone: end them, do not let them hang.
+    state.connections.close_all(id);
+    state.store.mark_paused(id, memory)?;
+    let what = if memory {
+        "memory and files"
+    } else {
+        "files only"
+    };
+    log(
+        state,
+        id,
+        LogLevel::Info,
+        &format!("sandbox paused, {what} kept ({reason})"),
+    );
+    events::record(
+        state,
+        &record,
+        events::PAUSED,
+        Some(serde_json::json!({ "memory": memory })),
+    );
+    crate::metrics::forget(state, id);
+    Ok(record)
+}
+
+/// How [`resume`] found the sandbox.
+pub enum Resumed {
+    /// It was running; nothing changed.
+    WasRunning(SandboxRecord),
+    /// It was paused and runs again, until the record's new end time.
+    Resumed(SandboxRecord),
+}
+
+/// Resume paused sandbox `id` for `timeout_secs` (default: its create timeout), with its
+/// memory unless `keep_memory` is false. A running sandbox is returned as is. Emits
+/// `resumed`.
+pub async fn resume(
+    state: &Arc<AppState>,
+    id: &str,
+    timeout_secs: Option<i64>,
+    keep_memory: bool,
+) -> Result<Resumed, ServiceError> {
+    let _guard = state.sandbox_locks.lock(id.to_string()).await;
+    let record = live(state, id)?;
+    if record.status == SandboxStatus::Running {
+        return Ok(Resumed::WasRunning(record));
+    }
+    let plan = BringUp {
+        id: id.to_string(),
+        init: Init {
+            template_id: record.template_id.clone(),
+            env_vars: record.env_vars.clone(),
+            access_token: record.envd_access_token.clone(),
+            presented_token: None,
+            after_memory_restore: false,
+        },
+        row: Row::Resumed {
+            timeout_secs: timeout_secs.unwrap_or(record.timeout_secs),
+            record: Box::new(record),
+        },
+        log_line: "sandbox resumed".into(),
+    };
+    pipeline::bring_up(state, Boot::Resume { keep_memory }, plan)
+        .await
+        .map(Resumed::Resumed)
+}
+
+/// Remove sandbox `id` from the runtime; one already gone is fine.
+async fn kill_in_runtime(state: &AppState, id: &str) -> Result<(), RuntimeError> {
+    let runtime = state.runtime.clone();
+    let id = id.to_string();
+    match tokio::task::spawn_blocking(move || runtime.kill(&id)).await {
+        Ok(Ok(())) | Ok(Err(RuntimeError::NotFound(_))) => Ok(()),
+        Ok(Err(err)) => Err(err),
+        Err(_) => Err(RuntimeError::WorkerPanicked("kill")),
+    }
+}
+
+/// Kill a running or paused sandbox: remove it (and any checkpoint) from the runtime,
+/// mark it killed, emit `killed`. Returns false when it was already killed.
+pub async fn kill(
+    state: &AppState,
+    sandbox: &SandboxRecord,
+    reason: &str,
+) -> Result<bool, ServiceError> {
+    let _guard = state.sandbox_locks.lock(sandbox.id.clone()).await;
+    kill_in_runtime(state, &sandbox.id)
+        .await
+        .map_err(|source| ServiceError::Runtime {
+            sandbox: sandbox.id.clone(),
+            stage: Stage::Kill,
+            source,
+        })?;
+    state.connections.close_all(&sandbox.id);
+    let was_running = state.store.mark_killed(&sandbox.id)?;
+    if was_running {
+        log(
+            state,
+            &sandbox.id,
+            LogLevel::Info,
+            &format!("sandbox killed ({reason})"),
+        );
+        events::record(state, sandbox, events::KILLED, None);
+        crate::metrics::forget(state, &sandbox.id);
+    }
+    Ok(was_running)
+}
+
+/// Append a log line to a sandbox's log; failures are only traced.
+pub fn log(state: &AppState, sandbox_id: &str, level: LogLevel, message: &str) {
+    if let Err(err) = state.store.append_log(sandbox_id, level, message) {
+        tracing::warn!(sandbox = %sandbox_id, %err, "appending sandbox log");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_ids_have_e2b_shape() {
+        let id = new_sandbox_id();
+        assert_eq!(id.len(), 21);
+        assert!(id.starts_with('i'));
+        assert!(id
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+        assert_ne!(id, new_sandbox_id());
+    }
+
+    #[test]
+    fn build_ids_are_stable_uuids() {
+        let layers = [berth_template::LayerId::of_bytes(b"x")];
+        let a = build_id(&layers);
+        assert_eq!(a, build_id(&layers));
+        assert!(uuid::Uuid::parse_str(&a).is_ok());
+    }
+}

@@ -1,0 +1,552 @@
+//! Sandboxes (running, paused, killed; their lifecycle), their metadata, idempotency
+//! keys of creates, and the spans team metrics are computed from.
+//!
+//! `sandboxes.metadata` (JSON) is what records are read from; `sandbox_metadata` holds
+//! the same pairs one per row so listings filter by them in SQL with a plain index. Both
+//! are written in the one transaction of [`Store::insert_sandbox`]; metadata never
+//! changes after that.
+
+use rusqlite::{params, Row};
+use time::OffsetDateTime;
+
+use crate::columns::{now, string_map_json, to_ms, Columns};
+use crate::cursor::{self, Listing, Position};
+use crate::db::{execute, query_all, query_opt, Bindings, Store};
+use crate::error::{Result, StoreError};
+
+/// Whether a sandbox row describes a live sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxStatus {
+    Running,
+    /// Stopped with its disk and, with `memory`, its processes' memory kept.
+    Paused {
+        memory: bool,
+    },
+    Killed,
+}
+
+impl SandboxStatus {
+    const RUNNING: &str = "running";
+    const PAUSED: &str = "paused";
+    const KILLED: &str = "killed";
+
+    fn as_str(self) -> &'static str {
+        match self {
+            SandboxStatus::Running => Self::RUNNING,
+            SandboxStatus::Paused { .. } => Self::PAUSED,
+            SandboxStatus::Killed => Self::KILLED,
+        }
+    }
+
+    fn paused_memory(self) -> Option<bool> {
+        match self {
+            SandboxStatus::Paused { memory } => Some(memory),
+            _ => None,
+        }
+    }
+}
+
+/// What happens at a sandbox's end time and on traffic while it is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// Pause instead of kill at the end time.
+    pub auto_pause: bool,
+    /// An automatic pause keeps memory (else only the disk).
+    pub auto_pause_memory: bool,
+    /// Traffic through the proxy resumes the sandbox when it is paused (with memory).
+    pub auto_resume: bool,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Lifecycle {
+            auto_pause: false,
+            auto_pause_memory: true,
+            auto_resume: false,
+        }
+    }
+}
+
+/// A sandbox as the control plane records it.
+#[derive(Debug, Clone)]
+pub struct SandboxRecord {
+    pub id: String,
+    pub team_id: String,
+    pub template_id: String,
+    pub alias: Option<String>,
+    pub build_id: String,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_size_mb: u64,
+    pub metadata: berth_api::StringMap,
+    pub envd_version: String,
+    pub envd_access_token: Option<String>,
+    pub allow_internet_access: Option<bool>,
+    pub started_at: OffsetDateTime,
+    pub end_at: OffsetDateTime,
+    pub status: SandboxStatus,
+    /// Env vars given at create (envd gets them again when it boots afresh).
+    pub env_vars: berth_api::StringMap,
+    /// Time to live given at create, in seconds (used again on automatic resume).
+    pub timeout_secs: i64,
+    pub lifecycle: Lifecycle,
+}
+
+/// Filters of a sandbox listing.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxFilter {
+    /// Every pair must be present in the sandbox's metadata.
+    pub metadata: Vec<(String, String)>,
+    /// Template id or alias.
+    pub template: Option<String>,
+    pub started_after: Option<OffsetDateTime>,
+    pub ascending: bool,
+    pub states: StateFilter,
+}
+
+/// Which live states a listing includes (default: running only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateFilter {
+    pub running: bool,
+    pub paused: bool,
+}
+
+impl Default for StateFilter {
+    fn default() -> Self {
+        StateFilter {
+            running: true,
+            paused: false,
+        }
+    }
+}
+
+impl StateFilter {
+    pub(crate) fn statuses(self) -> Vec<String> {
+        let mut statuses = Vec::new();
+        if self.running {
+            statuses.push(SandboxStatus::RUNNING.to_string());
+        }
+        if self.paused {
+            statuses.push(SandboxStatus::PAUSED.to_string());
+        }
+        statuses
+    }
+}
+
+/// One page of a sandbox listing.
+#[derive(Debug, Clone)]
+pub struct SandboxPage {
+    pub sandboxes: Vec<SandboxRecord>,
+    /// Opaque cursor for the next page, when more rows match.
+    pub next_token: Option<String>,
+    /// Running sandboxes matching the filters, before paging.
+    pub total: u64,
+}
+
+const SANDBOX_COLUMNS: &str = "id, team_id, template_id, alias, build_id, cpu_count, memory_mb, \
+     disk_size_mb, metadata, envd_version, envd_access_token, allow_internet_access, \
+     started_at_ms, end_at_ms, status, paused_memory, env_vars, timeout_secs, auto_pause, \
+     auto_pause_memory, auto_resume";
+
+/// Live rows: the states [`SandboxStatus::Running`] and [`SandboxStatus::Paused`].
+const LIVE: &str = "status IN ('running', 'paused')";
+
+fn sandbox_from_row(row: &Row<'_>) -> Result<SandboxRecord> {
+    let c = Columns::new(row, "sandboxes", &["id"])?;
+    let paused_memory: Option<bool> = c.get("paused_memory")?;
+    let status = c.word("status", "running, paused or killed", |text| match text {
+        SandboxStatus::RUNNING => Some(SandboxStatus::Running),
+        // Rows paused before pauses without memory existed have no paused_memory.
+        SandboxStatus::PAUSED => Some(SandboxStatus::Paused {
+            memory: paused_memory.unwrap_or(true),
+        }),
+        SandboxStatus::KILLED => Some(SandboxStatus::Killed),
+        _ => None,
+    })?;
+    Ok(SandboxRecord {
+        id: c.get("id")?,
+        team_id: c.get("team_id")?,
+        template_id: c.get("template_id")?,
+        alias: c.get("alias")?,
+        build_id: c.get("build_id")?,
+        cpu_count: c.get("cpu_count")?,
+        memory_mb: c.get("memory_mb")?,
+        disk_size_mb: c.get("disk_size_mb")?,
+        metadata: c.json("metadata")?,
+        envd_version: c.get("envd_version")?,
+        envd_access_token: c.get("envd_access_token")?,
+        allow_internet_access: c.get("allow_internet_access")?,
+        started_at: c.time("started_at_ms")?,
+        end_at: c.time("end_at_ms")?,
+        status,
+        env_vars: c.json("env_vars")?,
+        timeout_secs: c.get("timeout_secs")?,
+        lifecycle: Lifecycle {
+            auto_pause: c.get("auto_pause")?,
+            auto_pause_memory: c.get("auto_pause_memory")?,
+            auto_resume: c.get("auto_resume")?,
+        },
+    })
+}
+
+/// The conditions of `filter` for `team_id`, without the cursor.
+fn filter_conditions(
+    bindings: &mut Bindings,
+    team_id: &str,
+    filter: &SandboxFilter,
+    statuses: Vec<String>,
+) -> Vec<String> {
+    let mut conditions = vec![
+        format!("team_id = {}", bindings.bind(team_id.to_string())),
+        format!("status IN ({})", bindings.bind_list(statuses)),
+    ];
+    if let Some(template) = &filter.template {
+        let param = bindings.bind(template.clone());
+        conditions.push(format!("(template_id = {param} OR alias = {param})"));
+    }
+    if let Some(after) = filter.started_after {
+        conditions.push(format!("started_at_ms >= {}", bindings.bind(to_ms(after))));
+    }
+    for (key, value) in &filter.metadata {
+        let key = bindings.bind(key.clone());
+        let value = bindings.bind(value.clone());
+        conditions.push(format!(
+            "EXISTS (SELECT 1 FROM sandbox_metadata m WHERE m.sandbox_id = sandboxes.id \
+             AND m.key = {key} AND m.value = {value})"
+        ));
+    }
+    conditions
+}
+
+/// The SQL of one page of a listing: rows matching `filter` strictly after `after`, in
+/// the listing's order, one more than `limit` (to tell whether another page follows).
+pub(crate) fn page_query(
+    team_id: &str,
+    filter: &SandboxFilter,
+    statuses: Vec<String>,
+    after: Option<Position>,
+    limit: usize,
+) -> (String, Bindings) {
+    let listing = Listing::Sandboxes {
+        ascending: filter.ascending,
+    };
+    let mut bindings = Bindings::default();
+    let mut conditions = filter_conditions(&mut bindings, team_id, filter, statuses);
+    if let Some(after) = after {
+        let ms = bindings.bind(after.ms);
+        let id = bindings.bind(after.id);
+        conditions.push(cursor::after(listing, "started_at_ms", "id", &ms, &id));
+    }
+    let sql = format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE {} {} LIMIT {}",
+        conditions.join(" AND "),
+        cursor::order_by(listing, "started_at_ms", "id"),
+        bindings.bind(cursor::fetch_limit(limit)),
+    );
+    (sql, bindings)
+}
+
+impl Store {
+    pub fn insert_sandbox(&self, sandbox: &SandboxRecord) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        execute(
+            &tx,
+            &format!(
+                "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES \
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+                 ?18, ?19, ?20, ?21)"
+            ),
+            params![
+                sandbox.id,
+                sandbox.team_id,
+                sandbox.template_id,
+                sandbox.alias,
+                sandbox.build_id,
+                sandbox.cpu_count,
+                sandbox.memory_mb,
+                sandbox.disk_size_mb,
+                string_map_json(&sandbox.metadata),
+                sandbox.envd_version,
+                sandbox.envd_access_token,
+                sandbox.allow_internet_access,
+                to_ms(sandbox.started_at),
+                to_ms(sandbox.end_at),
+                sandbox.status.as_str(),
+                sandbox.status.paused_memory(),
+                string_map_json(&sandbox.env_vars),
+                sandbox.timeout_secs,
+                sandbox.lifecycle.auto_pause,
+                sandbox.lifecycle.auto_pause_memory,
+                sandbox.lifecycle.auto_resume,
+            ],
+        )?;
+        for (key, value) in &sandbox.metadata {
+            execute(
+                &tx,
+                "INSERT INTO sandbox_metadata (sandbox_id, key, value) VALUES (?1, ?2, ?3)",
+                params![sandbox.id, key, value],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn sandbox_where(
+        &self,
+        condition: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<Option<SandboxRecord>> {
+        query_opt(
+            &self.conn(),
+            &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE {condition}"),
+            params,
+            sandbox_from_row,
+        )
+    }
+
+    fn sandboxes_where(
+        &self,
+        condition: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<Vec<SandboxRecord>> {
+        query_all(
+            &self.conn(),
+            &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE {condition}"),
+            params,
+            sandbox_from_row,
+        )
+    }
+
+    /// A sandbox of `team_id` in any state (killed ones keep their logs and metrics).
+    pub fn sandbox(&self, team_id: &str, id: &str) -> Result<Option<SandboxRecord>> {
+        self.sandbox_where("id = ?1 AND team_id = ?2", params![id, team_id])
+    }
+
+    /// A running sandbox of `team_id`.
+    pub fn running_sandbox(&self, team_id: &str, id: &str) -> Result<Option<SandboxRecord>> {
+        self.sandbox_where(
+            "id = ?1 AND team_id = ?2 AND status = 'running'",
+            params![id, team_id],
+        )
+    }
+
+    /// A running or paused sandbox of `team_id`.
+    pub fn live_sandbox(&self, team_id: &str, id: &str) -> Result<Option<SandboxRecord>> {
+        self.sandbox_where(
+            &format!("id = ?1 AND team_id = ?2 AND {LIVE}"),
+            params![id, team_id],
+        )
+    }
+
+    /// A running or paused sandbox by id, whatever its team (for the proxy).
+    pub fn live_sandbox_any_team(&self, id: &str) -> Result<Option<SandboxRecord>> {
+        self.sandbox_where(&format!("id = ?1 AND {LIVE}"), [id])
+    }
+
+    /// Every running sandbox of every team.
+    pub fn all_running_sandboxes(&self) -> Result<Vec<SandboxRecord>> {
+        self.sandboxes_where("status = 'running' ORDER BY started_at_ms, id", [])
+    }
+
+    /// Every paused sandbox of every team.
+    pub fn all_paused_sandboxes(&self) -> Result<Vec<SandboxRecord>> {
+        self.sandboxes_where("status = 'paused' ORDER BY started_at_ms, id", [])
+    }
+
+    /// Running sandboxes whose end time has passed.
+    pub fn expired_sandboxes(&self, at: OffsetDateTime) -> Result<Vec<SandboxRecord>> {
+        self.sandboxes_where("status = 'running' AND end_at_ms <= ?1", [to_ms(at)])
+    }
+
+    /// Earliest end time among running sandboxes (the reaper sleeps until then).
+    pub fn next_end_at(&self) -> Result<Option<OffsetDateTime>> {
+        query_opt(
+            &self.conn(),
+            "SELECT id, end_at_ms FROM sandboxes WHERE status = 'running' \
+             ORDER BY end_at_ms LIMIT 1",
+            [],
+            |row| Columns::new(row, "sandboxes", &["id"])?.time("end_at_ms"),
+        )
+    }
+
+    /// Live sandboxes of a team matching `filter`, in start order (then id), at most
+    /// `limit` after the cursor `next_token` of a previous page.
+    pub fn list_sandboxes(
+        &self,
+        team_id: &str,
+        filter: &SandboxFilter,
+        limit: usize,
+        next_token: Option<&str>,
+    ) -> Result<SandboxPage> {
+        let listing = Listing::Sandboxes {
+            ascending: filter.ascending,
+        };
+        let after = next_token
+            .map(|token| cursor::decode(listing, token))
+            .transpose()?;
+        let statuses = filter.states.statuses();
+        if statuses.is_empty() {
+            return Ok(SandboxPage {
+                sandboxes: Vec::new(),
+                next_token: None,
+                total: 0,
+            });
+        }
+
+        let (page_sql, page) = page_query(team_id, filter, statuses, after, limit);
+        let mut conn = self.conn();
+        // One read transaction: the page and the total see the same rows.
+        let tx = conn.transaction()?;
+        let rows = query_all(&tx, &page_sql, page.params(), sandbox_from_row)?;
+        let total = if filter.states.running {
+            let mut count = Bindings::default();
+            let conditions = filter_conditions(
+                &mut count,
+                team_id,
+                filter,
+                StateFilter::default().statuses(),
+            );
+            let count_sql = format!(
+                "SELECT COUNT(*) FROM sandboxes WHERE {}",
+                conditions.join(" AND ")
+            );
+            let total: i64 = tx.query_row(&count_sql, count.params(), |r| r.get(0))?;
+            total as u64
+        } else {
+            0
+        };
+        tx.commit()?;
+
+        let (sandboxes, next_token) = cursor::paginate(listing, rows, limit, |s| Position {
+            ms: to_ms(s.started_at),
+            id: s.id.clone(),
+        });
+        Ok(SandboxPage {
+            sandboxes,
+            next_token,
+            total,
+        })
+    }
+
+    /// Turn pausing at the end time on or off for a live sandbox.
+    pub fn set_auto_pause(&self, id: &str, auto_pause: bool) -> Result<()> {
+        execute(
+            &self.conn(),
+            &format!("UPDATE sandboxes SET auto_pause = ?1 WHERE id = ?2 AND {LIVE}"),
+            params![auto_pause, id],
+        )?;
+        Ok(())
+    }
+
+    /// Set the end time of a running sandbox.
+    pub fn set_end_at(&self, team_id: &str, id: &str, end_at: OffsetDateTime) -> Result<()> {
+        let changed = execute(
+            &self.conn(),
+            "UPDATE sandboxes SET end_at_ms = ?1 WHERE id = ?2 AND team_id = ?3 AND status = 'running'",
+            params![to_ms(end_at), id, team_id],
+        )?;
+        if changed == 0 {
+            return Err(StoreError::NotFound {
+                what: "sandbox",
+                id: id.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Mark a running sandbox paused. False when it was not running.
+    pub fn mark_paused(&self, id: &str, memory: bool) -> Result<bool> {
+        let changed = execute(
+            &self.conn(),
+            "UPDATE sandboxes SET status = 'paused', paused_memory = ?1 \
+             WHERE id = ?2 AND status = 'running'",
+            params![memory, id],
+        )?;
+        Ok(changed == 1)
+    }
+
+    /// Mark a paused sandbox running again until `end_at`. False when it was not paused.
+    pub fn mark_resumed(&self, id: &str, end_at: OffsetDateTime) -> Result<bool> {
+        let changed = execute(
+            &self.conn(),
+            "UPDATE sandboxes SET status = 'running', paused_memory = NULL, end_at_ms = ?1 \
+             WHERE id = ?2 AND status = 'paused'",
+            params![to_ms(end_at), id],
+        )?;
+        Ok(changed == 1)
+    }
+
+    /// Mark a running or paused sandbox killed. Returns false when it was neither
+    /// (someone else killed it first), so exactly one caller records the `killed` event.
+    pub fn mark_killed(&self, id: &str) -> Result<bool> {
+        let changed = execute(
+            &self.conn(),
+            &format!(
+                "UPDATE sandboxes SET status = 'killed', paused_memory = NULL, \
+                 end_at_ms = CASE WHEN end_at_ms < ?1 THEN end_at_ms ELSE ?1 END \
+                 WHERE id = ?2 AND {LIVE}"
+            ),
+            params![to_ms(now()), id],
+        )?;
+        Ok(changed == 1)
+    }
+
+    /// Remember which sandbox an idempotency key created.
+    pub fn remember_idempotency_key(
+        &self,
+        team_id: &str,
+        key: &str,
+        sandbox_id: &str,
+    ) -> Result<()> {
+        execute(
+            &self.conn(),
+            "INSERT INTO idempotency_keys (team_id, key, sandbox_id, created_at_ms) \
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (team_id, key) DO UPDATE SET \
+             sandbox_id = excluded.sandbox_id, created_at_ms = excluded.created_at_ms",
+            params![team_id, key, sandbox_id, to_ms(now())],
+        )?;
+        Ok(())
+    }
+
+    /// Forget idempotency keys recorded before `before`; returns how many.
+    pub fn forget_idempotency_keys(&self, before: OffsetDateTime) -> Result<usize> {
+        execute(
+            &self.conn(),
+            "DELETE FROM idempotency_keys WHERE created_at_ms < ?1",
+            [to_ms(before)],
+        )
+    }
+
+    /// Sandbox an idempotency key created, if any.
+    pub fn idempotent_sandbox(&self, team_id: &str, key: &str) -> Result<Option<String>> {
+        query_opt(
+            &self.conn(),
+            "SELECT team_id, key, sandbox_id FROM idempotency_keys WHERE team_id = ?1 AND key = ?2",
+            params![team_id, key],
+            |row| Columns::new(row, "idempotency_keys", &["team_id", "key"])?.get("sandbox_id"),
+        )
+    }
+
+    /// Sandboxes of a team started in `[from, to]` (ms), with their start and kill times,
+    /// for team metrics.
+    pub fn team_sandbox_spans(
+        &self,
+        team_id: &str,
+        from: OffsetDateTime,
+        to: OffsetDateTime,
+    ) -> Result<Vec<(OffsetDateTime, Option<OffsetDateTime>)>> {
+        query_all(
+            &self.conn(),
+            "SELECT id, started_at_ms, \
+             CASE WHEN status = 'running' THEN NULL ELSE end_at_ms END AS killed_at_ms \
+             FROM sandboxes WHERE team_id = ?1 AND started_at_ms <= ?3 \
+             AND (status = 'running' OR end_at_ms >= ?2)",
+            params![team_id, to_ms(from), to_ms(to)],
+            |row| {
+                let c = Columns::new(row, "sandboxes", &["id"])?;
+                Ok((c.time("started_at_ms")?, c.time_opt("killed_at_ms")?))
+            },
+        )
+    }
+}

@@ -1,0 +1,151 @@
+use super::*;
+
+fn hook(id: &str, team: &str, events: &[&str]) -> WebhookRecord {
+    WebhookRecord {
+        id: id.into(),
+        team_id: team.into(),
+        name: "hook".into(),
+        url: "http://127.0.0.1:9/".into(),
+        enabled: true,
+        events: events.iter().map(|e| e.to_string()).collect(),
+        secret: "s".into(),
+        created_at: now(),
+    }
+}
+
+fn event(id: &str, team: &str, kind: &str) -> EventRecord {
+    EventRecord {
+        id: id.into(),
+        team_id: team.into(),
+        sandbox_id: "i1".into(),
+        template_id: "base".into(),
+        build_id: "b".into(),
+        event_type: format!("sandbox.lifecycle.{kind}"),
+        data: Some(serde_json::json!({ "n": id })),
+        timestamp: now(),
+    }
+}
+
+#[test]
+fn events_page_filter_and_queue_deliveries() {
+    let (_dir, store) = open();
+    let team = store.create_team("t").unwrap();
+    store
+        .create_webhook(&hook("w1", &team.id, &["sandbox.lifecycle.killed"]))
+        .unwrap();
+    for (i, kind) in ["created", "updated", "killed"].iter().enumerate() {
+        store
+            .record_event(&event(&format!("e{i}"), &team.id, kind), |e| e.id.clone())
+            .unwrap();
+    }
+    let newest = store.events(&team.id, None, &[], false, 0, 10).unwrap();
+    let ids: Vec<_> = newest.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["e2", "e1", "e0"]);
+    assert_eq!(newest[0].data, Some(serde_json::json!({ "n": "e2" })));
+    let oldest = store.events(&team.id, Some("i1"), &[], true, 1, 1).unwrap();
+    assert_eq!(oldest[0].id, "e1");
+    let killed = store
+        .events(
+            &team.id,
+            None,
+            &["sandbox.lifecycle.killed".into()],
+            true,
+            0,
+            10,
+        )
+        .unwrap();
+    assert_eq!(killed.len(), 1);
+    let two_types = store
+        .events(
+            &team.id,
+            None,
+            &[
+                "sandbox.lifecycle.killed".into(),
+                "sandbox.lifecycle.created".into(),
+            ],
+            true,
+            0,
+            10,
+        )
+        .unwrap();
+    let ids: Vec<_> = two_types.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["e0", "e2"]);
+    assert!(store
+        .events(&team.id, Some("i2"), &[], true, 0, 10)
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .events("other", None, &[], true, 0, 10)
+        .unwrap()
+        .is_empty());
+
+    let due = store.due_deliveries(now(), 10).unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].body, "e2");
+    assert_eq!(due[0].url, "http://127.0.0.1:9/");
+    store
+        .retry_delivery(due[0].id, now() + time::Duration::hours(1))
+        .unwrap();
+    assert!(store.due_deliveries(now(), 10).unwrap().is_empty());
+    assert!(store.next_delivery_at().unwrap().unwrap() > now());
+    store.finish_delivery(due[0].id).unwrap();
+    assert!(store.next_delivery_at().unwrap().is_none());
+}
+
+#[test]
+fn webhooks_update_disable_and_delete_with_their_deliveries() {
+    let (_dir, store) = open();
+    let team = store.create_team("t").unwrap();
+    store.create_webhook(&hook("w1", &team.id, &[])).unwrap();
+    let changed = store
+        .update_webhook(
+            &team.id,
+            "w1",
+            &WebhookChanges {
+                name: Some("renamed".into()),
+                events: Some(vec!["sandbox.lifecycle.created".into()]),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(changed.name, "renamed");
+    assert_eq!(store.webhooks(&team.id).unwrap()[0].events, changed.events);
+    assert!(matches!(
+        store.update_webhook("other", "w1", &WebhookChanges::default()),
+        Err(StoreError::NotFound {
+            what: "webhook",
+            ..
+        })
+    ));
+
+    store
+        .record_event(&event("e1", &team.id, "created"), |e| e.id.clone())
+        .unwrap();
+    assert_eq!(store.due_deliveries(now(), 10).unwrap().len(), 1);
+    store
+        .update_webhook(
+            &team.id,
+            "w1",
+            &WebhookChanges {
+                enabled: Some(false),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    store
+        .record_event(&event("e2", &team.id, "created"), |e| e.id.clone())
+        .unwrap();
+    assert_eq!(
+        store.due_deliveries(now(), 10).unwrap().len(),
+        1,
+        "a disabled webhook gets nothing new"
+    );
+
+    store.delete_webhook(&team.id, "w1").unwrap();
+    assert!(store.webhook(&team.id, "w1").unwrap().is_none());
+    assert!(store.next_delivery_at().unwrap().is_none());
+    assert!(matches!(
+        store.delete_webhook(&team.id, "w1"),
+        Err(StoreError::NotFound { .. })
+    ));
+}
