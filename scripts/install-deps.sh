@@ -5,7 +5,8 @@
 #   bash scripts/install-deps.sh
 #
 # What it sets up:
-#   - apt packages (build tools, namespaces/rootfs tools, xattr tools, python venv)
+#   - apt packages (build tools, namespaces/rootfs tools, xattr tools, libnftables for
+#     sandbox networking, python venv)
 #   - rustfmt and clippy for the active toolchain
 #   - .venv/ at the repo root with tests/sdk/requirements.txt (pinned e2b==2.63.0, pytest)
 #   - tests/sdk/js/node_modules from tests/sdk/js/package-lock.json (e2b@2.51.0)
@@ -21,6 +22,7 @@ fail() { printf 'install-deps: %s\n' "$*" >&2; exit 1; }
 # --- system packages -------------------------------------------------------------------
 apt_packages=(
     build-essential pkg-config libseccomp-dev
+    libnftables-dev nftables
     iproute2 util-linux e2fsprogs attr procps passwd file
     debootstrap bubblewrap crun
     python3 python3-venv python3-pip

@@ -15,6 +15,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::fs::{self, File};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -329,6 +330,10 @@ impl Criu {
         if dump.leave_running {
             cmd.arg("--leave-running");
         }
+        if let Some(netns) = &dump.netns {
+            join_netns(&mut cmd, netns.clone(), false);
+            cmd.args(["--external", &format!("mnt[/sys]:{SYSFS_KEY}")]);
+        }
         cmd
     }
 
@@ -370,6 +375,10 @@ impl Criu {
         if let Some(root) = &restore.root {
             cmd.arg("--root").arg(root);
         }
+        if let Some(netns) = &restore.netns {
+            join_netns(&mut cmd, netns.clone(), true);
+            cmd.args(["--external", &format!("mnt[{SYSFS_KEY}]:/sys")]);
+        }
         if let Some(cgroup_root) = &restore.cgroup_root {
             cmd.arg("--cgroup-root").arg(cgroup_root);
         }
@@ -409,6 +418,55 @@ impl Criu {
 }
 
 const DUMP_LOG: &str = "dump.log";
+
+/// The key naming a sandbox's `/sys` between a dump and a restore (see `join_netns`).
+const SYSFS_KEY: &str = "berth-sysfs";
+
+/// Makes CRIU start in network namespace `netns`. CRIU dumps and restores only the
+/// namespaces in which a tree differs from CRIU's own, so a tree in CRIU's network
+/// namespace is dumped without it and restored into it. That is how a namespace the host
+/// owns is kept out of the images: CRIU's "external" namespaces cannot be used for it,
+/// because with a user namespace in the tree CRIU insists that every other namespace be
+/// owned by it (`check_user_ns`), and a host-owned one is exactly not.
+///
+/// Such a tree's `/sys` is a sysfs the host mounted for that namespace (the tree's own
+/// user namespace may not mount one), so it is external too: for a `restore`, CRIU gets
+/// a mount namespace of its own with a fresh read-only sysfs of `netns` on `/sys`, which
+/// it binds back into the tree.
+fn join_netns(cmd: &mut Command, netns: std::sync::Arc<std::os::fd::OwnedFd>, restore: bool) {
+    let fd = netns.as_raw_fd();
+    // SAFETY: between fork and exec the hook makes only raw syscalls (setns, unshare,
+    // mount) with valid arguments; `netns` is moved into the closure, so its fd stays
+    // open until then.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            let _keep = &netns;
+            if libc::setns(fd, libc::CLONE_NEWNET) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if restore
+                && (libc::unshare(libc::CLONE_NEWNS) != 0
+                    || libc::mount(
+                        std::ptr::null(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_SLAVE | libc::MS_REC,
+                        std::ptr::null(),
+                    ) != 0
+                    || libc::mount(
+                        c"sysfs".as_ptr(),
+                        c"/sys".as_ptr(),
+                        c"sysfs".as_ptr(),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        std::ptr::null(),
+                    ) != 0)
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
 const RESTORE_LOG: &str = "restore.log";
 
 /// What [`Criu::dump`] checkpoints.
@@ -423,6 +481,10 @@ pub struct Dump {
     /// The tree has its own mount namespace (a sandbox): lets CRIU run in a private one
     /// (see [`Criu::sandbox_command`]).
     pub own_mount_namespace: bool,
+    /// The tree's network namespace when the host owns and keeps it (a berth sandbox
+    /// with networking): CRIU runs in it, so it is left out of the images (see
+    /// `join_netns`) and must be given to the restore ([`Restore::netns`]).
+    pub netns: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 /// What [`Criu::restore`] brings back.
@@ -437,6 +499,9 @@ pub struct Restore {
     pub root: Option<PathBuf>,
     /// Put the tree's cgroups under this path instead of the dumped one (forks).
     pub cgroup_root: Option<String>,
+    /// The network namespace to restore a tree dumped with [`Dump::netns`] into (the same
+    /// one after a pause, a new one per fork); CRIU runs in it.
+    pub netns: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 /// The error lines of a CRIU log, minus the harmless ones this host always prints.

@@ -84,6 +84,7 @@ fn dump_and_restore_keep_memory() {
         images: images.clone(),
         leave_running: false,
         own_mount_namespace: false,
+        netns: None,
     })
     .expect("criu dump");
     // The dump killed the process; collect it so the pid is free for the restore.
@@ -99,6 +100,7 @@ fn dump_and_restore_keep_memory() {
             work,
             root: None,
             cgroup_root: None,
+            netns: None,
         })
         .expect("criu restore");
     assert_eq!(restored, pid, "CRIU restores the tree under its old pid");

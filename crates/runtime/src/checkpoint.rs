@@ -45,7 +45,10 @@
 //! - *Root and mounts.* The root is rebuilt on the host under the new sandbox's
 //!   directory exactly as resume does (`HostRoot`); the other external mounts (device
 //!   binds, the init binary) are keyed by host paths, not by the sandbox directory.
-//! - *Network.* The sandbox's network namespace (loopback only) is part of the dump.
+//! - *Network.* Without networking the sandbox's namespace (loopback only) is part of
+//!   the dump. With it CRIU runs inside the namespace, which leaves it out of the dump,
+//!   and each restore joins a new one of its own with a new address, under the source's
+//!   policy (kept in `checkpoint.json`); TCP connections are closed (`--tcp-close`).
 //!
 //! On failure everything of the new sandbox goes (processes, cgroups, slot, directory).
 
@@ -87,6 +90,10 @@ pub struct CheckpointInfo {
     pub created_at: SystemTime,
     /// Bytes the checkpoint takes on disk (allocated blocks; `disk.img` is sparse).
     pub size_bytes: u64,
+    /// The source's network policy (None when it had no network): sandboxes restored
+    /// from the checkpoint start under it, each with an address of its own.
+    #[serde(default)]
+    pub network: Option<berth_net::NetworkPolicy>,
 }
 
 /// `checkpoint.json`.
@@ -173,6 +180,7 @@ impl LinuxRuntime {
                 images,
                 leave_running: true,
                 own_mount_namespace: true,
+                netns: self.sandbox_netns(id)?,
             },
             &hook,
         )
@@ -194,6 +202,7 @@ impl LinuxRuntime {
                 disk_size_mb: spec.disk_size_mb,
                 created_at,
                 size_bytes: 0,
+                network: self.network_policy(id),
             },
             uid_base: self.uid_base_of(sandbox.slot),
         };
@@ -273,6 +282,7 @@ impl LinuxRuntime {
         // CRIU detaches the restored tree: tracked by pidfd, never reaped by us. A fresh
         // boot's init is our child.
         self.bring_up(spec, criu.is_none(), |slot, dir| {
+            self.attach_network(&spec.id, meta.info.network.as_ref())?;
             self.restore_into(criu, checkpoint, &meta, spec, slot, dir)
         })
     }
@@ -334,6 +344,9 @@ impl LinuxRuntime {
             id: spec.id.clone(),
             source: Box::new(source),
         })?;
+        // Its own new namespace and address (attached by the caller), joined by CRIU.
+        let netns = self.netns_for_start(&spec.id)?.map(std::sync::Arc::new);
+        Self::check_restore_netns(&images, netns.as_ref())?;
         let root = HostRoot::mount(dir, &spec.layers, uid_base)?;
         let work = dir.join("restore");
         fs::create_dir(&work).map_err(io_err("create restore work dir"))?;
@@ -353,6 +366,7 @@ impl LinuxRuntime {
                     work: work.clone(),
                     root: Some(dir.join("root")),
                     cgroup_root: global,
+                    netns,
                 },
                 &per_controller,
             )

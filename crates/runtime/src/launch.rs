@@ -102,6 +102,17 @@ pub(crate) struct LaunchConfig {
     pub init_env: Vec<String>,
     /// Size of the /tmp, /dev/shm and /run tmpfs mounts (charged to the memory cgroup).
     pub tmpfs_bytes: u64,
+    /// The last mount sent is a read-only sysfs the daemon made in the sandbox's network
+    /// namespace, to attach at /sys. Needed when that namespace belongs to the host
+    /// (sandbox networking): sysfs may only be mounted by a holder of CAP_SYS_ADMIN over
+    /// the network namespace's owner.
+    #[serde(default)]
+    pub host_sysfs: bool,
+    /// With sandbox networking: the resolver written to /etc/resolv.conf at every start
+    /// (the gateway; the host redirects every DNS query to berth's DNS server, so a
+    /// template's loopback or empty resolv.conf must not stay).
+    #[serde(default)]
+    pub nameserver: Option<std::net::Ipv4Addr>,
 }
 
 /// Sends `config` and the mounts (the disk, then the layers topmost first) over the
@@ -272,9 +283,14 @@ fn touch(path: &Path) -> io::Result<()> {
 
 fn become_init(
     config: &LaunchConfig,
-    layers: Vec<OwnedFd>,
+    mut layers: Vec<OwnedFd>,
     sock: BorrowedFd<'_>,
 ) -> io::Result<std::convert::Infallible> {
+    let sysfs = if config.host_sysfs {
+        layers.pop()
+    } else {
+        None
+    };
     let filter = crate::seccomp::build_filter()?;
     mount(
         None,
@@ -286,9 +302,16 @@ fn become_init(
     mount_overlay(config, &layers)?;
     drop(layers);
     let root = config.root.as_path();
-    populate_root(config, root)?;
+    populate_root(config, root, sysfs)?;
     pivot_into(root)?;
     mask_paths()?;
+    if let Some(nameserver) = config.nameserver {
+        // After pivot_root: a symlinked resolv.conf resolves inside the sandbox.
+        ctx(
+            "write /etc/resolv.conf",
+            fs::write("/etc/resolv.conf", format!("nameserver {nameserver}\n")),
+        )?;
+    }
     ctx(
         "sethostname",
         nix::unistd::sethostname(&config.hostname).map_err(io::Error::from),
@@ -396,7 +419,7 @@ fn mount_overlay(config: &LaunchConfig, mounts: &[OwnedFd]) -> io::Result<()> {
     )
 }
 
-fn populate_root(config: &LaunchConfig, root: &Path) -> io::Result<()> {
+fn populate_root(config: &LaunchConfig, root: &Path, sysfs: Option<OwnedFd>) -> io::Result<()> {
     let nosuid_nodev_noexec = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     let size = config.tmpfs_bytes;
     ensure_dir(&root.join("proc"))?;
@@ -408,13 +431,19 @@ fn populate_root(config: &LaunchConfig, root: &Path) -> io::Result<()> {
         None,
     )?;
     ensure_dir(&root.join("sys"))?;
-    mount(
-        Some(Path::new("sysfs")),
-        &root.join("sys"),
-        Some("sysfs"),
-        nosuid_nodev_noexec | libc::MS_RDONLY,
-        None,
-    )?;
+    match sysfs {
+        Some(sysfs) => ctx(
+            "attach sysfs",
+            sys::move_mount_to(sysfs.as_fd(), &cpath(&root.join("sys"))?),
+        )?,
+        None => mount(
+            Some(Path::new("sysfs")),
+            &root.join("sys"),
+            Some("sysfs"),
+            nosuid_nodev_noexec | libc::MS_RDONLY,
+            None,
+        )?,
+    }
 
     let run = root.join("run");
     ensure_dir(&run)?;
@@ -560,6 +589,11 @@ fn loopback_up() -> io::Result<()> {
     unsafe {
         if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
             return Err(io::Error::last_os_error());
+        }
+        // A namespace the host made (sandbox networking) has lo up already, and the
+        // sandbox's root has no CAP_NET_ADMIN over it.
+        if req.ifr_ifru.ifru_flags & libc::IFF_UP as libc::c_short != 0 {
+            return Ok(());
         }
         req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
         if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {

@@ -69,11 +69,13 @@
 //! (see `seccomp`), installed without NO_NEW_PRIVS so setuid `sudo` still works: root
 //! inside is namespaced root.
 //!
-//! **Network.** Each sandbox has its own network namespace with only loopback, up.
-//! [`Runtime::connect`] makes the TCP connection from a thread that has entered the
-//! sandbox's namespace through the init's pidfd, so no port is exposed anywhere. Egress
-//! will add a veth pair moved into the namespace by pidfd plus per-sandbox NAT and filter
-//! rules on the host side; the launcher needs no change for it.
+//! **Network.** Each sandbox has its own network namespace. Without a network config it
+//! has only loopback (the init is cloned with `CLONE_NEWNET`). With one (see `network`
+//! and berth-net), the host creates and pins the namespace, links it to the host by a
+//! veth with egress under the sandbox's policy, and the init is cloned into it; the
+//! namespace belongs to the host's user namespace, so root inside cannot reconfigure
+//! it. [`Runtime::connect`] makes the TCP connection from a thread that has entered the
+//! sandbox's namespace through the init's pidfd, so no port is exposed anywhere.
 //!
 //! **Kill.** SIGKILL to the init through its pidfd (a pid namespace dies with its init),
 //! then anything left in the cgroups, then the cgroups; the sandbox directory is renamed
@@ -243,6 +245,8 @@ pub enum RuntimeError {
         backend: &'static str,
         what: &'static str,
     },
+    #[error(transparent)]
+    Network(#[from] berth_net::NetError),
 }
 
 impl RuntimeError {
@@ -255,6 +259,7 @@ impl RuntimeError {
                 source.raw_os_error(),
                 Some(libc::ENOSPC) | Some(libc::ENOMEM) | Some(libc::EAGAIN)
             ),
+            RuntimeError::Network(berth_net::NetError::PoolExhausted { .. }) => true,
             _ => false,
         }
     }
@@ -302,4 +307,26 @@ pub trait Runtime: Send + Sync + 'static {
     fn delete_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError>;
     /// Ids of every checkpoint the runtime holds (to reconcile with what owns them).
     fn checkpoints(&self) -> Result<Vec<String>, RuntimeError>;
+    /// [`Runtime::create`] under a network policy (`create` uses E2B's default: internet
+    /// access). Backends without networking refuse: a policy they cannot enforce must
+    /// not be accepted silently.
+    fn create_with_network(
+        &self,
+        spec: &SandboxSpec,
+        policy: &berth_net::NetworkPolicy,
+    ) -> Result<SandboxInfo, RuntimeError> {
+        let _ = (spec, policy);
+        Err(berth_net::NetError::Disabled.into())
+    }
+    /// Replaces sandbox `id`'s network policy atomically (running or paused); existing
+    /// connections to destinations it now denies are cut. Kept across pause/resume and
+    /// restarts; checkpoints (forks, snapshots) carry it.
+    fn set_network_policy(
+        &self,
+        id: &str,
+        policy: &berth_net::NetworkPolicy,
+    ) -> Result<(), RuntimeError> {
+        let _ = (id, policy);
+        Err(berth_net::NetError::Disabled.into())
+    }
 }

@@ -24,6 +24,8 @@ use crate::{
 
 #[path = "checkpoint.rs"]
 mod checkpoint;
+#[path = "network.rs"]
+mod network;
 #[path = "pause.rs"]
 mod pause;
 
@@ -70,6 +72,9 @@ pub struct LinuxRuntimeConfig {
     /// Machine-wide directory of uid-range claims, shared by every daemon on the host
     /// whatever its state dir (default `/var/lib/berth/uid-slots`).
     pub uid_claims_dir: PathBuf,
+    /// Sandbox networking (egress through the host, E2B network policy); None keeps
+    /// every sandbox on its own loopback only. See `network`.
+    pub network: Option<berth_net::NetConfig>,
 }
 
 impl LinuxRuntimeConfig {
@@ -93,6 +98,7 @@ impl LinuxRuntimeConfig {
             cgroup_mount: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: "berth".into(),
             disk_pool_size: 4,
+            network: None,
         }
     }
 }
@@ -132,6 +138,7 @@ pub struct LinuxRuntime {
     uid_claims: SlotRegistry,
     /// CRIU, located or provisioned on first need (pause, resume, checkpoint).
     criu: Mutex<Option<Criu>>,
+    network: Option<berth_net::HostNetwork>,
 }
 
 /// Directory of a paused sandbox's CRIU images, inside its sandbox directory.
@@ -179,7 +186,13 @@ impl LinuxRuntime {
                 });
             }
         }
+        let network = config
+            .network
+            .clone()
+            .map(berth_net::HostNetwork::start)
+            .transpose()?;
         Ok(Self {
+            network,
             config,
             cgroups,
             disks,
@@ -464,16 +477,36 @@ impl LinuxRuntime {
                 "HOME=/root".into(),
             ],
             tmpfs_bytes: (spec.memory_mb * 1024 * 1024 / 2).max(1 << 20),
+            host_sysfs: false,
+            nameserver: None,
+        };
+        let netns = self.netns_for_start(&spec.id)?;
+        let sysfs = netns
+            .as_ref()
+            .map(network::sysfs_in)
+            .transpose()
+            .map_err(io_err("mount sysfs in the sandbox's network namespace"))?;
+        let launch_config = LaunchConfig {
+            host_sysfs: sysfs.is_some(),
+            nameserver: self.network.as_ref().map(|net| net.gateway()),
+            ..launch_config
         };
         let (parent_sock, child_sock) = socketpair().map_err(io_err("socketpair"))?;
         let launcher = cpath(&self.config.launcher_binary).map_err(io_err("launcher path"))?;
-        let (pidfd, pid) =
-            clone_launcher(&launcher, child_sock).map_err(io_err("clone sandbox init"))?;
+        let (pidfd, pid) = clone_launcher(&launcher, child_sock, netns.as_ref())
+            .map_err(io_err("clone sandbox init"))?;
         let result = disk
             .try_clone()
             .map_err(io_err("dup disk mount"))
             .and_then(|sent| {
-                self.finish_start(spec, uid_base, pid, &parent_sock, &launch_config, sent)
+                self.finish_start(
+                    spec,
+                    uid_base,
+                    pid,
+                    &parent_sock,
+                    &launch_config,
+                    (sent, sysfs),
+                )
             });
         if let Err(e) = result {
             let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
@@ -484,7 +517,8 @@ impl LinuxRuntime {
         Ok((pidfd, pid, disk))
     }
 
-    /// Parent side of the start handshake: id maps, cgroups, idmapped layers, config.
+    /// Parent side of the start handshake: id maps, cgroups, idmapped layers, config; the
+    /// mounts sent are the disk and, with networking, a sysfs of the sandbox's namespace.
     fn finish_start(
         &self,
         spec: &SandboxSpec,
@@ -492,7 +526,7 @@ impl LinuxRuntime {
         pid: i32,
         sock: &OwnedFd,
         config: &LaunchConfig,
-        disk: OwnedFd,
+        (disk, sysfs): (OwnedFd, Option<OwnedFd>),
     ) -> Result<(), RuntimeError> {
         let map = format!("0 {uid_base} {UID_RANGE_SIZE}\n");
         fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(io_err("write uid_map"))?;
@@ -511,6 +545,7 @@ impl LinuxRuntime {
                 .map_err(io_err(format!("idmap {}", layer.display())))?;
             layers.push(tree);
         }
+        layers.extend(sysfs);
         // The child waits for this byte before it execs the launcher as namespaced root.
         // SAFETY: writing one byte from a valid buffer to our socket.
         if unsafe { libc::write(sock.as_raw_fd(), b"g".as_ptr().cast(), 1) } != 1 {
@@ -529,8 +564,15 @@ impl LinuxRuntime {
             return Err(io_err("confirm cgroups")(io::Error::last_os_error()));
         }
         let mut buf = vec![0u8; 4096];
-        // SAFETY: reading into our own buffer; the socket has a receive timeout.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        let n = loop {
+            // SAFETY: reading into our own buffer; the socket has a receive timeout.
+            let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            // A timed socket wait returns EINTR on any signal (a stop and continue of the
+            // daemon, say) instead of restarting.
+            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                break n;
+            }
+        };
         match n {
             0 => Ok(()),
             n if n > 0 => Err(RuntimeError::StartFailed {
@@ -581,12 +623,18 @@ impl LinuxRuntime {
         self.cgroups.remove(id).map_err(io_err("remove cgroups"))?;
         self.janitor
             .dispose(&self.sandbox_dir(id), id, disk)
-            .map_err(io_err("move sandbox dir to trash"))
+            .map_err(io_err("move sandbox dir to trash"))?;
+        self.detach_network(id)
     }
 }
 
-impl Runtime for LinuxRuntime {
-    fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+impl LinuxRuntime {
+    /// `create` with the sandbox's network policy (None: the default, internet access).
+    fn create_with(
+        &self,
+        spec: &SandboxSpec,
+        policy: Option<&berth_net::NetworkPolicy>,
+    ) -> Result<SandboxInfo, RuntimeError> {
         if !valid_id(&spec.id) {
             return Err(RuntimeError::InvalidId(spec.id.clone()));
         }
@@ -594,9 +642,32 @@ impl Runtime for LinuxRuntime {
             return Err(RuntimeError::NoLayers);
         }
         self.bring_up(spec, true, |slot, dir| {
+            self.attach_network(&spec.id, policy)?;
             self.start(spec, slot, dir, DiskOrigin::New)
                 .map(|(pidfd, pid, disk)| (pidfd, pid, Some(disk)))
         })
+    }
+}
+
+impl Runtime for LinuxRuntime {
+    fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, RuntimeError> {
+        self.create_with(spec, None)
+    }
+
+    fn create_with_network(
+        &self,
+        spec: &SandboxSpec,
+        policy: &berth_net::NetworkPolicy,
+    ) -> Result<SandboxInfo, RuntimeError> {
+        self.create_with(spec, Some(policy))
+    }
+
+    fn set_network_policy(
+        &self,
+        id: &str,
+        policy: &berth_net::NetworkPolicy,
+    ) -> Result<(), RuntimeError> {
+        self.replace_network_policy(id, policy)
     }
 
     fn kill(&self, id: &str) -> Result<(), RuntimeError> {
@@ -729,6 +800,15 @@ impl Runtime for LinuxRuntime {
                 report.cleaned.push(id);
             }
         }
+        let mut known: BTreeSet<String> = report.paused.iter().cloned().collect();
+        known.extend(
+            self.sandboxes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .keys()
+                .cloned(),
+        );
+        self.reconcile_network(&known)?;
         Ok(report)
     }
 
@@ -887,11 +967,38 @@ struct CloneArgs {
     cgroup: u64,
 }
 
-/// Clones the sandbox init into new namespaces. The child is a copy of this
+/// Clones the sandbox init into new namespaces: a new network namespace too, unless
+/// `netns` is given, in which case the clone runs on a thread that has entered it (so the
+/// init starts there and the namespace stays the host's). The child is a copy of this
 /// multi-threaded process, so it only makes raw syscalls on data prepared here: wait for
 /// the parent's go byte (id maps written), become namespaced root, move the control
 /// socket to fd 3 and exec `berth-launch init`.
-fn clone_launcher(launcher: &CString, child_sock: OwnedFd) -> io::Result<(OwnedFd, i32)> {
+fn clone_launcher(
+    launcher: &CString,
+    child_sock: OwnedFd,
+    netns: Option<&OwnedFd>,
+) -> io::Result<(OwnedFd, i32)> {
+    let Some(netns) = netns else {
+        return clone_launcher_here(launcher, child_sock, libc::CLONE_NEWNET);
+    };
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // setns changes only this thread, which ends after the clone.
+                sys::setns(netns.as_fd(), libc::CLONE_NEWNET)?;
+                clone_launcher_here(launcher, child_sock, 0)
+            })
+            .join()
+            .map_err(|_| io::Error::other("clone thread panicked"))?
+    })
+}
+
+/// The clone itself, from the calling thread, with `extra_flags` added.
+fn clone_launcher_here(
+    launcher: &CString,
+    child_sock: OwnedFd,
+    extra_flags: libc::c_int,
+) -> io::Result<(OwnedFd, i32)> {
     let argv: [*const libc::c_char; 3] =
         [c"berth-launch".as_ptr(), c"init".as_ptr(), std::ptr::null()];
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
@@ -902,7 +1009,7 @@ fn clone_launcher(launcher: &CString, child_sock: OwnedFd) -> io::Result<(OwnedF
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWUTS
             | libc::CLONE_NEWIPC
-            | libc::CLONE_NEWNET
+            | extra_flags
             | libc::CLONE_PIDFD) as u64,
         pidfd: &mut pidfd as *mut libc::c_int as u64,
         exit_signal: libc::SIGCHLD as u64,

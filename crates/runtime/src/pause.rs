@@ -98,6 +98,8 @@ impl LinuxRuntime {
             images: images.to_path_buf(),
             leave_running: false,
             own_mount_namespace: true,
+            // The namespace, link and rules stay while the sandbox is paused.
+            netns: self.sandbox_netns(id)?,
         };
         if let Err(e) = criu.dump(&dump) {
             let _ = fs::remove_dir_all(images);
@@ -190,6 +192,8 @@ impl LinuxRuntime {
                 },
             )
             .map_err(io_err("create cgroups"))?;
+        let netns = self.netns_for_start(id)?.map(std::sync::Arc::new);
+        Self::check_restore_netns(&images, netns.as_ref())?;
         let root = HostRoot::mount(&dir, &spec.layers, self.uid_base_of(record.slot))?;
         let work = dir.join("restore");
         fs::create_dir_all(&work).map_err(io_err("create restore work dir"))?;
@@ -198,6 +202,7 @@ impl LinuxRuntime {
             work: work.clone(),
             root: Some(dir.join("root")),
             cgroup_root: None,
+            netns,
         });
         let pid = restored.map_err(criu_err(id, "restore"))?;
         let disk = root.release();

@@ -133,6 +133,12 @@ fn runtime_to_api(err: &ServiceError, source: &RuntimeError) -> ApiError {
         RuntimeError::InvalidId(_) | RuntimeError::InvalidCheckpointId(_) => {
             ApiError::BadRequest(err.to_string())
         }
+        RuntimeError::Network(berth_net::NetError::Policy(_)) => {
+            ApiError::BadRequest(source.to_string())
+        }
+        RuntimeError::Network(berth_net::NetError::Disabled) => ApiError::NotImplemented(
+            "network policies without sandbox networking (--sandbox-cidr)".into(),
+        ),
         RuntimeError::Unsupported { backend, what } => {
             ApiError::NotImplemented(format!("{what} on berth's {backend} runtime"))
         }

@@ -38,6 +38,8 @@ pub struct TestRuntime {
     pub rt: LinuxRuntime,
     pub state: PathBuf,
     cgroup_parent: String,
+    /// The runtime's network config, for [`TestRuntime::reopen`].
+    network: Option<berth_net::NetConfig>,
     _cleanup: StateCleanup,
 }
 
@@ -129,6 +131,7 @@ impl TestRuntime {
             cgroup_parent: name.clone(),
         };
         Self {
+            network: rt.config().network.clone(),
             rt,
             state,
             cgroup_parent: name,
@@ -136,9 +139,61 @@ impl TestRuntime {
         }
     }
 
+    /// A runtime with sandbox networking whose ceiling admits only `internet`'s test
+    /// block, guarded so its veths forward nowhere else, on a pool (a /24 of 10.x) no
+    /// other daemon on the host uses.
+    pub fn with_network(
+        internet: &mut berth_net::testing::FakeInternet,
+        adjust: impl Fn(&mut LinuxRuntimeConfig),
+    ) -> Self {
+        let pid = std::process::id();
+        for attempt in 0..200 {
+            let n = COUNTER.fetch_add(1, Ordering::SeqCst) + attempt;
+            let name = unique("berth-test");
+            let state = PathBuf::from("/var/lib/berth-test").join(&name);
+            std::fs::create_dir_all(&state).unwrap();
+            let mut config = test_config(&state, &name);
+            adjust(&mut config);
+            let mut net = berth_net::NetConfig::new(&state);
+            net.sandbox_cidr = format!(
+                "10.{}.{}.0/24",
+                100 + (pid + n / 250) % 100,
+                (pid * 7 + n) % 250
+            )
+            .parse()
+            .unwrap();
+            net.ceiling =
+                berth_net::Ceiling::parse(&[internet.net().to_string()], &[] as &[&str]).unwrap();
+            config.network = Some(net.clone());
+            let cleanup = StateCleanup {
+                state: state.clone(),
+                cgroup_parent: name.clone(),
+            };
+            match LinuxRuntime::new(config) {
+                Ok(rt) => {
+                    internet.guard(&format!("{}v", rt.network().unwrap().link_prefix()));
+                    return Self {
+                        network: Some(net),
+                        rt,
+                        state,
+                        cgroup_parent: name,
+                        _cleanup: cleanup,
+                    };
+                }
+                Err(berth_runtime::RuntimeError::Network(berth_net::NetError::PoolOverlaps {
+                    ..
+                })) => continue,
+                Err(e) => panic!("runtime with network: {e}"),
+            }
+        }
+        panic!("no free sandbox pool");
+    }
+
     /// A second runtime on the same state, as a restarted daemon would make.
     pub fn reopen(&self) -> LinuxRuntime {
-        LinuxRuntime::new(test_config(&self.state, &self.cgroup_parent)).expect("runtime")
+        let mut config = test_config(&self.state, &self.cgroup_parent);
+        config.network = self.network.clone();
+        LinuxRuntime::new(config).expect("runtime")
     }
 
     /// GET `path` from envd inside sandbox `id` through [`Runtime::connect`]; the raw response.
@@ -211,6 +266,11 @@ impl Drop for TestRuntime {
     fn drop(&mut self) {
         for info in self.rt.list() {
             let _ = self.rt.kill(&info.id);
+        }
+        if let Some(net) = self.rt.network() {
+            if let Err(err) = net.destroy() {
+                eprintln!("removing the test runtime's network: {err}");
+            }
         }
     }
 }
