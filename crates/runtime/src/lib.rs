@@ -105,7 +105,8 @@ mod slots;
 mod sys;
 
 pub use linux::{
-    CheckpointInfo, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS, UID_RANGE_SIZE,
+    CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS,
+    UID_RANGE_SIZE,
 };
 
 use std::path::PathBuf;

@@ -24,10 +24,13 @@ use crate::{
 
 #[path = "checkpoint.rs"]
 mod checkpoint;
+#[path = "commit.rs"]
+mod commit;
 #[path = "pause.rs"]
 mod pause;
 
 pub use checkpoint::CheckpointInfo;
+pub use commit::{CommitStats, ExecOptions};
 
 /// Size of each sandbox's uid/gid range (a full 16-bit range, like a normal Linux system).
 pub const UID_RANGE_SIZE: u32 = 65_536;
