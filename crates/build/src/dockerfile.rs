@@ -5,13 +5,14 @@
 //! start command with a 20 s ready wait; `USER user` / `WORKDIR /home/user` last unless
 //! the Dockerfile set them. EXPOSE, VOLUME, LABEL, MAINTAINER are ignored. `$VAR` and
 //! `${VAR}` of earlier ENV/ARG are expanded in FROM, COPY, ENV, WORKDIR and USER (RUN is
-//! left to the shell). COPY steps carry no `filesHash`: the client computes it from its
+//! left to the shell); other references (`$PATH`) stay for the build to expand in the
+//! step's environment. COPY steps carry no `filesHash`: the client computes it from its
 //! build context and uploads the files.
 
 use std::collections::BTreeMap;
 
 use crate::error::BuildError;
-use crate::executor::expand;
+use crate::executor::expand_known as expand;
 use crate::request::Step;
 
 /// What a Dockerfile converts to.
@@ -450,6 +451,8 @@ mod tests {
         assert!(matches!(from, BuildError::Dockerfile { line: 2, .. }));
         assert!(parse_dockerfile("RUN true\n").is_err());
         assert!(parse_dockerfile("FROM a\nADD https://x.example/f /f\n").is_err());
+        let path = parse_dockerfile("FROM a\nENV PATH=/opt/bin:$PATH\n").unwrap();
+        assert_eq!(path.steps[2].args, vec!["PATH", "/opt/bin:$PATH"]);
         let legacy = parse_dockerfile("FROM a\nENV GREETING hello world\n").unwrap();
         assert_eq!(legacy.steps[2].args, vec!["GREETING", "hello world"]);
     }

@@ -229,6 +229,11 @@ impl BuildEngine {
         if !valid {
             return Err(BuildError::InvalidBuildId(id));
         }
+        if let Err(e @ berth_template::TemplateError::InvalidId(_)) =
+            self.inner.store.get(&request.template_id)
+        {
+            return Err(e.into());
+        }
         let status = BuildStatus {
             build_id: id.clone(),
             template_id: request.template_id.clone(),
@@ -403,6 +408,8 @@ impl BuildEngine {
             }
         }
         record.finished.notify_all();
+        // Finished builds are served from disk: memory holds only live ones.
+        lock(&self.inner.builds).remove(&id);
     }
 
     fn running(&self) -> MutexGuard<'_, usize> {

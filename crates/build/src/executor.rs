@@ -248,7 +248,11 @@ impl<'a> Executor<'a> {
                     return Err(BuildError::step(name, format!("{kind} needs key/value pairs")));
                 }
                 for pair in args.chunks(2) {
-                    let value = expand(&pair[1], &ctx.env);
+                    // As E2B evaluates values in the build sandbox: the variables of the
+                    // steps' environment (PATH, HOME, USER) are visible too.
+                    let mut visible = process_env(&ctx.user, None);
+                    visible.extend(ctx.env.clone());
+                    let value = expand(&pair[1], &visible);
                     ctx.env.insert(pair[0].clone(), value);
                 }
                 Ok(())
@@ -418,8 +422,9 @@ impl<'a> Executor<'a> {
         action(self, &sandbox, &mut next)?;
         self.check_cancel()?;
         let staged = inner.store.stage_layer()?;
-        sandbox.armed = false;
+        // commit_upper kills the sandbox itself; if it fails first, the guard does.
         let stats = inner.runtime.commit_upper(&sandbox.id, &staged.rootfs())?;
+        sandbox.armed = false;
         drop(sandbox);
         let empty = std::fs::read_dir(staged.rootfs())
             .map_err(|e| BuildError::io("read", staged.rootfs(), e))?
@@ -598,13 +603,7 @@ impl<'a> Executor<'a> {
             BuildError::step(step, format!("user {user:?} does not exist in the image"))
         })?;
         let cwd = ctx.workdir.clone().unwrap_or_else(|| home.clone());
-        let name = user.split(':').next().unwrap_or(user);
-        let mut env = BTreeMap::from([
-            ("PATH".to_string(), DEFAULT_PATH.to_string()),
-            ("HOME".to_string(), home.clone()),
-            ("USER".to_string(), name.to_string()),
-            ("LOGNAME".to_string(), name.to_string()),
-        ]);
+        let mut env = process_env(user, Some(&home));
         env.extend(ctx.env.clone());
         env.insert("BERTH_CWD".into(), cwd);
         let mut full = vec![
@@ -718,7 +717,6 @@ impl<'a> Executor<'a> {
                     return Ok(());
                 }
                 let stderr = tail.into_iter().collect::<Vec<_>>().join("\n");
-                (self.log)(LogLevel::Error, Some(step), format!("exited with {status}"));
                 return Err(BuildError::CommandFailed {
                     step: step.to_string(),
                     status: status.to_string(),
@@ -858,6 +856,24 @@ impl<'a> Executor<'a> {
     }
 }
 
+/// The environment every step's process starts with, under the template's own.
+fn process_env(user: &str, home: Option<&str>) -> BTreeMap<String, String> {
+    let name = user.split(':').next().unwrap_or(user);
+    let home = home.map(str::to_string).unwrap_or_else(|| {
+        if name == "root" {
+            "/root".into()
+        } else {
+            format!("/home/{name}")
+        }
+    });
+    BTreeMap::from([
+        ("PATH".to_string(), DEFAULT_PATH.to_string()),
+        ("HOME".to_string(), home),
+        ("USER".to_string(), name.to_string()),
+        ("LOGNAME".to_string(), name.to_string()),
+    ])
+}
+
 /// The part of a COPY source before any glob (the SDK expands globs itself; the
 /// upload holds only what matched), as E2B's `doublestar.SplitPattern`.
 fn copy_source(src: &str) -> String {
@@ -901,6 +917,16 @@ fn normalize(path: &str) -> String {
 
 /// `$VAR` and `${VAR}` from `env` (unset: empty), `\$` for a literal dollar.
 pub(crate) fn expand(value: &str, env: &BTreeMap<String, String>) -> String {
+    expand_with(value, env, false)
+}
+
+/// Like [`expand`], but references to variables `env` lacks stay as written (for the
+/// Dockerfile parser: the build expands them later, in the step's environment).
+pub(crate) fn expand_known(value: &str, env: &BTreeMap<String, String>) -> String {
+    expand_with(value, env, true)
+}
+
+fn expand_with(value: &str, env: &BTreeMap<String, String>, keep_unknown: bool) -> String {
     let mut out = String::new();
     let mut chars = value.chars().peekable();
     while let Some(c) = chars.next() {
@@ -932,10 +958,12 @@ pub(crate) fn expand(value: &str, env: &BTreeMap<String, String>) -> String {
                         continue;
                     }
                 }
-                if name.is_empty() {
-                    out.push('$');
-                } else {
-                    out.push_str(env.get(&name).map(String::as_str).unwrap_or(""));
+                match env.get(&name) {
+                    _ if name.is_empty() => out.push('$'),
+                    Some(value) => out.push_str(value),
+                    None if keep_unknown && braced => out.push_str(&format!("${{{name}}}")),
+                    None if keep_unknown => out.push_str(&format!("${name}")),
+                    None => {}
                 }
             }
             c => out.push(c),
@@ -1027,6 +1055,7 @@ mod tests {
         assert_eq!(expand("/opt:$PATH", &env), "/opt:/bin");
         assert_eq!(expand("\\$A $B.", &env), "$A .");
         assert_eq!(expand("cost $ 5", &env), "cost $ 5");
+        assert_eq!(expand_known("$A:$PATHX:${NOPE}", &env), "1:$PATHX:${NOPE}");
     }
 
     #[test]

@@ -290,7 +290,17 @@ fn steps_from_base_build_cache_and_rerun_from_the_changed_step() {
                 "root",
             ),
             copy_step("config.json", "/etc/app/", &hashes["config.json"]),
-            Step::new("ENV", &["GREETING", "hello", "FULL", "$GREETING world"]),
+            Step::new(
+                "ENV",
+                &[
+                    "GREETING",
+                    "hello",
+                    "FULL",
+                    "$GREETING world",
+                    "PATH",
+                    "/opt/bt:$PATH",
+                ],
+            ),
             Step::new("WORKDIR", &["/srv/work"]),
             copy_step("app", "app", &hashes["app"]),
             Step::new("RUN", &[user_cmd]),

@@ -464,3 +464,51 @@ fn launcher_binary() -> PathBuf {
     }
     built
 }
+
+/// Not a test: the pull of a ~100 MiB image from the local registry beside `skopeo copy`
+/// of the same image (download + verify, no unpack) in the same run.
+/// `cargo test -p berth-oci --test pull -- --ignored --nocapture measure`
+#[test]
+#[ignore = "benchmark: run by hand with --ignored"]
+fn measure_pull_of_a_100_mib_image_against_skopeo() {
+    use std::io::Read;
+    use std::time::Instant;
+    let registry = Registry::start(RegistryAuthMode::None);
+    let layout = Layout::with_base("big");
+    let mut random = std::fs::File::open("/dev/urandom").unwrap();
+    for i in 0..4 {
+        let mut bytes = vec![0u8; 25 << 20];
+        random.read_exact(&mut bytes).unwrap();
+        std::fs::write(layout.rootfs().join(format!("blob{i}")), bytes).unwrap();
+    }
+    layout.repack("big");
+    registry.push(&layout.dir, "big", "bench/big:latest", false);
+    let reference = format!("{}/bench/big:latest", registry.host());
+    let mut best = (f64::MAX, f64::MAX);
+    for _ in 0..3 {
+        let state = tempfile::tempdir_in("/var/lib").unwrap();
+        let store = TemplateStore::open(state.path()).unwrap();
+        let started = Instant::now();
+        let (image, _) = pull(&store, &reference, None).unwrap();
+        best.0 = best.0.min(started.elapsed().as_secs_f64());
+        assert_eq!(image.layers.len(), 1);
+        let out = tempfile::tempdir_in("/var/lib").unwrap();
+        let started = Instant::now();
+        common::run(
+            std::process::Command::new("skopeo")
+                .args(["copy", "--quiet", "--src-tls-verify=false"])
+                .arg(format!("docker://{reference}"))
+                .arg(format!("dir:{}", out.path().join("img").display())),
+        );
+        best.1 = best.1.min(started.elapsed().as_secs_f64());
+    }
+    let size: u64 = layout.manifest("big")["layers"][0]["size"]
+        .as_u64()
+        .unwrap();
+    eprintln!(
+        "MEASURE pull of a {:.1} MiB image (best of 3): berth {:.2} s (download, verify, unpack), skopeo copy to dir: {:.2} s (download, verify)",
+        size as f64 / 1048576.0,
+        best.0,
+        best.1
+    );
+}
