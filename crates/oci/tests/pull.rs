@@ -512,3 +512,40 @@ fn measure_pull_of_a_100_mib_image_against_skopeo() {
         best.1
     );
 }
+
+#[test]
+fn a_mirror_serves_docker_hub_references_without_contacting_docker_hub() {
+    let registry = Registry::start(RegistryAuthMode::None);
+    let layout = Layout::with_base("v1");
+    std::fs::write(layout.rootfs().join("mirrored"), "yes").unwrap();
+    layout.repack("v1");
+    registry.push(&layout.dir, "v1", "library/mirrored:v1", false);
+    let puller = ImagePuller::new(PullerConfig {
+        mirrors: [(
+            "docker.io".to_string(),
+            format!("http://{}", registry.host()),
+        )]
+        .into(),
+        insecure_registries: Vec::new(),
+    })
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let store = TemplateStore::open(state.path()).unwrap();
+    // `mirrored:v1` names docker.io/library/mirrored:v1.
+    let image = puller
+        .pull(
+            &store,
+            "mirrored:v1",
+            None,
+            &Platform::linux_amd64(),
+            &AtomicBool::new(false),
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(image.reference.registry, "docker.io");
+    let top = store.layer_rootfs(image.layers.last().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(top.join("mirrored")).unwrap(),
+        "yes"
+    );
+}
