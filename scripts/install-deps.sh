@@ -5,7 +5,7 @@
 #   bash scripts/install-deps.sh
 #
 # What it sets up:
-#   - apt packages (build tools, namespaces/rootfs tools, xattr tools, python venv)
+#   - apt packages (build tools, namespaces/rootfs tools, xattr tools, python venv, a local OCI registry and image tools for the template tests)
 #   - rustfmt and clippy for the active toolchain
 #   - .venv/ at the repo root with tests/sdk/requirements.txt (pinned e2b==2.63.0, pytest)
 #   - tests/sdk/js/node_modules from tests/sdk/js/package-lock.json (e2b@2.51.0)
@@ -25,6 +25,7 @@ apt_packages=(
     debootstrap bubblewrap crun
     python3 python3-venv python3-pip
     ca-certificates curl git
+    docker-registry skopeo umoci
 )
 
 step "system packages"
