@@ -235,6 +235,108 @@ fn hard_link_target(path: &Path, target: &[u8]) -> io::Result<(u64, u32, Vec<u8>
     ))
 }
 
+/// The client side of a COPY, for berth's own CLI (`berth template build -f
+/// Dockerfile`): packs what `src` names under `context` into the gzipped tar `out` as
+/// the SDK does (sorted paths relative to the context, directories walked, symlinks
+/// kept as links) and returns its `filesHash`, computed from that archive with
+/// [`sdk_files_hash`] so it is exactly what the server recomputes. `src` is a path or
+/// a pattern with `*`/`?` in any segment; `**` and `.dockerignore` are not supported.
+pub fn pack_copy_source(context: &Path, src: &str, dest: &str, out: &Path) -> io::Result<String> {
+    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    if src.starts_with('/') || src.split('/').any(|part| part == "..") {
+        return Err(invalid(format!(
+            "COPY source {src:?} must stay inside the context"
+        )));
+    }
+    if src.contains("**") {
+        return Err(invalid(format!(
+            "COPY source {src:?}: ** patterns are not supported"
+        )));
+    }
+    let mut matches = vec![PathBuf::new()];
+    for part in src.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        let mut next = Vec::new();
+        for base in &matches {
+            if part.contains(['*', '?']) {
+                let Ok(entries) = fs::read_dir(context.join(base)) else {
+                    continue;
+                };
+                let mut names: Vec<String> = entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|name| wildcard(part, name))
+                    .collect();
+                names.sort();
+                next.extend(names.into_iter().map(|n| base.join(n)));
+            } else if fs::symlink_metadata(context.join(base).join(part)).is_ok() {
+                next.push(base.join(part));
+            }
+        }
+        matches = next;
+    }
+    let mut files = std::collections::BTreeSet::new();
+    for found in matches {
+        let mut stack = vec![found];
+        while let Some(relative) = stack.pop() {
+            let meta = fs::symlink_metadata(context.join(&relative))?;
+            if meta.is_dir() {
+                for entry in fs::read_dir(context.join(&relative))? {
+                    stack.push(relative.join(entry?.file_name()));
+                }
+            }
+            if !relative.as_os_str().is_empty() {
+                files.insert(relative);
+            }
+        }
+    }
+    if files.is_empty() {
+        return Err(invalid(format!(
+            "no files match COPY source {src:?} in {}",
+            context.display()
+        )));
+    }
+    let gz = flate2::write::GzEncoder::new(File::create(out)?, flate2::Compression::default());
+    let mut tar = tar::Builder::new(gz);
+    tar.follow_symlinks(false);
+    for relative in &files {
+        let path = context.join(relative);
+        if fs::symlink_metadata(&path)?.is_dir() {
+            tar.append_dir(relative, &path)?;
+        } else {
+            tar.append_path_with_name(&path, relative)?;
+        }
+    }
+    tar.into_inner()?.finish()?.sync_all()?;
+    sdk_files_hash(src, dest, out)
+}
+
+/// Shell-style `*` and `?` matching of one path segment (no leading-dot rule: the SDK
+/// matches dotfiles too).
+fn wildcard(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
 /// File type bits of `st_mode`.
 mod libc_mode {
     pub const REG: u32 = 0o100000;
@@ -268,6 +370,40 @@ mod tests {
 
     /// The upload is made with Python's tarfile as the SDK makes it, and the expected
     /// hash by the steps of e2b 2.63's `calculate_files_hash`, in Python.
+    #[test]
+    fn packed_sources_hash_as_the_server_recomputes() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = dir.path().join("ctx");
+        fs::create_dir_all(ctx.join("app/sub")).unwrap();
+        fs::write(ctx.join("app/a.txt"), "a").unwrap();
+        fs::write(ctx.join("app/sub/b.txt"), "b").unwrap();
+        fs::write(ctx.join("one.json"), "{}").unwrap();
+        fs::write(ctx.join("two.json"), "[]").unwrap();
+        std::os::unix::fs::symlink("a.txt", ctx.join("app/link")).unwrap();
+        let out = dir.path().join("up.tar.gz");
+        let hash = pack_copy_source(&ctx, "app", "/srv/app", &out).unwrap();
+        assert_eq!(sdk_files_hash("app", "/srv/app", &out).unwrap(), hash);
+        let mut names: Vec<String> = tar::Archive::new(open_archive(&out).unwrap())
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["app", "app/a.txt", "app/link", "app/sub", "app/sub/b.txt"]
+        );
+        pack_copy_source(&ctx, "*.json", "/etc/", &out).unwrap();
+        let count = tar::Archive::new(open_archive(&out).unwrap())
+            .entries()
+            .unwrap()
+            .count();
+        assert_eq!(count, 2);
+        assert!(pack_copy_source(&ctx, "../etc", "/x", &out).is_err());
+        assert!(pack_copy_source(&ctx, "nothing*", "/x", &out).is_err());
+        assert!(wildcard("*.j?on", "a.json") && !wildcard("*.json", "a.yaml"));
+    }
+
     #[test]
     fn hash_of_an_upload_matches_the_sdk_algorithm() {
         let dir = tempfile::tempdir().unwrap();
