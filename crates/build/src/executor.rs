@@ -139,7 +139,7 @@ impl<'a> Executor<'a> {
             &mut layers,
             &mut ctx,
             "berth user setup",
-            false,
+            self.request.force,
             |ex, sb, _| {
                 let accounts = ex.accounts(sb, "base")?;
                 ex.run_script(sb, "base", &accounts, "root", "/", scripts::USER_SETUP, &[])?;

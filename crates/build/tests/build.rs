@@ -431,6 +431,35 @@ fn a_three_step_build_from_base_measures_cold_and_cached() {
         cold_time.as_secs_f64(),
         warm_time.as_secs_f64()
     );
+
+    // force on the last step reruns only it; force on the build reruns everything.
+    let mut forced = steps();
+    forced[2].force = Some(true);
+    let one = f.build("m3", BuildBase::Template("base".into()), forced);
+    assert_eq!(one.executed_steps, vec!["3"], "{}", f.logs("m3"));
+    f.engine
+        .start(BuildRequest {
+            build_id: "m4".into(),
+            template_id: "t-m4".into(),
+            base: BuildBase::Template("base".into()),
+            steps: steps(),
+            start_cmd: None,
+            ready_cmd: None,
+            force: true,
+            cpu_count: 1,
+            memory_mb: 256,
+            disk_size_mb: 256,
+            files_scope: "team1".into(),
+        })
+        .unwrap();
+    let all = f.engine.wait("m4", Duration::from_secs(600)).unwrap();
+    assert_eq!(all.state, BuildState::Ready);
+    assert_eq!(
+        all.executed_steps,
+        vec!["base", "1", "2", "3"],
+        "{}",
+        f.logs("m4")
+    );
 }
 
 #[test]
