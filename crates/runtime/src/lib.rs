@@ -109,7 +109,8 @@ mod sys;
 
 pub use host::HostRuntime;
 pub use linux::{
-    CheckpointInfo, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS, UID_RANGE_SIZE,
+    CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS,
+    UID_RANGE_SIZE,
 };
 
 use std::path::PathBuf;
@@ -240,6 +241,8 @@ pub enum RuntimeError {
     },
     #[error("a runtime worker thread panicked during {0}")]
     WorkerPanicked(&'static str),
+    #[error("sandbox {0} was reattached after a restart; its disk can no longer be committed")]
+    DiskDetached(String),
     #[error("the {backend} runtime does not offer {what}")]
     Unsupported {
         backend: &'static str,

@@ -24,12 +24,15 @@ use crate::{
 
 #[path = "checkpoint.rs"]
 mod checkpoint;
+#[path = "commit.rs"]
+mod commit;
 #[path = "network.rs"]
 mod network;
 #[path = "pause.rs"]
 mod pause;
 
 pub use checkpoint::CheckpointInfo;
+pub use commit::{CommitStats, ExecOptions};
 
 /// Size of each sandbox's uid/gid range (a full 16-bit range, like a normal Linux system).
 pub const UID_RANGE_SIZE: u32 = 65_536;

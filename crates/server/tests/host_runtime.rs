@@ -85,6 +85,9 @@ async fn start(max_sandboxes: Option<usize>) -> Api {
                 default_user: current_user(),
                 default_workdir: "/tmp".into(),
                 envs: [("FROM_TEMPLATE".to_string(), "yes".to_string())].into(),
+                start_cmd: None,
+                ready_cmd: None,
+                checkpoint: None,
             },
         )
         .unwrap();

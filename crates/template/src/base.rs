@@ -171,6 +171,7 @@ impl BaseRecipe {
                 default_user: "user".into(),
                 default_workdir: "/home/user".into(),
                 envs: BTreeMap::new(),
+                ..TemplateConfig::default()
             },
         }
     }

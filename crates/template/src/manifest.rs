@@ -11,7 +11,7 @@ use crate::error::{IoContext, TemplateError};
 use crate::layer::LayerId;
 
 /// What a sandbox made from a template starts with.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TemplateConfig {
     /// User that commands run as unless the caller names one.
     pub default_user: String,
@@ -20,6 +20,17 @@ pub struct TemplateConfig {
     /// Environment added to every process (under the caller's own variables).
     #[serde(default)]
     pub envs: BTreeMap<String, String>,
+    /// Command started in the background in every sandbox of the template (E2B's
+    /// `startCmd`); with [`TemplateConfig::checkpoint`] it is already running there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    /// Command that succeeds once the start command is ready (E2B's `readyCmd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
+    /// The runtime's id of a memory checkpoint taken once the start command was ready;
+    /// sandboxes of the template start from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 /// On-disk form of a template: `manifests/<id>.json`.
@@ -88,6 +99,7 @@ mod tests {
                 default_user: "user".into(),
                 default_workdir: "/home/user".into(),
                 envs: BTreeMap::from([("LANG".into(), "C.UTF-8".into())]),
+                ..TemplateConfig::default()
             },
             created_at: 1,
         }
@@ -120,6 +132,24 @@ mod tests {
         assert_eq!(json["default_user"], "user");
         assert_eq!(json["default_workdir"], "/home/user");
         assert_eq!(json["layers"].as_array().unwrap().len(), 2);
+        // Unset start/ready/checkpoint fields are not written: older berths read it.
+        assert!(json.get("start_cmd").is_none() && json.get("checkpoint").is_none());
+    }
+
+    #[test]
+    fn manifests_without_start_fields_still_read() {
+        let old =
+            r#"{"id":"t","layers":[],"default_user":"user","default_workdir":"/","created_at":1}"#;
+        let manifest: TemplateManifest = serde_json::from_str(old).unwrap();
+        assert_eq!(manifest.config.start_cmd, None);
+        let mut started = sample();
+        started.config.start_cmd = Some("python -m http.server".into());
+        started.config.checkpoint = Some("tpl-x".into());
+        let json = serde_json::to_string(&started).unwrap();
+        assert_eq!(
+            serde_json::from_str::<TemplateManifest>(&json).unwrap(),
+            started
+        );
     }
 
     #[test]

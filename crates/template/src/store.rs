@@ -30,6 +30,13 @@ pub struct Template {
     pub default_user: String,
     pub default_workdir: String,
     pub envs: BTreeMap<String, String>,
+    /// Started in the background in each sandbox (E2B `startCmd`).
+    pub start_cmd: Option<String>,
+    /// Succeeds once the start command is ready (E2B `readyCmd`).
+    pub ready_cmd: Option<String>,
+    /// Memory checkpoint taken when the start command was ready: sandboxes of this
+    /// template are restored from it (`Runtime::restore`) instead of booting.
+    pub checkpoint: Option<String>,
     /// Seconds since the Unix epoch when the template was last written.
     pub created_at: u64,
 }
@@ -41,6 +48,9 @@ impl Template {
             default_user: self.default_user.clone(),
             default_workdir: self.default_workdir.clone(),
             envs: self.envs.clone(),
+            start_cmd: self.start_cmd.clone(),
+            ready_cmd: self.ready_cmd.clone(),
+            checkpoint: self.checkpoint.clone(),
         }
     }
 }
@@ -148,7 +158,11 @@ impl TemplateStore {
         config: Option<TemplateConfig>,
     ) -> Result<Template, TemplateError> {
         let parent = self.get(parent)?;
-        let config = config.unwrap_or_else(|| parent.config());
+        // The parent's checkpoint ran on the parent's layers, not on these.
+        let config = config.unwrap_or_else(|| TemplateConfig {
+            checkpoint: None,
+            ..parent.config()
+        });
         let mut layers = parent.layer_ids;
         layers.push(layer);
         self.put(new_id, layers, config)
@@ -347,6 +361,9 @@ impl TemplateStore {
             default_user: manifest.config.default_user,
             default_workdir: manifest.config.default_workdir,
             envs: manifest.config.envs,
+            start_cmd: manifest.config.start_cmd,
+            ready_cmd: manifest.config.ready_cmd,
+            checkpoint: manifest.config.checkpoint,
             created_at: manifest.created_at,
         })
     }
@@ -484,6 +501,7 @@ mod tests {
             default_user: user.into(),
             default_workdir: format!("/home/{user}"),
             envs: BTreeMap::new(),
+            ..TemplateConfig::default()
         }
     }
 
