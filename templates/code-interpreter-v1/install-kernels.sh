@@ -61,7 +61,8 @@ cat >"$kernels/deno/kernel.json" <<JSON
   "argv": ["$deno", "jupyter", "--kernel", "--conn", "{connection_file}"],
   "display_name": "Deno (JavaScript, TypeScript)",
   "language": "typescript",
-  "interrupt_mode": "signal"
+  "interrupt_mode": "signal",
+  "env": {"NO_COLOR": "1"}
 }
 JSON
 cat >"$kernels/bash/kernel.json" <<JSON

@@ -216,6 +216,7 @@ async fn stream_execution(kernel: &Kernel, code: &str, sink: &mpsc::Sender<Bytes
                     client_gone = true;
                 }
             }
+            _ = sleep_until(tracker.reply_deadline()) => break,
             _ = sleep_until(interrupted_at.map(|at| at + INTERRUPT_GRACE)) => {
                 tracing::warn!("kernel did not stop after an interrupt; restarting it");
                 return Outcome::KernelGone;
@@ -250,7 +251,11 @@ async fn run_snippet(kernel: &Kernel, code: &str) {
         let mut request = kernel.execute(code, true).await?;
         let mut tracker = ExecutionTracker::default();
         while !tracker.finished() {
-            let Some(event) = request.next().await else { break };
+            let event = tokio::select! {
+                event = request.next() => event,
+                _ = sleep_until(tracker.reply_deadline()) => break,
+            };
+            let Some(event) = event else { break };
             if let Some(OutputEvent::Error { name, value, .. }) = tracker.handle(event) {
                 tracing::warn!(%name, %value, code, "server snippet failed");
             }

@@ -240,8 +240,7 @@ impl Kernel {
             tasks: std::mem::take(&mut kernel_tasks.0),
             connection_file,
         };
-        let deadline = tokio::time::Instant::now() + options.start_timeout;
-        match kernel.handshake(deadline).await {
+        match kernel.handshake(options.start_timeout).await {
             Ok(()) => Ok(kernel),
             Err(KernelError::Dead { status }) => Err(KernelError::ExitedDuringStart {
                 kernelspec: kernel.kernelspec.clone(),
@@ -252,30 +251,47 @@ impl Kernel {
         }
     }
 
-    /// Repeats kernel_info_request until one gets both its shell reply and one of its
-    /// iopub broadcasts (the busy/idle status) within a retry window.
-    async fn handshake(&self, deadline: tokio::time::Instant) -> Result<(), KernelError> {
+    /// Repeats kernel_info_request until one of its iopub broadcasts (the busy/idle
+    /// status around it) arrives: that proves the kernel reads shell and that our iopub
+    /// subscription is live. (The reply itself is not needed, and some kernels send
+    /// kernel_info replies the protocol crate cannot parse.)
+    async fn handshake(&self, timeout: Duration) -> Result<(), KernelError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Every request stays open: a late broadcast for an earlier one counts too.
+        let mut requests = Vec::new();
+        let (events, mut heard) = mpsc::unbounded_channel();
         loop {
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 return Err(KernelError::StartTimeout {
                     kernelspec: self.kernelspec.clone(),
-                    seconds: 0,
+                    seconds: timeout.as_secs(),
                     output: tail_text(&self.output),
                 });
             }
             let mut request = self.send_shell(KernelInfoRequest {}.into()).await?;
-            let window_end = (now + HANDSHAKE_RETRY).min(deadline);
-            let (mut replied, mut broadcast) = (false, false);
-            while let Ok(event) = tokio::time::timeout_at(window_end, request.next()).await {
-                match event {
-                    Some(KernelEvent::Reply(_)) => replied = true,
-                    Some(KernelEvent::IoPub(_)) => broadcast = true,
-                    Some(KernelEvent::Exited(status)) => return Err(KernelError::Dead { status }),
-                    None => break,
+            let events = events.clone();
+            requests.push(tokio::spawn(async move {
+                while let Some(event) = request.next().await {
+                    let done = matches!(event, KernelEvent::IoPub(_) | KernelEvent::Exited(_));
+                    let _ = events.send(event);
+                    if done {
+                        break;
+                    }
                 }
-                if replied && broadcast {
-                    return Ok(());
+            }));
+            let window_end = (now + HANDSHAKE_RETRY).min(deadline);
+            while let Ok(event) = tokio::time::timeout_at(window_end, heard.recv()).await {
+                match event {
+                    Some(KernelEvent::IoPub(_)) => {
+                        requests.iter().for_each(JoinHandle::abort);
+                        return Ok(());
+                    }
+                    Some(KernelEvent::Exited(status)) => {
+                        requests.iter().for_each(JoinHandle::abort);
+                        return Err(KernelError::Dead { status });
+                    }
+                    Some(KernelEvent::Reply(_)) | None => {}
                 }
             }
         }
@@ -421,7 +437,7 @@ async fn connect(
             match iopub.read().await {
                 Ok(message) => dispatch(&iopub_routes, message, false),
                 Err(error @ RuntimeError::ParseError { .. }) => {
-                    tracing::warn!(%error, "iopub message the protocol crate cannot parse; dropped")
+                    tracing::debug!(%error, "iopub message the protocol crate cannot parse; dropped")
                 }
                 Err(error) => {
                     tracing::debug!(%error, "iopub closed");
@@ -435,7 +451,7 @@ async fn connect(
             match shell_recv.read().await {
                 Ok(message) => dispatch(&routes, message, true),
                 Err(error @ RuntimeError::ParseError { .. }) => {
-                    tracing::warn!(%error, "shell reply the protocol crate cannot parse; dropped")
+                    tracing::debug!(%error, "shell reply the protocol crate cannot parse; dropped")
                 }
                 Err(error) => {
                     tracing::debug!(%error, "shell closed");

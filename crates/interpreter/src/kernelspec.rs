@@ -67,7 +67,11 @@ impl KernelspecCatalog {
     /// directories (`$JUPYTER_PATH`, the user's, `/usr/local/share/jupyter`,
     /// `/usr/share/jupyter`, where Debian's IRkernel puts its spec).
     pub fn new(extra: Vec<PathBuf>) -> KernelspecCatalog {
-        let mut data_dirs = extra;
+        // Absolute, so `{resource_dir}` means the same from any kernel's cwd.
+        let mut data_dirs: Vec<PathBuf> = extra
+            .into_iter()
+            .map(|dir| std::path::absolute(&dir).unwrap_or(dir))
+            .collect();
         for dir in jupyter_zmq_client::data_dirs() {
             if !data_dirs.contains(&dir) {
                 data_dirs.push(dir);

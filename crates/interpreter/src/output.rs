@@ -7,6 +7,9 @@ use serde_json::{Map, Value};
 
 use crate::kernel::{is_idle, KernelEvent};
 
+/// See [`ExecutionTracker::reply_deadline`].
+const REPLY_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// One line of the `/execute` response.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -156,7 +159,8 @@ fn strip_repr_quotes(text: String) -> String {
 /// kernel is gone).
 #[derive(Debug, Default)]
 pub struct ExecutionTracker {
-    idle: bool,
+    /// When the iopub `idle` status arrived.
+    idle_at: Option<tokio::time::Instant>,
     replied: bool,
     errored: bool,
     exited: bool,
@@ -164,7 +168,13 @@ pub struct ExecutionTracker {
 
 impl ExecutionTracker {
     pub fn finished(&self) -> bool {
-        self.exited || (self.idle && self.replied)
+        self.exited || (self.idle_at.is_some() && self.replied)
+    }
+
+    /// After `idle`, how long to still wait for the shell reply: kernels send it first,
+    /// but on another socket, and a reply the protocol crate cannot parse never comes.
+    pub fn reply_deadline(&self) -> Option<tokio::time::Instant> {
+        self.idle_at.filter(|_| !self.replied).map(|at| at + REPLY_GRACE)
     }
 
     /// Whether the execution ended with an error (of the code, or of the kernel).
@@ -192,10 +202,13 @@ impl ExecutionTracker {
 
     fn iopub(&mut self, message: JupyterMessage) -> Option<OutputEvent> {
         if is_idle(&message) {
-            self.idle = true;
+            self.idle_at = Some(tokio::time::Instant::now());
             return None;
         }
-        let timestamp = message.header.date.to_rfc3339();
+        // Some kernels (JJava) leave the date out, which the crate reads as the epoch.
+        let date = message.header.date;
+        let date = if date.timestamp() == 0 { chrono::Utc::now() } else { date };
+        let timestamp = date.to_rfc3339();
         match message.content {
             JupyterMessageContent::StreamContent(stream) => Some(match stream.name {
                 Stdio::Stdout => OutputEvent::Stdout {
