@@ -50,23 +50,33 @@ def _round(value, digits=10):
     return float(f"{value:.{digits}g}")
 
 
-def _plain(value):
-    """A data point as JSON: dates as ISO strings, numbers as floats, text as text."""
+def _cell(value):
+    """A value as JSON: dates as ISO strings, NaN as null, numpy scalars unwrapped."""
     numpy = sys.modules.get("numpy")
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
     if numpy is not None:
         if isinstance(value, numpy.datetime64):
-            return str(value.astype("datetime64[s]"))
+            return None if numpy.isnat(value) else str(value.astype("datetime64[s]"))
         if isinstance(value, numpy.generic):
             value = value.item()
-    if isinstance(value, bool):
+    if value is None or isinstance(value, (bool, int, str)):
         return value
-    if isinstance(value, (int, float)):
+    if isinstance(value, float):
         return _number(value)
     if isinstance(value, (datetime.datetime, datetime.date)):
         return value.isoformat()
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and value is pandas.NaT:
+        return None
     return str(value)
+
+
+def _point(value):
+    """A chart coordinate: numbers as floats (as the SDK's models expect), dates as
+    ISO strings, categories as text."""
+    value = _cell(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _number(value)
+    return value
 
 
 # --- axes ----------------------------------------------------------------------------
@@ -167,7 +177,7 @@ def _line_chart(axes):
         chart["elements"].append(
             {
                 "label": _series_label(line.get_label(), "Line", index),
-                "points": [[_plain(x), _plain(y)] for x, y in zip(xs, ys)],
+                "points": [[_point(x), _point(y)] for x, y in zip(xs, ys)],
             }
         )
     return chart
@@ -180,7 +190,7 @@ def _scatter_chart(axes):
             {
                 "label": _series_label(collection.get_label(), "Series", index),
                 "points": [
-                    [_plain(x), _plain(y)] for x, y in collection.get_offsets().tolist()
+                    [_point(x), _point(y)] for x, y in collection.get_offsets().tolist()
                 ],
             }
         )
@@ -361,7 +371,7 @@ class DataFormatter(BaseFormatter):
         if pandas is None or not isinstance(obj, pandas.DataFrame):
             return super().__call__(obj)
         columns = obj.to_dict(orient="list")
-        return {str(name): [_plain(v) for v in values] for name, values in columns.items()}
+        return {str(name): [_cell(v) for v in values] for name, values in columns.items()}
 
 
 def load_ipython_extension(ip):

@@ -74,6 +74,7 @@ impl Context {
             runtime_dir: settings.runtime_dir.clone(),
             cwd: PathBuf::from(&self.cwd),
             start_timeout: settings.start_timeout,
+            transport: self.language.transport(),
         };
         let kernel = Kernel::start(&spec, &options).await?;
         if let Some(code) = self.language.cwd_code(&self.cwd) {
@@ -123,7 +124,11 @@ impl Context {
             match self.start_kernel(settings).await {
                 Ok(kernel) => slot.kernel = Some(kernel),
                 Err(error) => {
-                    let _ = send(sink, &OutputEvent::error("KernelStartFailed", error.to_string())).await;
+                    let _ = send(
+                        sink,
+                        &OutputEvent::error("KernelStartFailed", error.to_string()),
+                    )
+                    .await;
                     let _ = send(sink, &OutputEvent::EndOfExecution).await;
                     return;
                 }
@@ -156,7 +161,8 @@ impl Context {
             run_snippet(kernel, &self.language.env_code(&before)).await;
         }
 
-        let outcome = stream_execution(kernel, code, sink).await;
+        let outcome =
+            stream_execution(kernel, code, sink, self.language.trailing_output_grace()).await;
 
         let _ = send(sink, &OutputEvent::EndOfExecution).await;
         if outcome == Outcome::KernelGone {
@@ -170,9 +176,17 @@ impl Context {
             return;
         }
         if !env.is_empty() {
+            // Back to the sandbox's value, else to what the kernel was started with (the
+            // server's own environment), else unset.
             let restore: Vec<_> = env
                 .keys()
-                .map(|name| (name.clone(), applied.get(name).cloned()))
+                .map(|name| {
+                    let value = applied
+                        .get(name)
+                        .cloned()
+                        .or_else(|| std::env::var(name).ok());
+                    (name.clone(), value)
+                })
                 .collect();
             run_snippet(kernel, &self.language.env_code(&restore)).await;
         }
@@ -187,11 +201,20 @@ enum Outcome {
 
 /// Streams one execution's events to `sink` until it is over. A vanished client gets
 /// the kernel interrupted; a kernel that ignores the interrupt is treated as gone.
-async fn stream_execution(kernel: &Kernel, code: &str, sink: &mpsc::Sender<Bytes>) -> Outcome {
+async fn stream_execution(
+    kernel: &Kernel,
+    code: &str,
+    sink: &mpsc::Sender<Bytes>,
+    trailing_grace: Duration,
+) -> Outcome {
     let mut request = match kernel.execute(code, false).await {
         Ok(request) => request,
         Err(error) => {
-            let _ = send(sink, &OutputEvent::error("KernelUnavailable", error.to_string())).await;
+            let _ = send(
+                sink,
+                &OutputEvent::error("KernelUnavailable", error.to_string()),
+            )
+            .await;
             return Outcome::KernelGone;
         }
     };
@@ -228,6 +251,15 @@ async fn stream_execution(kernel: &Kernel, code: &str, sink: &mpsc::Sender<Bytes
                 tracing::warn!(%error, "interrupt failed");
             }
             interrupted_at = Some(tokio::time::Instant::now());
+        }
+    }
+    if !trailing_grace.is_zero() && !client_gone {
+        while let Ok(Some(event)) = tokio::time::timeout(trailing_grace, request.next()).await {
+            if let Some(output) = tracker.handle(event) {
+                if send(sink, &output).await.is_err() {
+                    break;
+                }
+            }
         }
     }
     if kernel.exit_status().is_some() {
@@ -273,7 +305,9 @@ async fn run_snippet(kernel: &Kernel, code: &str) {
 }
 
 async fn send(sink: &mpsc::Sender<Bytes>, event: &OutputEvent) -> Result<(), ()> {
-    sink.send(Bytes::from(event.to_line())).await.map_err(|_| ())
+    sink.send(Bytes::from(event.to_line()))
+        .await
+        .map_err(|_| ())
 }
 
 /// All contexts, in creation order, and which one is each language's default.
@@ -304,11 +338,15 @@ impl Registry {
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Context>>> {
         // Only pushes and removes happen under the write lock; poisoned is still whole.
-        self.contexts.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.contexts
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Arc<Context>>> {
-        self.contexts.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.contexts
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Starts a new context's kernel in `cwd` (default: the configured cwd).

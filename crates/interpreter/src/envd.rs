@@ -37,7 +37,10 @@ impl EnvdClient {
 
     /// The sandbox's variables, or `None` when envd cannot say (then the kernels keep
     /// what they have).
-    pub async fn sandbox_env(&self, access_token: Option<&str>) -> Option<BTreeMap<String, String>> {
+    pub async fn sandbox_env(
+        &self,
+        access_token: Option<&str>,
+    ) -> Option<BTreeMap<String, String>> {
         let mut request = hyper::Request::get(self.envs_uri.clone());
         if let Some(token) = access_token {
             request = request.header("X-Access-Token", token);

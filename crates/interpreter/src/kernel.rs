@@ -15,6 +15,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use jupyter_protocol::connection_info::Transport;
 use jupyter_protocol::{
     ConnectionInfo, ExecuteRequest, InterruptRequest, JupyterMessage, JupyterMessageContent,
     KernelInfoRequest, ShutdownRequest,
@@ -55,7 +56,12 @@ pub struct LaunchOptions {
     pub runtime_dir: PathBuf,
     pub cwd: PathBuf,
     pub start_timeout: Duration,
+    pub transport: Transport,
 }
+
+/// TCP kernels start one at a time: a port peeked for one kernel is free again until
+/// that kernel binds it, and a second kernel starting meanwhile could be handed it.
+static TCP_LAUNCH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Messages waiting for their parent request, and whether the kernel is gone.
 #[derive(Default)]
@@ -69,13 +75,21 @@ type SharedRoutes = Arc<Mutex<Routes>>;
 fn lock(routes: &SharedRoutes) -> std::sync::MutexGuard<'_, Routes> {
     // A panic while holding this lock leaves the map consistent (single inserts and
     // removes), so a poisoned lock is still safe to use.
-    routes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    routes
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn dispatch(routes: &SharedRoutes, message: JupyterMessage, reply: bool) {
     let Some(parent) = message.parent_header.as_ref().map(|h| h.msg_id.clone()) else {
         return;
     };
+    tracing::trace!(
+        msg_type = message.header.msg_type,
+        parent,
+        reply,
+        "kernel message"
+    );
     let routes = lock(routes);
     if let Some(sender) = routes.waiting.get(&parent) {
         let event = if reply {
@@ -120,20 +134,51 @@ pub struct Kernel {
     exit: watch::Receiver<Option<String>>,
     output: Arc<Mutex<VecDeque<String>>>,
     tasks: Vec<JoinHandle<()>>,
-    connection_file: PathBuf,
+    _files: RuntimeFiles,
+}
+
+/// The connection file and socket files of a kernel, removed with it.
+struct RuntimeFiles(Vec<PathBuf>);
+
+impl Drop for RuntimeFiles {
+    fn drop(&mut self) {
+        for file in &self.0 {
+            let _ = std::fs::remove_file(file);
+        }
+    }
 }
 
 impl Kernel {
     /// Starts the kernel and returns once it answered a kernel_info_request on shell
     /// and its iopub broadcasts reach us (so no output of the first execution is lost).
     pub async fn start(spec: &Kernelspec, options: &LaunchOptions) -> Result<Kernel, KernelError> {
-        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        let (ports, listeners) = jupyter_zmq_client::peek_ports_with_listeners(ip, 5)
-            .await
-            .map_err(KernelError::Ports)?;
+        let _tcp_launch = match options.transport {
+            Transport::TCP => Some(TCP_LAUNCH.lock().await),
+            Transport::IPC => None,
+        };
+        let name = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let (ip, ports, listeners) = match options.transport {
+            Transport::TCP => {
+                let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+                let (ports, listeners) = jupyter_zmq_client::peek_ports_with_listeners(ip, 5)
+                    .await
+                    .map_err(KernelError::Ports)?;
+                (ip.to_string(), ports, listeners)
+            }
+            // Socket files <runtime_dir>/<name>-<n>; short, for the 108-byte limit.
+            Transport::IPC => (
+                options
+                    .runtime_dir
+                    .join(&name)
+                    .to_string_lossy()
+                    .into_owned(),
+                vec![1, 2, 3, 4, 5],
+                Vec::new(),
+            ),
+        };
         let connection = ConnectionInfo {
-            transport: jupyter_protocol::connection_info::Transport::TCP,
-            ip: ip.to_string(),
+            transport: options.transport.clone(),
+            ip: ip.clone(),
             stdin_port: ports[0],
             control_port: ports[1],
             hb_port: ports[2],
@@ -143,14 +188,21 @@ impl Kernel {
             key: uuid::Uuid::new_v4().to_string(),
             kernel_name: Some(spec.name.clone()),
         };
-        let connection_file = options
-            .runtime_dir
-            .join(format!("kernel-{}.json", uuid::Uuid::new_v4()));
-        write_private(&connection_file, &serde_json::to_vec(&connection).unwrap_or_default())
-            .map_err(|source| KernelError::ConnectionFile {
-                path: connection_file.clone(),
-                source,
-            })?;
+        let connection_file = options.runtime_dir.join(format!("{name}.json"));
+        write_private(
+            &connection_file,
+            &serde_json::to_vec(&connection).unwrap_or_default(),
+        )
+        .map_err(|source| KernelError::ConnectionFile {
+            path: connection_file.clone(),
+            source,
+        })?;
+        let mut files = RuntimeFiles(vec![connection_file.clone()]);
+        if options.transport == Transport::IPC {
+            files
+                .0
+                .extend(ports.iter().map(|n| PathBuf::from(format!("{ip}-{n}"))));
+        }
         let argv = spec.argv(&connection_file)?;
         let mut command = tokio::process::Command::new(&argv[0]);
         command
@@ -169,12 +221,9 @@ impl Kernel {
         let spawned = command.spawn();
         // The ports were held until the kernel existed; it binds them first thing.
         drop(listeners);
-        let mut child = spawned.map_err(|source| {
-            let _ = std::fs::remove_file(&connection_file);
-            KernelError::Spawn {
-                command: argv.join(" "),
-                source,
-            }
+        let mut child = spawned.map_err(|source| KernelError::Spawn {
+            command: argv.join(" "),
+            source,
         })?;
         let process_group = child
             .id()
@@ -187,19 +236,36 @@ impl Kernel {
         let output = Arc::new(Mutex::new(VecDeque::new()));
         let mut tasks = Vec::new();
         if let Some(stdout) = child.stdout.take() {
-            tasks.push(tokio::spawn(keep_tail(stdout, output.clone(), spec.name.clone())));
+            tasks.push(tokio::spawn(keep_tail(
+                stdout,
+                output.clone(),
+                spec.name.clone(),
+            )));
         }
         if let Some(stderr) = child.stderr.take() {
-            tasks.push(tokio::spawn(keep_tail(stderr, output.clone(), spec.name.clone())));
+            tasks.push(tokio::spawn(keep_tail(
+                stderr,
+                output.clone(),
+                spec.name.clone(),
+            )));
         }
         let routes: SharedRoutes = Arc::default();
         let (exit_sender, exit) = watch::channel(None);
-        tasks.push(tokio::spawn(wait_for_exit(child, routes.clone(), exit_sender)));
+        tasks.push(tokio::spawn(wait_for_exit(
+            child,
+            routes.clone(),
+            exit_sender,
+        )));
 
         let mut kernel_tasks = KernelTasks(tasks);
         let connected = tokio::time::timeout(
             options.start_timeout,
-            connect(&connection, routes.clone(), &mut kernel_tasks.0, exit.clone()),
+            connect(
+                &connection,
+                routes.clone(),
+                &mut kernel_tasks.0,
+                exit.clone(),
+            ),
         )
         .await;
         let tail = || tail_text(&output);
@@ -207,11 +273,9 @@ impl Kernel {
             Ok(Ok(pair)) => pair,
             Ok(Err(ConnectFailure::Zmq(error))) => {
                 kill_group(process_group);
-                let _ = std::fs::remove_file(&connection_file);
                 return Err(KernelError::Connect(error));
             }
             Ok(Err(ConnectFailure::Exited(status))) => {
-                let _ = std::fs::remove_file(&connection_file);
                 return Err(KernelError::ExitedDuringStart {
                     kernelspec: spec.name.clone(),
                     status,
@@ -220,7 +284,6 @@ impl Kernel {
             }
             Err(_) => {
                 kill_group(process_group);
-                let _ = std::fs::remove_file(&connection_file);
                 return Err(KernelError::StartTimeout {
                     kernelspec: spec.name.clone(),
                     seconds: options.start_timeout.as_secs(),
@@ -238,7 +301,7 @@ impl Kernel {
             exit,
             output,
             tasks: std::mem::take(&mut kernel_tasks.0),
-            connection_file,
+            _files: files,
         };
         match kernel.handshake(options.start_timeout).await {
             Ok(()) => Ok(kernel),
@@ -344,8 +407,10 @@ impl Kernel {
     /// Interrupts what the kernel is running, the way its kernelspec asks for.
     pub async fn interrupt(&self) -> Result<(), KernelError> {
         match self.interrupt_mode {
-            InterruptMode::Signal => rustix::process::kill_process_group(self.process_group, Signal::INT)
-                .map_err(|errno| KernelError::Interrupt(errno.into())),
+            InterruptMode::Signal => {
+                rustix::process::kill_process_group(self.process_group, Signal::INT)
+                    .map_err(|errno| KernelError::Interrupt(errno.into()))
+            }
             InterruptMode::Message => self
                 .control
                 .lock()
@@ -383,7 +448,6 @@ impl Drop for Kernel {
         for task in &self.tasks {
             task.abort();
         }
-        let _ = std::fs::remove_file(&self.connection_file);
     }
 }
 

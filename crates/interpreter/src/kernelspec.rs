@@ -66,6 +66,16 @@ impl KernelspecCatalog {
     /// `extra` first (the template's own prefix), then Jupyter's standard data
     /// directories (`$JUPYTER_PATH`, the user's, `/usr/local/share/jupyter`,
     /// `/usr/share/jupyter`, where Debian's IRkernel puts its spec).
+    /// Only the given directories (tests, or a template that wants no stray kernels).
+    pub fn only(dirs: Vec<PathBuf>) -> KernelspecCatalog {
+        KernelspecCatalog {
+            data_dirs: dirs
+                .into_iter()
+                .map(|dir| std::path::absolute(&dir).unwrap_or(dir))
+                .collect(),
+        }
+    }
+
     pub fn new(extra: Vec<PathBuf>) -> KernelspecCatalog {
         // Absolute, so `{resource_dir}` means the same from any kernel's cwd.
         let mut data_dirs: Vec<PathBuf> = extra

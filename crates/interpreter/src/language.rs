@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use jupyter_protocol::connection_info::Transport;
+
 use crate::error::RequestError;
 
 /// A language a context runs. The wire names are E2B's: `python`, `javascript`,
@@ -69,6 +71,27 @@ impl Language {
             Language::R => "ir",
             Language::Bash => "bash",
             Language::Java => "java",
+        }
+    }
+
+    /// How the server talks to the kernel: Unix sockets in the server's private runtime
+    /// dir (no port races between kernels starting at once, nothing on the network),
+    /// except for Java (JeroMQ has no IPC transport) and Deno (its kernel exits on an
+    /// `ipc` connection file).
+    pub fn transport(self) -> Transport {
+        match self {
+            Language::Java | Language::JavaScript | Language::TypeScript => Transport::TCP,
+            _ => Transport::IPC,
+        }
+    }
+
+    /// How long to keep listening after an execution is over by the protocol (idle and
+    /// reply): Deno's kernel sometimes publishes a cell's `execute_result` right after
+    /// its `idle` status. Other kernels keep the protocol's order.
+    pub fn trailing_output_grace(self) -> std::time::Duration {
+        match self {
+            Language::JavaScript | Language::TypeScript => std::time::Duration::from_millis(50),
+            _ => std::time::Duration::ZERO,
         }
     }
 

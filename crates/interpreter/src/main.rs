@@ -12,15 +12,29 @@ use berth_interpreter::{router, AppState, KernelspecCatalog, Language, Registry,
 use clap::Parser;
 
 #[derive(Parser, Debug)]
-#[command(version, about = "berth's code-interpreter server (E2B's port-49999 API over Jupyter kernels)")]
+#[command(
+    version,
+    about = "berth's code-interpreter server (E2B's port-49999 API over Jupyter kernels)"
+)]
 struct Args {
     /// Address to listen on.
-    #[arg(long, env = "BERTH_INTERPRETER_LISTEN", default_value = "0.0.0.0:49999")]
+    #[arg(
+        long,
+        env = "BERTH_INTERPRETER_LISTEN",
+        default_value = "0.0.0.0:49999"
+    )]
     listen: String,
     /// Jupyter data directories searched first for kernelspecs (`<dir>/kernels/<name>`),
     /// before Jupyter's standard ones. Repeatable; colon-separated in the env var.
-    #[arg(long = "jupyter-path", env = "BERTH_INTERPRETER_JUPYTER_PATH", value_delimiter = ':')]
+    #[arg(
+        long = "jupyter-path",
+        env = "BERTH_INTERPRETER_JUPYTER_PATH",
+        value_delimiter = ':'
+    )]
     jupyter_path: Vec<PathBuf>,
+    /// Search only the --jupyter-path directories, not Jupyter's standard ones.
+    #[arg(long)]
+    only_jupyter_path: bool,
     /// Directory for kernel connection files (default: a private one under /tmp).
     #[arg(long, env = "BERTH_INTERPRETER_RUNTIME_DIR")]
     runtime_dir: Option<PathBuf>,
@@ -28,10 +42,19 @@ struct Args {
     #[arg(long, env = "BERTH_INTERPRETER_CWD", default_value = "/home/user")]
     default_cwd: String,
     /// Languages whose default context starts before /health reports ready.
-    #[arg(long, env = "BERTH_INTERPRETER_WARM", value_delimiter = ',', default_value = "python")]
+    #[arg(
+        long,
+        env = "BERTH_INTERPRETER_WARM",
+        value_delimiter = ',',
+        default_value = "python"
+    )]
     warm: Vec<String>,
     /// envd's base URL, asked for the sandbox's env vars; empty to not ask.
-    #[arg(long, env = "BERTH_INTERPRETER_ENVD_URL", default_value = "http://127.0.0.1:49983")]
+    #[arg(
+        long,
+        env = "BERTH_INTERPRETER_ENVD_URL",
+        default_value = "http://127.0.0.1:49983"
+    )]
     envd_url: String,
     /// Seconds a kernel gets to start and answer.
     #[arg(long, default_value_t = 120)]
@@ -69,7 +92,11 @@ async fn main() -> anyhow::Result<()> {
     };
     let state = Arc::new(AppState {
         registry: Registry::new(Settings {
-            catalog: KernelspecCatalog::new(args.jupyter_path),
+            catalog: if args.only_jupyter_path {
+                KernelspecCatalog::only(args.jupyter_path)
+            } else {
+                KernelspecCatalog::new(args.jupyter_path)
+            },
             runtime_dir: runtime_dir.clone(),
             start_timeout: Duration::from_secs(args.kernel_start_timeout),
             default_cwd: args.default_cwd,
@@ -113,7 +140,10 @@ async fn main() -> anyhow::Result<()> {
 
 fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 

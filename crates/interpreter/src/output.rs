@@ -44,7 +44,10 @@ impl OutputEvent {
     pub fn to_line(&self) -> String {
         let mut line = serde_json::to_string(self).unwrap_or_else(|error| {
             // Serialising plain strings and JSON values cannot fail; say so if it does.
-            format!(r#"{{"type":"error","name":"ServerError","value":{:?},"traceback":""}}"#, error.to_string())
+            format!(
+                r#"{{"type":"error","name":"ServerError","value":{:?},"traceback":""}}"#,
+                error.to_string()
+            )
         });
         line.push('\n');
         line
@@ -174,7 +177,9 @@ impl ExecutionTracker {
     /// After `idle`, how long to still wait for the shell reply: kernels send it first,
     /// but on another socket, and a reply the protocol crate cannot parse never comes.
     pub fn reply_deadline(&self) -> Option<tokio::time::Instant> {
-        self.idle_at.filter(|_| !self.replied).map(|at| at + REPLY_GRACE)
+        self.idle_at
+            .filter(|_| !self.replied)
+            .map(|at| at + REPLY_GRACE)
     }
 
     /// Whether the execution ended with an error (of the code, or of the kernel).
@@ -207,7 +212,11 @@ impl ExecutionTracker {
         }
         // Some kernels (JJava) leave the date out, which the crate reads as the epoch.
         let date = message.header.date;
-        let date = if date.timestamp() == 0 { chrono::Utc::now() } else { date };
+        let date = if date.timestamp() == 0 {
+            chrono::Utc::now()
+        } else {
+            date
+        };
         let timestamp = date.to_rfc3339();
         match message.content {
             JupyterMessageContent::StreamContent(stream) => Some(match stream.name {
@@ -294,7 +303,9 @@ mod tests {
             "e2b/data": {"a": [1, 2]},
             "application/vnd.custom": "x",
         });
-        let Value::Object(bundle) = bundle else { unreachable!() };
+        let Value::Object(bundle) = bundle else {
+            unreachable!()
+        };
         let result = ResultBundle::from_mime_bundle(bundle, true);
         assert_eq!(result.text.as_deref(), Some("hello"));
         assert_eq!(result.html.as_deref(), Some("<b>hi</b>"));
@@ -302,7 +313,10 @@ mod tests {
         assert_eq!(result.json, Some(json!({"a": 1})));
         assert_eq!(result.chart, None);
         assert_eq!(result.data, Some(json!({"a": [1, 2]})));
-        assert_eq!(result.extra.get("application/vnd.custom"), Some(&json!("x")));
+        assert_eq!(
+            result.extra.get("application/vnd.custom"),
+            Some(&json!("x"))
+        );
         let line: Value = serde_json::from_str(&OutputEvent::Result(result).to_line()).unwrap();
         assert_eq!(line["type"], "result");
         assert_eq!(line["is_main_result"], true);
@@ -330,7 +344,10 @@ mod tests {
         );
         let error: Value =
             serde_json::from_str(&OutputEvent::error("NameError", "x").to_line()).unwrap();
-        assert_eq!(error, json!({"type": "error", "name": "NameError", "value": "x", "traceback": ""}));
+        assert_eq!(
+            error,
+            json!({"type": "error", "name": "NameError", "value": "x", "traceback": ""})
+        );
     }
 
     #[test]

@@ -126,7 +126,12 @@ async fn execute(
     let context = match (request.context_id, request.language) {
         (Some(_), Some(_)) => return Err(RequestError::ContextAndLanguage.into()),
         (Some(id), None) => state.registry.get(&id)?,
-        (None, Some(language)) => state.registry.default_for(Language::parse(&language)?).await?,
+        (None, Some(language)) => {
+            state
+                .registry
+                .default_for(Language::parse(&language)?)
+                .await?
+        }
         (None, None) => state.registry.default_for(Language::Python).await?,
     };
     let access_token = headers
