@@ -11,6 +11,11 @@ interpreter reads from envd's `/envs` as it does inside a sandbox.
 Both ports are fixed by the SDK, so run the suite in a private network namespace
 (`tests/interpreter/run.sh` does).
 
+Against real sandboxes: `BERTH_INTERPRETER_EXTERNAL=1` plus the SDK's own variables
+(`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`) makes the session create one
+`code-interpreter-v1` sandbox (with the sandbox env vars below) instead of starting
+anything locally.
+
 Binaries: `BERTH_INTERPRETER_BIN` / `BERTH_ENVD_BIN`, else `cargo build` into
 `$CARGO_TARGET_DIR` (default `<repo>/target`). Kernels: `BERTH_INTERPRETER_PREFIX`
 (default `<repo>/.interpreter-env`).
@@ -31,10 +36,12 @@ from typing import Iterator
 import httpx
 import pytest
 
-os.environ["E2B_DEBUG"] = "true"
-for _var in ("E2B_SANDBOX_URL", "E2B_API_URL", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-    os.environ.pop(_var, None)
-os.environ.setdefault("E2B_API_KEY", "e2b_" + "0" * 40)
+EXTERNAL = os.environ.get("BERTH_INTERPRETER_EXTERNAL") == "1"
+if not EXTERNAL:
+    os.environ["E2B_DEBUG"] = "true"
+    for _var in ("E2B_SANDBOX_URL", "E2B_API_URL", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
+        os.environ.pop(_var, None)
+    os.environ.setdefault("E2B_API_KEY", "e2b_" + "0" * 40)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INTERPRETER_URL = "http://127.0.0.1:49999"
@@ -98,6 +105,9 @@ def workdir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def envd(workdir: Path) -> Iterator[str]:
+    if EXTERNAL:
+        yield ""
+        return
     binary = _binary("BERTH_ENVD_BIN", "berth-envd", "berth-envd")
     log = workdir / "envd.log"
     env = dict(os.environ, HOME=str(workdir))
@@ -118,6 +128,9 @@ def envd(workdir: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def interpreter(workdir: Path, envd: str) -> Iterator[Path]:
     """berth-interpreter on :49999; yields the default cwd of its contexts."""
+    if EXTERNAL:
+        yield Path("/home/user")
+        return
     binary = _binary("BERTH_INTERPRETER_BIN", "berth-interpreter", "berth-interpreter")
     prefix = Path(os.environ.get("BERTH_INTERPRETER_PREFIX", REPO_ROOT / ".interpreter-env"))
     jupyter = prefix / "share" / "jupyter"
@@ -147,7 +160,20 @@ def interpreter(workdir: Path, envd: str) -> Iterator[Path]:
 def sandbox(interpreter: Path):
     from e2b_code_interpreter import Sandbox
 
-    return Sandbox.create()
+    if not EXTERNAL:
+        yield Sandbox.create()
+        return
+    sandbox = Sandbox.create(envs=SANDBOX_ENV)
+    yield sandbox
+    sandbox.kill()
+
+
+@pytest.fixture(scope="session")
+def interpreter_endpoint(sandbox) -> tuple[str, dict[str, str]]:
+    """Base URL and headers for raw requests to the interpreter."""
+    if not EXTERNAL:
+        return INTERPRETER_URL, {}
+    return sandbox._jupyter_url, {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999"}
 
 
 @pytest.fixture()

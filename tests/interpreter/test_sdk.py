@@ -8,7 +8,6 @@ import httpx
 import pytest
 from e2b import NotFoundException, SandboxException, TimeoutException
 
-from conftest import INTERPRETER_URL
 
 
 def test_result_text_and_state(sandbox):
@@ -141,7 +140,9 @@ def test_languages_keep_their_own_state_and_env(sandbox, cwd, language, setup, r
     "language, code",
     [("python", "import os; os.getcwd()"), ("js", "process.cwd()"), ("ts", "Deno.cwd()"), ("r", "getwd()"), ("bash", "pwd")],
 )
-def test_contexts_have_their_cwd(sandbox, tmp_path, language, code):
+def test_contexts_have_their_cwd(sandbox, language, code):
+    # A directory that exists where the interpreter runs (this host, or a sandbox).
+    tmp_path = sandbox.run_code("import tempfile; tempfile.mkdtemp()").text
     context = sandbox.create_code_context(language=language, cwd=str(tmp_path))
     assert context.cwd == str(tmp_path)
     execution = sandbox.run_code(code, context=context)
@@ -196,9 +197,11 @@ def test_unknown_language_is_a_clear_error(sandbox):
     assert "400" in str(error.value) and "cobol" in str(error.value)
 
 
-def test_malformed_requests_get_4xx():
+def test_malformed_requests_get_4xx(interpreter_endpoint):
+    url, headers = interpreter_endpoint
+    headers = {**headers, "Content-Type": "application/json"}
     for body, status in [(b"{oops", 400), (b'{"language": "python"}', 400), (b'{"code": "1", "context_id": "missing"}', 404)]:
-        response = httpx.post(f"{INTERPRETER_URL}/execute", content=body, headers={"Content-Type": "application/json"})
+        response = httpx.post(f"{url}/execute", content=body, headers=headers)
         assert response.status_code == status, response.text
         assert response.text
-    assert httpx.get(f"{INTERPRETER_URL}/health").status_code == 200
+    assert httpx.get(f"{url}/health", headers=headers).status_code == 200

@@ -23,7 +23,7 @@ pub enum OutputEvent {
         text: String,
         timestamp: String,
     },
-    Result(ResultBundle),
+    Result(Box<ResultBundle>),
     Error {
         name: String,
         value: String,
@@ -229,12 +229,12 @@ impl ExecutionTracker {
                     timestamp,
                 },
             }),
-            JupyterMessageContent::DisplayData(display) => Some(OutputEvent::Result(
+            JupyterMessageContent::DisplayData(display) => Some(OutputEvent::Result(Box::new(
                 ResultBundle::from_mime_bundle(media_map(&display.data), false),
-            )),
-            JupyterMessageContent::ExecuteResult(result) => Some(OutputEvent::Result(
+            ))),
+            JupyterMessageContent::ExecuteResult(result) => Some(OutputEvent::Result(Box::new(
                 ResultBundle::from_mime_bundle(media_map(&result.data), true),
-            )),
+            ))),
             JupyterMessageContent::ErrorOutput(error) => {
                 self.error(error.ename, error.evalue, &error.traceback)
             }
@@ -317,7 +317,8 @@ mod tests {
             result.extra.get("application/vnd.custom"),
             Some(&json!("x"))
         );
-        let line: Value = serde_json::from_str(&OutputEvent::Result(result).to_line()).unwrap();
+        let line: Value =
+            serde_json::from_str(&OutputEvent::Result(Box::new(result)).to_line()).unwrap();
         assert_eq!(line["type"], "result");
         assert_eq!(line["is_main_result"], true);
         assert!(line.get("svg").is_none());
