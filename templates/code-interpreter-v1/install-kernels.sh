@@ -56,6 +56,9 @@ cat >"$kernels/python3/kernel.json" <<JSON
   "interrupt_mode": "signal"
 }
 JSON
+# Deno exits on SIGINT (the server then restarts it: an interrupted JS/TS context loses
+# its state); its interrupt_request leaves the kernel answering without output, so
+# signal mode is the one that keeps the context usable.
 cat >"$kernels/deno/kernel.json" <<JSON
 {
   "argv": ["$deno", "jupyter", "--kernel", "--conn", "{connection_file}"],
