@@ -477,6 +477,15 @@ async fn connect(
 ) -> Result<(DealerSendConnection, DealerSendConnection), ConnectFailure> {
     let session = uuid::Uuid::new_v4().to_string();
     let sockets = async {
+        if info.transport == Transport::TCP {
+            // Connecting to a port nobody listens on yet can make Linux pick that very
+            // port as the connection's source: a TCP self-connect that then steals
+            // the kernel's port. Wait until the kernel listens.
+            let ports = [info.shell_port, info.iopub_port, info.control_port];
+            while !ports.iter().all(|port| tcp_listening(*port)) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         let iopub = jupyter_zmq_client::create_client_iopub_connection(info, "", &session).await?;
         let identity = jupyter_zmq_client::peer_identity_for_session(&session)?;
         let shell = jupyter_zmq_client::create_client_shell_connection_with_identity(
@@ -532,6 +541,32 @@ async fn connect(
         }
     }));
     Ok((shell_send, control_send))
+}
+
+/// Whether something listens on `port` (from /proc/net/tcp and tcp6 — the JVM binds
+/// 127.0.0.1 as an IPv4-mapped IPv6 socket; no side effects, unlike probing with
+/// connect or bind).
+fn tcp_listening(port: u16) -> bool {
+    const LISTEN: &str = "0A";
+    let wanted = format!(":{port:04X}");
+    let mut readable = false;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(table) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        readable = true;
+        let listening = table.lines().skip(1).any(|line| {
+            let mut fields = line.split_whitespace();
+            let local = fields.nth(1).unwrap_or_default();
+            let state = fields.nth(1).unwrap_or_default();
+            local.ends_with(&wanted) && state == LISTEN
+        });
+        if listening {
+            return true;
+        }
+    }
+    // Without /proc there is nothing to wait for.
+    !readable
 }
 
 /// Waits for the kernel process and ends every open request when it exits.
@@ -610,4 +645,18 @@ pub fn is_idle(message: &JupyterMessage) -> bool {
         JupyterMessageContent::Status(status)
             if status.execution_state == jupyter_protocol::ExecutionState::Idle
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sees_loopback_listeners() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(tcp_listening(port));
+        drop(listener);
+        assert!(!tcp_listening(port));
+    }
 }

@@ -427,3 +427,51 @@ fn java_runs_when_installed() {
     assert_eq!(stdout(&events), "Hello\n");
     assert_eq!(main_text(&events).as_deref(), Some("42"));
 }
+
+#[test]
+#[ignore = "needs the kernel environment: bash scripts/interpreter-env.sh"]
+fn other_languages_survive_an_abandoned_busy_loop() {
+    let server = with_kernels("");
+    // (language, set state, busy loop, read state, expected)
+    let cases = [
+        ("r", "keep <- 5", "while (TRUE) {}", "keep + 1", "[1] 6"),
+        (
+            "bash",
+            "KEEP=5",
+            "while true; do :; done",
+            "echo $((KEEP+1))",
+            "6\n",
+        ),
+        // Deno exits on SIGINT; the server restarts it, so only usability is kept.
+        (
+            "js",
+            "var keep = 5",
+            "while (true) {}",
+            "typeof keep",
+            "undefined",
+        ),
+    ];
+    for (language, set, busy, read, expected) in cases {
+        server.execute(&json!({"code": set, "language": language}));
+        let stream = server
+            .send(
+                "POST",
+                "/execute",
+                Some(&json!({"code": busy, "language": language}).to_string()),
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        drop(stream);
+        let events = server.execute(&json!({"code": read, "language": language}));
+        let got = if language == "bash" {
+            stdout(&events)
+        } else {
+            of_type(&events, "result")
+                .first()
+                .and_then(|r| r["text"].as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(got, expected, "{language}: {events:?}");
+    }
+}
