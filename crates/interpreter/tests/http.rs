@@ -10,6 +10,17 @@ use std::time::Duration;
 use common::{main_text, of_type, stdout, Server};
 use serde_json::{json, Value};
 
+/// Kernels on TCP (Deno, JJava) get ports peeked by their server; servers of tests
+/// running at once could hand the same free port to two kernels (one server serialises
+/// its own launches, but not another process's). Tests starting TCP kernels take turns.
+static TCP_KERNELS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn tcp_kernels_turn() -> std::sync::MutexGuard<'static, ()> {
+    TCP_KERNELS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn no_kernels() -> Server {
     Server::start(None, "", &[])
 }
@@ -367,6 +378,7 @@ fn contexts_are_separate_serialised_and_concurrent() {
 #[test]
 #[ignore = "needs the kernel environment: bash scripts/interpreter-env.sh"]
 fn other_languages_keep_state_and_cwd() {
+    let _turn = tcp_kernels_turn();
     let server = with_kernels("");
     let cwd = server.cwd.path().to_str().unwrap().to_string();
     let cases = [
@@ -421,6 +433,7 @@ fn other_languages_keep_state_and_cwd() {
 #[test]
 #[ignore = "needs the kernel environment (with a JDK for JJava): bash scripts/interpreter-env.sh"]
 fn java_runs_when_installed() {
+    let _turn = tcp_kernels_turn();
     let server = with_kernels("");
     let events = server
         .execute(&json!({"code": "System.out.println(\"Hello\"); 40 + 2", "language": "java"}));
@@ -431,6 +444,7 @@ fn java_runs_when_installed() {
 #[test]
 #[ignore = "needs the kernel environment: bash scripts/interpreter-env.sh"]
 fn other_languages_survive_an_abandoned_busy_loop() {
+    let _turn = tcp_kernels_turn();
     let server = with_kernels("");
     // (language, set state, busy loop, read state, expected)
     let cases = [
