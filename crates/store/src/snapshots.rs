@@ -35,11 +35,14 @@ pub struct SnapshotRecord {
     /// Processes continue from the snapshot's memory; false: only its files are used
     /// (new sandboxes boot afresh on them).
     pub memory: bool,
+    /// The source's network policy (see `SandboxRecord::network`), inherited by
+    /// sandboxes started from the snapshot.
+    pub network: Option<serde_json::Value>,
 }
 
 const SNAPSHOT_COLUMNS: &str = "id, team_id, name, source_sandbox_id, template_id, build_id, \
      cpu_count, memory_mb, disk_size_mb, env_vars, envd_access_token, checkpoint_id, size_bytes, \
-     created_at_ms, memory";
+     created_at_ms, memory, network";
 
 fn snapshot_from_row(row: &Row<'_>) -> Result<SnapshotRecord> {
     let c = Columns::new(row, "snapshots", &["id"])?;
@@ -59,6 +62,7 @@ fn snapshot_from_row(row: &Row<'_>) -> Result<SnapshotRecord> {
         size_bytes: c.get::<i64>("size_bytes")? as u64,
         created_at: c.time("created_at_ms")?,
         memory: c.get("memory")?,
+        network: c.json_opt("network")?,
     })
 }
 
@@ -99,7 +103,7 @@ impl Store {
             &tx,
             &format!(
                 "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES \
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
             ),
             params![
                 snapshot.id,
@@ -117,6 +121,7 @@ impl Store {
                 snapshot.size_bytes as i64,
                 to_ms(snapshot.created_at),
                 snapshot.memory,
+                snapshot.network.as_ref().map(|v| v.to_string()),
             ],
         )?;
         tx.commit()?;

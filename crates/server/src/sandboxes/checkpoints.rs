@@ -46,6 +46,8 @@ struct Origin {
     envd_token: Option<String>,
     /// Continue from the checkpoint's memory; false: boot afresh on its disk.
     memory: bool,
+    /// The source's network policy (the checkpoint carries it into the runtime too).
+    network: Option<serde_json::Value>,
 }
 
 /// What a sandbox started from a checkpoint is asked to be.
@@ -66,6 +68,10 @@ async fn start_from_checkpoint(
 ) -> Result<SandboxRecord, ServiceError> {
     let mut env_vars = origin.env_vars.clone();
     env_vars.extend(start.env_vars);
+    let network: Option<berth_net::NetworkPolicy> = origin
+        .network
+        .as_ref()
+        .and_then(|value| serde_json::from_value(value.clone()).ok());
     let plan = BringUp {
         id: new_sandbox_id(),
         init: Init {
@@ -84,6 +90,11 @@ async fn start_from_checkpoint(
             allow_internet_access: None,
             timeout_secs: start.timeout_secs,
             lifecycle: start.lifecycle,
+            traffic_access_token: network
+                .as_ref()
+                .is_some_and(|policy| !policy.allow_public_traffic)
+                .then(new_token),
+            network,
         })),
         log_line: format!(
             "sandbox started from a checkpoint of template {}",
@@ -143,6 +154,7 @@ pub async fn fork(
         env_vars: source.env_vars.clone(),
         envd_token: source.envd_access_token.clone(),
         memory: true,
+        network: source.network.clone(),
     });
     let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
     let mut forks = tokio::task::JoinSet::new();
@@ -232,6 +244,7 @@ pub async fn snapshot(
         size_bytes: info.size_bytes,
         created_at: OffsetDateTime::now_utc(),
         memory,
+        network: source.network.clone(),
     };
     let replaced = match state.store.put_snapshot(&record) {
         Ok(replaced) => replaced,
@@ -271,6 +284,7 @@ pub(super) async fn create_from_snapshot(
         env_vars: snapshot.env_vars.clone(),
         envd_token: snapshot.envd_access_token.clone(),
         memory: snapshot.memory,
+        network: snapshot.network.clone(),
     };
     let start = Start {
         timeout_secs: request.timeout_secs,

@@ -48,6 +48,8 @@ fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
         env_vars: Default::default(),
         timeout_secs: 300,
         lifecycle: Default::default(),
+        network: None,
+        traffic_access_token: None,
     }
 }
 
