@@ -24,6 +24,8 @@ mod openapi;
 mod reaper;
 mod resolver;
 mod sandboxes;
+#[cfg(feature = "test-support")]
+pub mod testing;
 mod webhooks;
 
 use std::collections::HashMap;
