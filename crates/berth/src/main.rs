@@ -142,6 +142,12 @@ struct UpArgs {
     /// loopback and link-local ranges).
     #[arg(long, env = "BERTH_EGRESS_DENY", value_delimiter = ',')]
     egress_deny: Vec<String>,
+    /// Most connections (conntrack entries) one sandbox may hold through the host.
+    #[arg(long, env = "BERTH_SANDBOX_MAX_CONNECTIONS", default_value_t = berth_net::Limits::default().max_connections)]
+    sandbox_max_connections: u32,
+    /// Bandwidth cap of one sandbox, each way, in megabits per second.
+    #[arg(long, env = "BERTH_SANDBOX_MBPS", default_value_t = 1000)]
+    sandbox_mbps: u64,
     /// DNS servers (`ip:port`) sandboxes' queries are forwarded to (default: the host's
     /// /etc/resolv.conf).
     #[arg(long, env = "BERTH_DNS_UPSTREAM", value_delimiter = ',')]
@@ -427,6 +433,12 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         network.sandbox_cidr = args.sandbox_cidr;
         network.ceiling = berth_net::Ceiling::parse(&args.egress_allow, &args.egress_deny)
             .context("--egress-allow / --egress-deny")?;
+        let bytes_per_sec = args.sandbox_mbps * 1_000_000 / 8;
+        network.limits = berth_net::Limits {
+            max_connections: args.sandbox_max_connections,
+            egress_bytes_per_sec: bytes_per_sec,
+            ingress_bytes_per_sec: bytes_per_sec,
+        };
         runtime_config.network = Some(network);
     }
     let runtime = Arc::new(LinuxRuntime::new(runtime_config).context("starting the runtime")?);
