@@ -193,6 +193,14 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         let app = self.router_with(extra);
+        use axum::serve::ListenerExt;
+        // Without TCP_NODELAY a small write after another (a stream's frames, a response
+        // head then its body) waits for the client's delayed ACK: ~40 ms per call.
+        let listener = listener.tap_io(|stream| {
+            if let Err(err) = stream.set_nodelay(true) {
+                tracing::warn!(%err, "setting TCP_NODELAY on an accepted connection");
+            }
+        });
         axum::serve(
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
