@@ -52,6 +52,10 @@ pub struct CheckpointArgs {
     /// berth-launch binary (default: next to this executable).
     #[arg(long)]
     launcher: Option<PathBuf>,
+    /// Give the sandboxes networking (as `berth up` does by default): the netns stays
+    /// pinned across pause, CRIU runs inside it.
+    #[arg(long)]
+    pub network: bool,
 }
 
 /// The sandbox's memory limit must leave room for the holder, python and envd.
@@ -118,6 +122,7 @@ pub fn run(args: &CheckpointArgs) -> anyhow::Result<()> {
         base.layers.clone(),
         max_forks as u32 + 16,
         Some(&args.criu_state_dir),
+        args.network,
     )?;
     let scratch = state_dir.join("bench");
     fs::create_dir_all(&scratch)?;
