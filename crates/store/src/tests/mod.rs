@@ -4,9 +4,11 @@ mod corrupt;
 mod events;
 mod sandboxes;
 mod schema;
+mod secrets;
 mod snapshots;
 mod teams;
 mod telemetry;
+mod volumes;
 
 use time::OffsetDateTime;
 
@@ -48,6 +50,7 @@ fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
         env_vars: Default::default(),
         timeout_secs: 300,
         lifecycle: Default::default(),
+        volume_mounts: Vec::new(),
     }
 }
 
