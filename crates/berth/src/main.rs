@@ -61,6 +61,9 @@ enum Command {
     Mcp(McpArgs),
     /// Connect a user's E2B-compatible API key for the agent tools (key read from stdin).
     Connect(ConnectArgs),
+    /// Add a key-encryption key version and re-encrypt every secret and MCP connection
+    /// under it (also while `berth up` runs).
+    RotateKek,
 }
 
 #[derive(Args)]
@@ -125,6 +128,10 @@ struct UpArgs {
     /// lets several berth instances share one provisioned CRIU.
     #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
     criu_state_dir: Option<PathBuf>,
+    /// Size of every new volume in MiB (a full volume is ENOSPC inside sandboxes; the
+    /// image is sparse on the host).
+    #[arg(long, env = "BERTH_VOLUME_SIZE_MB", default_value_t = berth_runtime::DEFAULT_VOLUME_SIZE_MB)]
+    volume_size_mb: u64,
 }
 
 #[derive(Subcommand)]
@@ -162,7 +169,33 @@ fn main() -> Result<()> {
         Command::Provision => provision(&cli.state_dir),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
+        Command::RotateKek => rotate_kek(&cli.state_dir),
     }
+}
+
+/// Where the secrets vault keeps its key-encryption keys (unless `BERTH_KEK` is set).
+fn secrets_key_file(state_dir: &Path) -> PathBuf {
+    state_dir.join("secrets").join("kek")
+}
+
+fn rotate_kek(state_dir: &Path) -> Result<()> {
+    let store = open_store(state_dir)?;
+    let secrets = berth_server::rotate_secrets_kek(&store, &secrets_key_file(state_dir))
+        .context("rotating the secrets vault's key")?;
+    eprintln!(
+        "secrets: key version {}, {} version(s) re-encrypted",
+        secrets.kek_version, secrets.versions_resealed
+    );
+    let mcp = berth_mcp::Mcp::open(berth_mcp::McpConfig::new(state_dir.to_path_buf(), ""))
+        .context("opening the agent tools' state")?;
+    let connections = mcp
+        .rotate_kek()
+        .context("rotating the agent tools' vault key")?;
+    eprintln!(
+        "mcp connections: key version {}, {} record(s) re-encrypted",
+        connections.kek_version, connections.records_reencrypted
+    );
+    Ok(())
 }
 
 fn provision(state_dir: &Path) -> Result<()> {
@@ -401,6 +434,7 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
     let envd_binary = args.envd_binary.unwrap_or_else(default_envd_binary);
     let mut runtime_config = LinuxRuntimeConfig::new(&state_dir, &envd_binary);
     runtime_config.criu_state_dir = criu_state_dir(&state_dir, args.criu_state_dir);
+    runtime_config.volume_size_mb = args.volume_size_mb;
     let runtime = Arc::new(LinuxRuntime::new(runtime_config).context("starting the runtime")?);
     // Pause, resume, snapshots and fork need CRIU; find or provision it now, in the
     // background, so the first pause does not wait for a download.
@@ -417,6 +451,7 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             .with_context(|| format!("listening on {}", args.listen))?;
         let config = ServerConfig {
             domain: args.domain.clone(),
+            secrets_key_file: Some(secrets_key_file(&state_dir)),
             ..Default::default()
         };
         let server = Server::start(store.clone(), runtime, templates, config)

@@ -111,7 +111,7 @@ mod volume;
 pub use host::HostRuntime;
 pub use linux::{
     CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS,
-    UID_RANGE_SIZE,
+    DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
 };
 pub use volume::{
     validate_mount_path, validate_mount_paths, MountPathError, VolumeMount, VOLUME_OWNER,

@@ -72,7 +72,7 @@ pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
 pub use sandboxes::{
     Lifecycle, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus, StateFilter,
 };
-pub use secrets::{SealedVersion, SecretPage, SecretRecord};
+pub use secrets::{SealedVersion, SecretPage, SecretRecord, SECRET_ID_PREFIX};
 pub use snapshots::SnapshotRecord;
 pub use teams::{ApiKeyRecord, Team};
 pub use telemetry::{LogRecord, MetricSample};

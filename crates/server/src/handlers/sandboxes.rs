@@ -61,6 +61,7 @@ fn listed(record: &SandboxRecord) -> ListedSandbox {
         metadata: record.metadata.clone(),
         state: api_state(record),
         envd_version: record.envd_version.clone(),
+        volume_mounts: crate::volumes::api_mounts(record),
     }
 }
 
@@ -159,9 +160,6 @@ fn refuse_unsupported(body: &NewSandbox) -> Result<(), HttpError> {
     if body.iam.as_ref().is_some_and(|v| !is_empty_json(v)) {
         return Err(ApiError::NotImplemented("iam (workload tokens)".into()).into());
     }
-    if body.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::NotImplemented("volumeMounts (volumes)".into()).into());
-    }
     Ok(())
 }
 
@@ -221,6 +219,11 @@ async fn create(
         env_vars: body.env_vars.unwrap_or_default(),
         allow_internet_access: body.allow_internet_access,
         lifecycle,
+        volume_mounts: crate::volumes::resolve_mounts(
+            &state,
+            &caller.team.id,
+            body.volume_mounts.as_deref().unwrap_or_default(),
+        )?,
     };
     let record = sandboxes::create(&state, request).await?;
     if let Some(key) = &idempotency_key {
@@ -479,6 +482,7 @@ pub async fn get_sandbox(
         disk_size_mb: record.disk_size_mb,
         metadata: record.metadata.clone(),
         state: api_state(&record),
+        volume_mounts: crate::volumes::api_mounts(&record),
     }))
 }
 

@@ -46,6 +46,8 @@ struct Origin {
     envd_token: Option<String>,
     /// Continue from the checkpoint's memory; false: boot afresh on its disk.
     memory: bool,
+    /// The checkpointed sandbox's volumes, which the new one mounts too (the same ones).
+    volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// What a sandbox started from a checkpoint is asked to be.
@@ -66,6 +68,11 @@ async fn start_from_checkpoint(
 ) -> Result<SandboxRecord, ServiceError> {
     let mut env_vars = origin.env_vars.clone();
     env_vars.extend(start.env_vars);
+    // No volume the checkpoint mounts is deleted before the new row records the mount.
+    let _volumes = match origin.volume_mounts.is_empty() {
+        true => None,
+        false => Some(state.volume_mounting.read().await),
+    };
     let plan = BringUp {
         id: new_sandbox_id(),
         init: Init {
@@ -84,6 +91,7 @@ async fn start_from_checkpoint(
             allow_internet_access: None,
             timeout_secs: start.timeout_secs,
             lifecycle: start.lifecycle,
+            volume_mounts: origin.volume_mounts.clone(),
         })),
         log_line: format!(
             "sandbox started from a checkpoint of template {}",
@@ -143,6 +151,7 @@ pub async fn fork(
         env_vars: source.env_vars.clone(),
         envd_token: source.envd_access_token.clone(),
         memory: true,
+        volume_mounts: source.volume_mounts.clone(),
     });
     let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
     let mut forks = tokio::task::JoinSet::new();
@@ -232,6 +241,7 @@ pub async fn snapshot(
         size_bytes: info.size_bytes,
         created_at: OffsetDateTime::now_utc(),
         memory,
+        volume_mounts: source.volume_mounts.clone(),
     };
     let replaced = match state.store.put_snapshot(&record) {
         Ok(replaced) => replaced,
@@ -262,6 +272,9 @@ pub(super) async fn create_from_snapshot(
     snapshot: &SnapshotRecord,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ServiceError> {
+    if !request.volume_mounts.is_empty() && request.volume_mounts != snapshot.volume_mounts {
+        return Err(ServiceError::SnapshotVolumeMounts(snapshot.name.clone()));
+    }
     let origin = Origin {
         team_id: snapshot.team_id.clone(),
         template_id: snapshot.template_id.clone(),
@@ -271,6 +284,7 @@ pub(super) async fn create_from_snapshot(
         env_vars: snapshot.env_vars.clone(),
         envd_token: snapshot.envd_access_token.clone(),
         memory: snapshot.memory,
+        volume_mounts: snapshot.volume_mounts.clone(),
     };
     let start = Start {
         timeout_secs: request.timeout_secs,

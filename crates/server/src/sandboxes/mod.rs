@@ -40,6 +40,8 @@ pub struct CreateRequest {
     pub env_vars: StringMap,
     pub allow_internet_access: Option<bool>,
     pub lifecycle: Lifecycle,
+    /// Volumes of the team to mount, resolved and validated (`crate::volumes`).
+    pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// A new sandbox id: `i` + 20 characters of `[a-z0-9]`.
@@ -145,6 +147,12 @@ pub async fn create(
         cpu_count: resources.cpu_count,
         memory_mb: resources.memory_mb,
         disk_size_mb: resources.disk_size_mb,
+        volumes: crate::volumes::runtime_mounts(&request.volume_mounts),
+    };
+    // No volume this sandbox mounts is deleted before its row records the mount.
+    let _volumes = match request.volume_mounts.is_empty() {
+        true => None,
+        false => Some(state.volume_mounting.read().await),
     };
     let plan = BringUp {
         id,
@@ -164,6 +172,7 @@ pub async fn create(
             allow_internet_access: request.allow_internet_access,
             timeout_secs: request.timeout_secs,
             lifecycle: request.lifecycle,
+            volume_mounts: request.volume_mounts,
         })),
         log_line: format!("sandbox created from template {}", template.id),
     };

@@ -71,6 +71,7 @@ pub(super) struct NewRow {
     pub allow_internet_access: Option<bool>,
     pub timeout_secs: i64,
     pub lifecycle: Lifecycle,
+    pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// The row stage: a new row, or the paused row back to running.
@@ -239,6 +240,7 @@ fn record(
                 env_vars: plan.init.env_vars.clone(),
                 timeout_secs: row.timeout_secs,
                 lifecycle: row.lifecycle,
+                volume_mounts: row.volume_mounts.clone(),
             };
             state.store.insert_sandbox(&record)?;
             Ok(record)
