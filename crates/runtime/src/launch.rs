@@ -117,6 +117,58 @@ pub(crate) struct LaunchConfig {
     /// in the same order: absolute paths inside the sandbox, created as needed.
     #[serde(default)]
     pub volume_paths: Vec<PathBuf>,
+    /// The egress proxy's interception CA (PEM), installed in the sandbox's system trust
+    /// store at every start (see [`EGRESS_CA_FILE`]).
+    #[serde(default)]
+    pub egress_ca_pem: Option<String>,
+}
+
+/// Where the egress interception CA is written inside a sandbox (Debian's directory of
+/// local CAs, so `update-ca-certificates` inside keeps it).
+pub const EGRESS_CA_FILE: &str = "/usr/local/share/ca-certificates/berth-egress-ca.crt";
+/// The system bundle the CA is appended to (OpenSSL's, curl's and Python's default).
+pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Environment that points TLS clients at the bundle holding the egress CA: OpenSSL and
+/// Python's `ssl` (`SSL_CERT_FILE`), `requests` (`REQUESTS_CA_BUNDLE`, else it uses
+/// certifi's), curl (`CURL_CA_BUNDLE`) and Node (`NODE_EXTRA_CA_CERTS`, added to its
+/// built-in roots).
+pub fn egress_ca_env() -> Vec<String> {
+    vec![
+        format!("SSL_CERT_FILE={SYSTEM_CA_BUNDLE}"),
+        format!("REQUESTS_CA_BUNDLE={SYSTEM_CA_BUNDLE}"),
+        format!("CURL_CA_BUNDLE={SYSTEM_CA_BUNDLE}"),
+        format!("NODE_EXTRA_CA_CERTS={EGRESS_CA_FILE}"),
+    ]
+}
+
+/// Writes the CA file and appends the CA to the system bundle unless it is there already
+/// (a resume or restart boots on a disk that has it).
+fn install_egress_ca(pem: &str) -> io::Result<()> {
+    let pem = format!("{}\n", pem.trim());
+    let ca_file = Path::new(EGRESS_CA_FILE);
+    if let Some(dir) = ca_file.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(ca_file, &pem)?;
+    let bundle = Path::new(SYSTEM_CA_BUNDLE);
+    if let Some(dir) = bundle.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let current = match fs::read_to_string(bundle) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    if current.contains(pem.trim()) {
+        return Ok(());
+    }
+    let separator = if current.is_empty() || current.ends_with('\n') {
+        ""
+    } else {
+        "\n"
+    };
+    fs::write(bundle, format!("{current}{separator}{pem}"))
 }
 
 /// Sends `config` and the mounts (the disk, the layers topmost first, the volumes, then
@@ -323,6 +375,9 @@ fn become_init(
             "write /etc/resolv.conf",
             fs::write("/etc/resolv.conf", format!("nameserver {nameserver}\n")),
         )?;
+    }
+    if let Some(pem) = &config.egress_ca_pem {
+        ctx("install the egress CA", install_egress_ca(pem))?;
     }
     ctx(
         "sethostname",

@@ -149,6 +149,8 @@ pub struct LinuxRuntime {
     criu: Mutex<Option<Criu>>,
     network: Option<berth_net::HostNetwork>,
     volumes: VolumeStore,
+    /// The egress proxy's interception CA (PEM), trusted by sandboxes started from now on.
+    egress_ca: Mutex<Option<String>>,
 }
 
 /// Directory of a paused sandbox's CRIU images, inside its sandbox directory.
@@ -206,6 +208,7 @@ impl LinuxRuntime {
         Ok(Self {
             network,
             volumes,
+            egress_ca: Mutex::new(None),
             config,
             cgroups,
             disks,
@@ -219,6 +222,15 @@ impl LinuxRuntime {
 
     pub fn config(&self) -> &LinuxRuntimeConfig {
         &self.config
+    }
+
+    /// Makes sandboxes started from now on (created, resumed without memory, restored
+    /// without memory) trust `pem`, the egress proxy's interception CA: it is written to
+    /// their system trust store and the environment of their init points Python, Node,
+    /// curl and OpenSSL at it (see `launch::egress_ca_env`). Sandboxes restored from
+    /// memory keep what their disk and processes had.
+    pub fn set_egress_ca(&self, pem: Option<String>) {
+        *self.egress_ca.lock().unwrap_or_else(|e| e.into_inner()) = pem;
     }
 
     /// The CRIU this runtime checkpoints with: the host's if new enough, else one
@@ -493,7 +505,18 @@ impl LinuxRuntime {
             host_sysfs: false,
             nameserver: None,
             volume_paths: spec.volumes.iter().map(|v| v.path.clone()).collect(),
+            egress_ca_pem: None,
         };
+        let egress_ca_pem = self
+            .egress_ca
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut launch_config = launch_config;
+        if egress_ca_pem.is_some() {
+            launch_config.init_env.extend(launch::egress_ca_env());
+        }
+        launch_config.egress_ca_pem = egress_ca_pem;
         let netns = self.netns_for_start(&spec.id)?;
         let sysfs = netns
             .as_ref()

@@ -145,6 +145,8 @@ class Berth:
                 "RUST_LOG": os.environ.get("RUST_LOG", "info"),
                 # The CRIU `berth provision` set up for the machine, not one per test run.
                 "BERTH_CRIU_STATE_DIR": os.environ.get("BERTH_CRIU_STATE_DIR", "/var/lib/berth"),
+                # Small volumes, so the volume-full test fills one quickly.
+                "BERTH_VOLUME_SIZE_MB": os.environ.get("BERTH_VOLUME_SIZE_MB", "128"),
             },
         )
         process = self.process
