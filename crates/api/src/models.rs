@@ -15,8 +15,7 @@ pub type StringMap = BTreeMap<String, String>;
 
 /// Body of `POST /sandboxes` and `POST /v2/sandboxes`.
 ///
-/// Fields for features berth does not have yet (auto-pause, network policy, MCP, IAM,
-/// volumes) are accepted so the official SDKs' requests parse, and rejected by the server
+/// Fields for features berth does not have yet (MCP, IAM, volumes) are accepted so the official SDKs' requests parse, and rejected by the server
 /// with a message naming the feature when they ask for something non-default.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct NewSandbox {
@@ -53,12 +52,14 @@ pub struct NewSandbox {
     )]
     #[schema(value_type = Option<Object>)]
     pub auto_resume: Option<serde_json::Value>,
-    /// Snake case on the wire, as in E2B's API.
+    /// False: no egress (as `network.denyOut` 0.0.0.0/0). Snake case on the wire, as
+    /// in E2B's API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(ignore)]
     pub allow_internet_access: Option<bool>,
+    /// E2B's `SandboxNetworkConfig`: allowOut, denyOut, allowPublicTraffic,
+    /// maskRequestHost, rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(ignore)]
+    #[schema(value_type = Option<Object>)]
     pub network: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
@@ -261,6 +262,10 @@ pub struct SandboxDetail {
     pub disk_size_mb: u64,
     pub metadata: StringMap,
     pub state: SandboxState,
+    /// E2B's `SandboxNetworkConfig` of the sandbox's policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub network: Option<serde_json::Value>,
     #[serde(rename = "volumeMounts", default)]
     pub volume_mounts: Vec<SandboxVolumeMount>,
 }

@@ -7,6 +7,8 @@
 //! and `berth connect` stores a user's API key for them. This crate only wires the
 //! library crates together and renders output; the behaviour lives in them.
 
+mod egress;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -128,6 +130,25 @@ struct UpArgs {
     /// lets several berth instances share one provisioned CRIU.
     #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
     criu_state_dir: Option<PathBuf>,
+    /// Address pool of sandboxes (one address each); must not overlap the host's routes.
+    /// Two berth daemons on one host need distinct pools.
+    #[arg(long, env = "BERTH_SANDBOX_CIDR", default_value = berth_net::DEFAULT_SANDBOX_CIDR)]
+    sandbox_cidr: ipnet::Ipv4Net,
+    /// Sandboxes get only loopback: no egress, no network policies.
+    #[arg(long, env = "BERTH_NO_NETWORK")]
+    no_network: bool,
+    /// The operator's egress ceiling: sandboxes may reach only these CIDRs, addresses and
+    /// domains (`*.example.com` too), whatever their own policy says. Unset: the internet.
+    #[arg(long, env = "BERTH_EGRESS_ALLOW", value_delimiter = ',')]
+    egress_allow: Vec<String>,
+    /// CIDRs or addresses no sandbox may reach (on top of the built-in private,
+    /// loopback and link-local ranges).
+    #[arg(long, env = "BERTH_EGRESS_DENY", value_delimiter = ',')]
+    egress_deny: Vec<String>,
+    /// DNS servers (`ip:port`) sandboxes' queries are forwarded to (default: the host's
+    /// /etc/resolv.conf).
+    #[arg(long, env = "BERTH_DNS_UPSTREAM", value_delimiter = ',')]
+    dns_upstream: Vec<SocketAddr>,
     /// Size of every new volume in MiB (a full volume is ENOSPC inside sandboxes; the
     /// image is sparse on the host).
     #[arg(long, env = "BERTH_VOLUME_SIZE_MB", default_value_t = berth_runtime::DEFAULT_VOLUME_SIZE_MB)]
@@ -434,6 +455,13 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
     let envd_binary = args.envd_binary.unwrap_or_else(default_envd_binary);
     let mut runtime_config = LinuxRuntimeConfig::new(&state_dir, &envd_binary);
     runtime_config.criu_state_dir = criu_state_dir(&state_dir, args.criu_state_dir);
+    if !args.no_network {
+        let mut network = berth_net::NetConfig::new(&state_dir);
+        network.sandbox_cidr = args.sandbox_cidr;
+        network.ceiling = berth_net::Ceiling::parse(&args.egress_allow, &args.egress_deny)
+            .context("--egress-allow / --egress-deny")?;
+        runtime_config.network = Some(network);
+    }
     runtime_config.volume_size_mb = args.volume_size_mb;
     let runtime = Arc::new(LinuxRuntime::new(runtime_config).context("starting the runtime")?);
     // Pause, resume, snapshots and fork need CRIU; find or provision it now, in the
@@ -449,6 +477,24 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
+        let egress = match runtime.network() {
+            Some(net) => {
+                let flags = egress::EgressFlags {
+                    allow: &args.egress_allow,
+                    deny: &args.egress_deny,
+                    dns_upstreams: &args.dns_upstream,
+                };
+                let handle = egress::start(runtime.clone(), &flags).await?;
+                eprintln!(
+                    "sandbox network {} (gateway {}), DNS and egress proxy on {}",
+                    net.config().sandbox_cidr,
+                    net.gateway(),
+                    handle.dns_addr
+                );
+                Some(handle)
+            }
+            None => None,
+        };
         let config = ServerConfig {
             domain: args.domain.clone(),
             secrets_key_file: Some(secrets_key_file(&state_dir)),
@@ -496,6 +542,9 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             Ok(Ok(result)) => result.context("serving")?,
             Ok(Err(join)) => bail!("server task failed: {join}"),
             Err(_) => eprintln!("closing connections still open after {SHUTDOWN_GRACE:?}"),
+        }
+        if let Some(egress) = egress {
+            egress.shutdown(Duration::from_secs(1)).await;
         }
         Ok(())
     })

@@ -27,6 +27,7 @@ pub enum Stage {
     Restore,
     Pause,
     Checkpoint,
+    UpdateNetwork,
     Kill,
     DeleteCheckpoint,
     Recover,
@@ -40,6 +41,7 @@ impl std::fmt::Display for Stage {
             Stage::Restore => "starting the sandbox from a checkpoint",
             Stage::Pause => "pausing the sandbox",
             Stage::Checkpoint => "checkpointing the sandbox",
+            Stage::UpdateNetwork => "updating the sandbox's network policy",
             Stage::Kill => "killing the sandbox",
             Stage::DeleteCheckpoint => "deleting a checkpoint",
             Stage::Recover => "recovering sandboxes",
@@ -102,6 +104,10 @@ pub enum ServiceError {
         #[source]
         source: EnvdError,
     },
+    #[error("invalid network policy: {0}")]
+    InvalidNetwork(#[from] berth_net::PolicyError),
+    #[error("{0} is not implemented by berth yet")]
+    Unsupported(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("volume {volume}: {source}")]
@@ -191,6 +197,8 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         ServiceError::InvalidTemplate { .. } | ServiceError::SnapshotVolumeMounts(_) => {
             ApiError::BadRequest(err.to_string())
         }
+        ServiceError::InvalidNetwork(policy) => ApiError::BadRequest(policy.to_string()),
+        ServiceError::Unsupported(what) => ApiError::NotImplemented((*what).to_string()),
         ServiceError::TemplateIncomplete { .. } | ServiceError::Envd { .. } => {
             ApiError::Unavailable(err.to_string())
         }

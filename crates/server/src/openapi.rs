@@ -32,6 +32,7 @@ impl Modify for ApiKeyScheme {
         handlers::get_sandbox,
         handlers::kill_sandbox,
         handlers::set_timeout,
+        handlers::update_network,
         handlers::refresh,
         handlers::connect_v1,
         handlers::connect_v2,
@@ -92,7 +93,7 @@ mod tests {
         assert!(paths.contains_key("/v2/sandboxes"));
         assert!(paths.contains_key("/events/webhooks/{webhookID}"));
         assert!(paths.contains_key("/sandboxes/{sandboxID}/pause"));
-        assert!(!paths.contains_key("/sandboxes/{sandboxID}/network"));
+        assert!(paths.contains_key("/sandboxes/{sandboxID}/network"));
         assert!(paths.contains_key("/volumes/{volumeID}"));
         assert!(paths.contains_key("/secrets/{secretID}"));
         let sandbox = &doc["components"]["schemas"]["Sandbox"]["properties"];
@@ -100,7 +101,8 @@ mod tests {
         assert!(sandbox.get("envdAccessToken").is_some());
         // Fields berth refuses are not advertised.
         let new_sandbox = &doc["components"]["schemas"]["NewSandbox"]["properties"];
-        assert!(new_sandbox.get("network").is_none());
+        assert!(new_sandbox.get("network").is_some());
+        assert!(new_sandbox.get("mcp").is_none());
         assert!(new_sandbox.get("autoPause").is_some());
     }
 }

@@ -151,6 +151,14 @@ INSERT INTO sandbox_metadata (sandbox_id, key, value)
     r#"
 ALTER TABLE snapshots RENAME COLUMN path TO checkpoint_id;
 "#,
+    // Sandbox networking: each sandbox's network policy (berth-net's JSON form; NULL =
+    // E2B's default, internet access) and its traffic access token when public traffic
+    // is off; snapshots carry the policy to the sandboxes started from them.
+    r#"
+ALTER TABLE sandboxes ADD COLUMN network TEXT;
+ALTER TABLE sandboxes ADD COLUMN traffic_access_token TEXT;
+ALTER TABLE snapshots ADD COLUMN network TEXT;
+"#,
     // Volumes and the sandboxes (and snapshots) mounting them; secrets and their sealed
     // versions (berth-vault envelopes).
     r#"

@@ -119,6 +119,10 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/sandboxes/{sandboxID}/refreshes", post(sandboxes::refresh))
         .route(
+            "/sandboxes/{sandboxID}/network",
+            axum::routing::put(sandboxes::update_network),
+        )
+        .route(
             "/sandboxes/{sandboxID}/pause",
             post(sandboxes::pause_sandbox),
         )

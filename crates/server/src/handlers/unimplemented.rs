@@ -9,7 +9,6 @@ use berth_api::ApiError;
 use crate::auth::Caller;
 use crate::SharedState;
 
-const NETWORK: &str = "sandbox network policy";
 const BUILDS: &str = "building and changing templates";
 
 /// The handler for a missing `feature`, under any method.
@@ -37,7 +36,6 @@ fn updates(feature: &'static str) -> MethodRouter<SharedState> {
 
 pub fn add_routes(router: Router<SharedState>) -> Router<SharedState> {
     router
-        .route("/sandboxes/{sandboxID}/network", missing(NETWORK))
         .route("/v3/templates", missing(BUILDS))
         .route("/templates/{templateID}/files/{hash}", missing(BUILDS))
         .route("/templates/{templateID}/builds/{buildID}", missing(BUILDS))

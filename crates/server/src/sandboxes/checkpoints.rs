@@ -46,6 +46,8 @@ struct Origin {
     envd_token: Option<String>,
     /// Continue from the checkpoint's memory; false: boot afresh on its disk.
     memory: bool,
+    /// The source's network policy (the checkpoint carries it into the runtime too).
+    network: Option<serde_json::Value>,
     /// The checkpointed sandbox's volumes, which the new one mounts too (the same ones).
     volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
@@ -68,6 +70,10 @@ async fn start_from_checkpoint(
 ) -> Result<SandboxRecord, ServiceError> {
     let mut env_vars = origin.env_vars.clone();
     env_vars.extend(start.env_vars);
+    let network: Option<berth_net::NetworkPolicy> = origin
+        .network
+        .as_ref()
+        .and_then(|value| serde_json::from_value(value.clone()).ok());
     // No volume the checkpoint mounts is deleted before the new row records the mount.
     let _volumes = match origin.volume_mounts.is_empty() {
         true => None,
@@ -91,6 +97,11 @@ async fn start_from_checkpoint(
             allow_internet_access: None,
             timeout_secs: start.timeout_secs,
             lifecycle: start.lifecycle,
+            traffic_access_token: network
+                .as_ref()
+                .is_some_and(|policy| !policy.allow_public_traffic)
+                .then(new_token),
+            network,
             volume_mounts: origin.volume_mounts.clone(),
         })),
         log_line: format!(
@@ -151,6 +162,7 @@ pub async fn fork(
         env_vars: source.env_vars.clone(),
         envd_token: source.envd_access_token.clone(),
         memory: true,
+        network: source.network.clone(),
         volume_mounts: source.volume_mounts.clone(),
     });
     let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
@@ -241,6 +253,7 @@ pub async fn snapshot(
         size_bytes: info.size_bytes,
         created_at: OffsetDateTime::now_utc(),
         memory,
+        network: source.network.clone(),
         volume_mounts: source.volume_mounts.clone(),
     };
     let replaced = match state.store.put_snapshot(&record) {
@@ -284,6 +297,7 @@ pub(super) async fn create_from_snapshot(
         env_vars: snapshot.env_vars.clone(),
         envd_token: snapshot.envd_access_token.clone(),
         memory: snapshot.memory,
+        network: snapshot.network.clone(),
         volume_mounts: snapshot.volume_mounts.clone(),
     };
     let start = Start {

@@ -18,6 +18,7 @@ mod recovery;
 use std::sync::Arc;
 
 use berth_api::{LogLevel, StringMap};
+use berth_net::{E2bNetworkConfig, NetworkPolicy};
 use berth_runtime::{RuntimeError, SandboxSpec};
 use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
@@ -39,6 +40,8 @@ pub struct CreateRequest {
     pub metadata: StringMap,
     pub env_vars: StringMap,
     pub allow_internet_access: Option<bool>,
+    /// The policy the create names; `None`: E2B's default (internet, public traffic).
+    pub network: Option<NetworkPolicy>,
     pub lifecycle: Lifecycle,
     /// Volumes of the team to mount, resolved and validated (`crate::volumes`).
     pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
@@ -137,6 +140,9 @@ pub async fn create(
     if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
+    if let Some(policy) = &request.network {
+        check_network(policy)?;
+    }
     let template = load_template(state, &request.template).await?;
     let id = new_sandbox_id();
     let resources = state.config.resources;
@@ -153,6 +159,15 @@ pub async fn create(
     let _volumes = match request.volume_mounts.is_empty() {
         true => None,
         false => Some(state.volume_mounting.read().await),
+    };
+    let traffic_access_token = request
+        .network
+        .as_ref()
+        .is_some_and(|policy| !policy.allow_public_traffic)
+        .then(new_token);
+    let boot = Boot::Fresh {
+        spec,
+        network: request.network.clone(),
     };
     let plan = BringUp {
         id,
@@ -172,11 +187,13 @@ pub async fn create(
             allow_internet_access: request.allow_internet_access,
             timeout_secs: request.timeout_secs,
             lifecycle: request.lifecycle,
+            network: request.network,
+            traffic_access_token,
             volume_mounts: request.volume_mounts,
         })),
         log_line: format!("sandbox created from template {}", template.id),
     };
-    pipeline::bring_up(state, Boot::Fresh(spec), plan).await
+    pipeline::bring_up(state, boot, plan).await
 }
 
 /// Pause running sandbox `id` (with its memory, or only its disk). Emits `paused`.
@@ -258,6 +275,62 @@ pub async fn resume(
     pipeline::bring_up(state, Boot::Resume { keep_memory }, plan)
         .await
         .map(Resumed::Resumed)
+}
+
+/// Refuse what a valid policy may ask for but berth cannot do yet: header rules need
+/// secrets.
+pub fn check_network(policy: &NetworkPolicy) -> Result<(), ServiceError> {
+    if policy.rules.is_empty() {
+        Ok(())
+    } else {
+        Err(ServiceError::Unsupported(
+            "network.rules (header injection with secrets)",
+        ))
+    }
+}
+
+/// The network policy sandbox `record` runs under (E2B's default when it names none).
+pub fn network_policy(record: &SandboxRecord) -> NetworkPolicy {
+    record
+        .network
+        .as_ref()
+        .and_then(|value| serde_json::from_value(value.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Replace running sandbox `id`'s egress rules with `update` (E2B's PUT semantics:
+/// an omitted field is cleared; public traffic and the host mask stay). `check` may
+/// refuse the resulting policy (e.g. a feature not available). The runtime enforces it
+/// first, then the row records it.
+pub async fn update_network(
+    state: &AppState,
+    id: &str,
+    update: &E2bNetworkConfig,
+) -> Result<(), ServiceError> {
+    let _guard = state.sandbox_locks.lock(id.to_string()).await;
+    let record = live(state, id)?;
+    if let SandboxStatus::Paused { .. } = record.status {
+        return Err(ServiceError::Paused(id.to_string()));
+    }
+    let policy = network_policy(&record).from_e2b_update(update)?;
+    check_network(&policy)?;
+    let runtime = state.runtime.clone();
+    let (owned, enforced) = (id.to_string(), policy.clone());
+    blocking(id, Stage::UpdateNetwork, move || {
+        runtime.set_network_policy(&owned, &enforced)
+    })
+    .await?;
+    state
+        .store
+        .set_network(id, &serde_json::to_value(&policy).unwrap_or_default())?;
+    log(state, id, LogLevel::Info, "network policy replaced");
+    events::record(
+        state,
+        &record,
+        events::UPDATED,
+        Some(serde_json::json!({ "network": policy.to_e2b().1 })),
+    );
+    Ok(())
 }
 
 /// Remove sandbox `id` from the runtime; one already gone is fine.

@@ -15,6 +15,7 @@
 //! half-resumed sandbox is worse than a gone one.
 
 use berth_api::{LogLevel, StringMap};
+use berth_net::NetworkPolicy;
 use berth_runtime::{SandboxInfo, SandboxSpec};
 use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use time::OffsetDateTime;
@@ -26,8 +27,12 @@ use crate::{events, AppState, SharedState, ENVD_VERSION};
 
 /// How the runtime brings the sandbox's root, disk and processes up.
 pub(super) enum Boot {
-    /// A new sandbox on a template's layers.
-    Fresh(SandboxSpec),
+    /// A new sandbox on a template's layers, under `network` (`None`: the default
+    /// policy, or none at all where the runtime has no networking).
+    Fresh {
+        spec: SandboxSpec,
+        network: Option<NetworkPolicy>,
+    },
     /// The paused sandbox itself: its processes from memory, or (`keep_memory` false or
     /// none kept) a fresh init on its kept disk.
     Resume { keep_memory: bool },
@@ -38,7 +43,7 @@ pub(super) enum Boot {
 impl Boot {
     fn stage(&self) -> Stage {
         match self {
-            Boot::Fresh(_) => Stage::Create,
+            Boot::Fresh { .. } => Stage::Create,
             Boot::Resume { .. } => Stage::Resume,
             Boot::Restore { .. } => Stage::Restore,
         }
@@ -71,6 +76,9 @@ pub(super) struct NewRow {
     pub allow_internet_access: Option<bool>,
     pub timeout_secs: i64,
     pub lifecycle: Lifecycle,
+    /// The policy the runtime enforces (recorded for the API; `None`: the default).
+    pub network: Option<NetworkPolicy>,
+    pub traffic_access_token: Option<String>,
     pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
@@ -135,10 +143,16 @@ async fn start_in_runtime(state: &AppState, id: &str, boot: Boot) -> Result<Star
     let runtime = state.runtime.clone();
     let owned = id.to_string();
     let started = blocking(id, stage, move || match boot {
-        Boot::Fresh(spec) => runtime.create(&spec).map(|info| Started {
-            info,
-            memory_restored: false,
-        }),
+        Boot::Fresh { spec, network } => {
+            let created = match &network {
+                Some(policy) => runtime.create_with_network(&spec, policy),
+                None => runtime.create(&spec),
+            };
+            created.map(|info| Started {
+                info,
+                memory_restored: false,
+            })
+        }
         Boot::Resume { keep_memory } => {
             runtime.resume(&owned, keep_memory).map(|resumed| Started {
                 info: resumed.info,
@@ -240,6 +254,11 @@ fn record(
                 env_vars: plan.init.env_vars.clone(),
                 timeout_secs: row.timeout_secs,
                 lifecycle: row.lifecycle,
+                network: row
+                    .network
+                    .as_ref()
+                    .and_then(|policy| serde_json::to_value(policy).ok()),
+                traffic_access_token: row.traffic_access_token.clone(),
                 volume_mounts: row.volume_mounts.clone(),
             };
             state.store.insert_sandbox(&record)?;

@@ -50,6 +50,8 @@ fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
         env_vars: Default::default(),
         timeout_secs: 300,
         lifecycle: Default::default(),
+        network: None,
+        traffic_access_token: None,
         volume_mounts: Vec::new(),
     }
 }
