@@ -153,6 +153,10 @@ struct UpArgs {
     /// image is sparse on the host).
     #[arg(long, env = "BERTH_VOLUME_SIZE_MB", default_value_t = berth_runtime::DEFAULT_VOLUME_SIZE_MB)]
     volume_size_mb: u64,
+    /// PEM file of further roots the egress proxy trusts for upstream servers of
+    /// `network.rules` domains (besides the host's trust store): private CAs, tests.
+    #[arg(long, env = "BERTH_EGRESS_EXTRA_ROOTS")]
+    egress_extra_roots: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -484,7 +488,28 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
                     deny: &args.egress_deny,
                     dns_upstreams: &args.dns_upstream,
                 };
-                let handle = egress::start(runtime.clone(), &flags).await?;
+                let sandbox_net = runtime.clone();
+                let interception = egress::Interception {
+                    ca_dir: state_dir.join("egress-ca"),
+                    extra_roots: match &args.egress_extra_roots {
+                        Some(path) => egress::read_roots(path)?,
+                        None => Vec::new(),
+                    },
+                    secrets: Arc::new(
+                        berth_server::SecretsResolver::open(
+                            store.clone(),
+                            &secrets_key_file(&state_dir),
+                            move |addr| match addr {
+                                std::net::IpAddr::V4(v4) => {
+                                    sandbox_net.network()?.lookup(v4).map(|(id, _)| id)
+                                }
+                                std::net::IpAddr::V6(_) => None,
+                            },
+                        )
+                        .context("opening the secrets vault for the egress proxy")?,
+                    ),
+                };
+                let handle = egress::start(runtime.clone(), &flags, interception).await?;
                 eprintln!(
                     "sandbox network {} (gateway {}), DNS and egress proxy on {}",
                     net.config().sandbox_cidr,

@@ -106,8 +106,6 @@ pub enum ServiceError {
     },
     #[error("invalid network policy: {0}")]
     InvalidNetwork(#[from] berth_net::PolicyError),
-    #[error("{0} is not implemented by berth yet")]
-    Unsupported(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("volume {volume}: {source}")]
@@ -198,7 +196,6 @@ pub fn to_api(err: &ServiceError) -> ApiError {
             ApiError::BadRequest(err.to_string())
         }
         ServiceError::InvalidNetwork(policy) => ApiError::BadRequest(policy.to_string()),
-        ServiceError::Unsupported(what) => ApiError::NotImplemented((*what).to_string()),
         ServiceError::TemplateIncomplete { .. } | ServiceError::Envd { .. } => {
             ApiError::Unavailable(err.to_string())
         }

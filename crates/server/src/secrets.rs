@@ -290,6 +290,17 @@ impl SecretsResolver {
         }
     }
 
+    /// [`SecretsResolver::new`] with its own vault over `key_file` (`BERTH_KEK` wins),
+    /// for an egress proxy started before the server: it reloads keys like the server's.
+    pub fn open(
+        store: Arc<Store>,
+        key_file: &std::path::Path,
+        sandbox_at: impl Fn(IpAddr) -> Option<String> + Send + Sync + 'static,
+    ) -> Result<Self, VaultError> {
+        let vault = Arc::new(SecretVault::new(Vault::load(key_file)?));
+        Ok(Self::new(store, vault, sandbox_at))
+    }
+
     fn value(&self, sandbox_addr: IpAddr, name: &str) -> Result<Option<String>, String> {
         let Some(sandbox_id) = (self.sandbox_at)(sandbox_addr) else {
             return Ok(None);

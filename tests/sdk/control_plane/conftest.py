@@ -325,6 +325,8 @@ def berth(request: pytest.FixtureRequest, internet: FakeInternet) -> Iterator[Be
             **sandbox_network_env(),
             "BERTH_EGRESS_ALLOW": internet.ceiling,
             "BERTH_DNS_UPSTREAM": f"{internet.dns_ip}:53",
+            # The egress proxy verifies rule domains' servers: the fake internet's CA.
+            "BERTH_EGRESS_EXTRA_ROOTS": str(internet.ca_file),
         },
     )
     try:

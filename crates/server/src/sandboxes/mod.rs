@@ -140,9 +140,6 @@ pub async fn create(
     if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
-    if let Some(policy) = &request.network {
-        check_network(policy)?;
-    }
     let template = load_template(state, &request.template).await?;
     let id = new_sandbox_id();
     let resources = state.config.resources;
@@ -277,18 +274,6 @@ pub async fn resume(
         .map(Resumed::Resumed)
 }
 
-/// Refuse what a valid policy may ask for but berth cannot do yet: header rules need
-/// secrets.
-pub fn check_network(policy: &NetworkPolicy) -> Result<(), ServiceError> {
-    if policy.rules.is_empty() {
-        Ok(())
-    } else {
-        Err(ServiceError::Unsupported(
-            "network.rules (header injection with secrets)",
-        ))
-    }
-}
-
 /// The network policy sandbox `record` runs under (E2B's default when it names none).
 pub fn network_policy(record: &SandboxRecord) -> NetworkPolicy {
     record
@@ -313,7 +298,6 @@ pub async fn update_network(
         return Err(ServiceError::Paused(id.to_string()));
     }
     let policy = network_policy(&record).from_e2b_update(update)?;
-    check_network(&policy)?;
     let runtime = state.runtime.clone();
     let (owned, enforced) = (id.to_string(), policy.clone());
     blocking(id, Stage::UpdateNetwork, move || {
