@@ -156,6 +156,7 @@ impl SandboxBench {
             cpu_count: CPU_COUNT,
             memory_mb,
             disk_size_mb: DISK_SIZE_MB,
+            volumes: Vec::new(),
         };
         let started = Instant::now();
         self.runtime

@@ -298,6 +298,7 @@ fn measure_forks(
                 cpu_count: source.cpu_count,
                 memory_mb: source.memory_mb,
                 disk_size_mb: source.disk_size_mb,
+                volumes: Vec::new(),
             };
             rt.restore_checkpoint(&rt.criu()?, &dest, &spec)?;
             let elapsed = t.elapsed();

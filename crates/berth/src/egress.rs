@@ -22,6 +22,41 @@ pub struct EgressFlags<'a> {
     pub dns_upstreams: &'a [SocketAddr],
 }
 
+/// Header injection for `network.rules`: TLS for rule domains terminated with the
+/// installation's CA (kept in `ca_dir`, trusted by every sandbox), upstream servers
+/// verified against the host's roots plus `extra_roots`, `${e2b.secrets.NAME}` resolved
+/// per request by `secrets`.
+pub struct Interception {
+    pub ca_dir: std::path::PathBuf,
+    pub extra_roots: Vec<berth_egress::CertificateDer<'static>>,
+    pub secrets: Arc<dyn berth_egress::SecretResolver>,
+}
+
+/// The certificates of PEM file `path` (`--egress-extra-root`).
+pub fn read_roots(path: &std::path::Path) -> Result<Vec<berth_egress::CertificateDer<'static>>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut roots = Vec::new();
+    for block in text.split("-----BEGIN CERTIFICATE-----").skip(1) {
+        let body = block
+            .split("-----END CERTIFICATE-----")
+            .next()
+            .unwrap_or_default();
+        let der = base64::Engine::decode(
+            &base64::engine::general_purpose::STANDARD,
+            body.split_whitespace().collect::<String>(),
+        )
+        .with_context(|| format!("{}: a certificate is not base64", path.display()))?;
+        roots.push(berth_egress::CertificateDer::from(der));
+    }
+    anyhow::ensure!(
+        !roots.is_empty(),
+        "{} holds no PEM certificate",
+        path.display()
+    );
+    Ok(roots)
+}
+
 /// Sandboxes' policies, looked up by source address in the runtime's network.
 struct RuntimePolicies {
     runtime: Arc<LinuxRuntime>,
@@ -112,7 +147,11 @@ fn egress_ceiling(flags: &EgressFlags<'_>, always_denied: &[ipnet::Ipv4Net]) -> 
 
 /// Starts the DNS server and egress proxy on the runtime's gateway, on the ports its
 /// rule set redirects to.
-pub async fn start(runtime: Arc<LinuxRuntime>, flags: &EgressFlags<'_>) -> Result<EgressHandle> {
+pub async fn start(
+    runtime: Arc<LinuxRuntime>,
+    flags: &EgressFlags<'_>,
+    interception: Interception,
+) -> Result<EgressHandle> {
     let net = runtime
         .network()
         .context("the runtime has no sandbox networking")?;
@@ -123,13 +162,22 @@ pub async fn start(runtime: Arc<LinuxRuntime>, flags: &EgressFlags<'_>) -> Resul
     config.tls_port = ports.tls;
     config.dns_port = ports.dns;
     config.upstream_dns = flags.dns_upstreams.to_vec();
+    config.interception = Some(berth_egress::InterceptionConfig {
+        ca_dir: interception.ca_dir,
+        host_roots: true,
+        extra_upstream_roots: interception.extra_roots,
+        secrets: interception.secrets,
+    });
     let policies = Arc::new(RuntimePolicies {
         runtime: runtime.clone(),
         ceiling,
     });
-    berth_egress::Egress::start(config, policies)
+    let handle = berth_egress::Egress::start(config, policies)
         .await
-        .context("starting the egress proxy and DNS server")
+        .context("starting the egress proxy and DNS server")?;
+    // Sandboxes started from now on trust the CA the proxy terminates rule domains with.
+    runtime.set_egress_ca(handle.ca_cert_pem.clone());
+    Ok(handle)
 }
 
 #[cfg(test)]

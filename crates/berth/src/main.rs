@@ -63,6 +63,9 @@ enum Command {
     Mcp(McpArgs),
     /// Connect a user's E2B-compatible API key for the agent tools (key read from stdin).
     Connect(ConnectArgs),
+    /// Add a key-encryption key version and re-encrypt every secret and MCP connection
+    /// under it (also while `berth up` runs).
+    RotateKek,
 }
 
 #[derive(Args)]
@@ -152,6 +155,14 @@ struct UpArgs {
     /// /etc/resolv.conf).
     #[arg(long, env = "BERTH_DNS_UPSTREAM", value_delimiter = ',')]
     dns_upstream: Vec<SocketAddr>,
+    /// Size of every new volume in MiB (a full volume is ENOSPC inside sandboxes; the
+    /// image is sparse on the host).
+    #[arg(long, env = "BERTH_VOLUME_SIZE_MB", default_value_t = berth_runtime::DEFAULT_VOLUME_SIZE_MB)]
+    volume_size_mb: u64,
+    /// PEM file of further roots the egress proxy trusts for upstream servers of
+    /// `network.rules` domains (besides the host's trust store): private CAs, tests.
+    #[arg(long, env = "BERTH_EGRESS_EXTRA_ROOTS")]
+    egress_extra_roots: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -189,7 +200,33 @@ fn main() -> Result<()> {
         Command::Provision => provision(&cli.state_dir),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
+        Command::RotateKek => rotate_kek(&cli.state_dir),
     }
+}
+
+/// Where the secrets vault keeps its key-encryption keys (unless `BERTH_KEK` is set).
+fn secrets_key_file(state_dir: &Path) -> PathBuf {
+    state_dir.join("secrets").join("kek")
+}
+
+fn rotate_kek(state_dir: &Path) -> Result<()> {
+    let store = open_store(state_dir)?;
+    let secrets = berth_server::rotate_secrets_kek(&store, &secrets_key_file(state_dir))
+        .context("rotating the secrets vault's key")?;
+    eprintln!(
+        "secrets: key version {}, {} version(s) re-encrypted",
+        secrets.kek_version, secrets.versions_resealed
+    );
+    let mcp = berth_mcp::Mcp::open(berth_mcp::McpConfig::new(state_dir.to_path_buf(), ""))
+        .context("opening the agent tools' state")?;
+    let connections = mcp
+        .rotate_kek()
+        .context("rotating the agent tools' vault key")?;
+    eprintln!(
+        "mcp connections: key version {}, {} record(s) re-encrypted",
+        connections.kek_version, connections.records_reencrypted
+    );
+    Ok(())
 }
 
 fn provision(state_dir: &Path) -> Result<()> {
@@ -441,6 +478,7 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         };
         runtime_config.network = Some(network);
     }
+    runtime_config.volume_size_mb = args.volume_size_mb;
     let runtime = Arc::new(LinuxRuntime::new(runtime_config).context("starting the runtime")?);
     // Pause, resume, snapshots and fork need CRIU; find or provision it now, in the
     // background, so the first pause does not wait for a download.
@@ -462,7 +500,28 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
                     deny: &args.egress_deny,
                     dns_upstreams: &args.dns_upstream,
                 };
-                let handle = egress::start(runtime.clone(), &flags).await?;
+                let sandbox_net = runtime.clone();
+                let interception = egress::Interception {
+                    ca_dir: state_dir.join("egress-ca"),
+                    extra_roots: match &args.egress_extra_roots {
+                        Some(path) => egress::read_roots(path)?,
+                        None => Vec::new(),
+                    },
+                    secrets: Arc::new(
+                        berth_server::SecretsResolver::open(
+                            store.clone(),
+                            &secrets_key_file(&state_dir),
+                            move |addr| match addr {
+                                std::net::IpAddr::V4(v4) => {
+                                    sandbox_net.network()?.lookup(v4).map(|(id, _)| id)
+                                }
+                                std::net::IpAddr::V6(_) => None,
+                            },
+                        )
+                        .context("opening the secrets vault for the egress proxy")?,
+                    ),
+                };
+                let handle = egress::start(runtime.clone(), &flags, interception).await?;
                 eprintln!(
                     "sandbox network {} (gateway {}), DNS and egress proxy on {}",
                     net.config().sandbox_cidr,
@@ -475,6 +534,7 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         };
         let config = ServerConfig {
             domain: args.domain.clone(),
+            secrets_key_file: Some(secrets_key_file(&state_dir)),
             ..Default::default()
         };
         let server = Server::start(store.clone(), runtime, templates, config)

@@ -85,6 +85,11 @@ pub enum ServiceError {
     TemplateListing(#[source] TemplateError),
     #[error("\"{0}\" is the name of a template; choose another snapshot name")]
     SnapshotNameTaken(String),
+    #[error(
+        "snapshot \"{0}\" mounts its own volumes (those of the sandbox it was taken from); \
+         leave volumeMounts out or repeat them exactly"
+    )]
+    SnapshotVolumeMounts(String),
     #[error("{stage} {sandbox}: {source}")]
     Runtime {
         sandbox: String,
@@ -101,10 +106,24 @@ pub enum ServiceError {
     },
     #[error("invalid network policy: {0}")]
     InvalidNetwork(#[from] berth_net::PolicyError),
-    #[error("{0} is not implemented by berth yet")]
-    Unsupported(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("volume {volume}: {source}")]
+    Volume {
+        volume: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error(
+        "volume {volume} is mounted by sandbox(es) {}; kill them first",
+        sandboxes.join(", ")
+    )]
+    VolumeInUse {
+        volume: String,
+        sandboxes: Vec<String>,
+    },
+    #[error("{0}")]
+    Secret(#[from] crate::secrets::SecretError),
     #[error("{what}: a worker task failed: {source}")]
     Task {
         what: &'static str,
@@ -148,6 +167,11 @@ fn runtime_to_api(err: &ServiceError, source: &RuntimeError) -> ApiError {
         RuntimeError::Unsupported { backend, what } => {
             ApiError::NotImplemented(format!("{what} on berth's {backend} runtime"))
         }
+        RuntimeError::VolumeNotFound(_) => ApiError::NotFound(err.to_string()),
+        RuntimeError::InvalidMountPath { .. } | RuntimeError::InvalidVolumeId(_) => {
+            ApiError::BadRequest(err.to_string())
+        }
+        RuntimeError::VolumeExists(_) => ApiError::Conflict(err.to_string()),
         RuntimeError::NoFreeSlot { .. } | RuntimeError::CriuUnavailable(_) => {
             ApiError::Unavailable(err.to_string())
         }
@@ -168,16 +192,23 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         | ServiceError::AlreadyRunning(_)
         | ServiceError::SnapshotNameTaken(_) => ApiError::Conflict(err.to_string()),
         ServiceError::TemplateNotFound(_) => ApiError::NotFound(err.to_string()),
-        ServiceError::InvalidTemplate { .. } => ApiError::BadRequest(err.to_string()),
+        ServiceError::InvalidTemplate { .. } | ServiceError::SnapshotVolumeMounts(_) => {
+            ApiError::BadRequest(err.to_string())
+        }
         ServiceError::InvalidNetwork(policy) => ApiError::BadRequest(policy.to_string()),
-        ServiceError::Unsupported(what) => ApiError::NotImplemented((*what).to_string()),
         ServiceError::TemplateIncomplete { .. } | ServiceError::Envd { .. } => {
             ApiError::Unavailable(err.to_string())
         }
-        ServiceError::Runtime { source, .. } => runtime_to_api(err, source),
+        ServiceError::Runtime { source, .. } | ServiceError::Volume { source, .. } => {
+            runtime_to_api(err, source)
+        }
+        ServiceError::VolumeInUse { .. } => ApiError::Conflict(err.to_string()),
+        ServiceError::Secret(secret) => secret.to_api(),
         ServiceError::Store(store) => match store {
             StoreError::NotFound { .. } => ApiError::NotFound(store.to_string()),
-            StoreError::TeamExists { .. } => ApiError::Conflict(store.to_string()),
+            StoreError::TeamExists { .. }
+            | StoreError::NameTaken { .. }
+            | StoreError::InUse { .. } => ApiError::Conflict(store.to_string()),
             StoreError::InvalidCursor { .. } => ApiError::BadRequest(store.to_string()),
             StoreError::Busy { .. } => ApiError::Unavailable(store.to_string()),
             _ => ApiError::Internal(store.to_string()),

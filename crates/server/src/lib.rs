@@ -24,8 +24,10 @@ mod openapi;
 mod reaper;
 mod resolver;
 mod sandboxes;
+mod secrets;
 #[cfg(feature = "test-support")]
 pub mod testing;
+mod volumes;
 mod webhooks;
 
 use std::collections::HashMap;
@@ -41,6 +43,7 @@ use tokio::sync::Notify;
 
 pub use error::ServiceError;
 pub use openapi::openapi_document;
+pub use secrets::{RotationReport, SecretVault, SecretsResolver};
 
 /// envd version berth's sandboxes report to SDKs (they gate features on it): the version
 /// of the envd berth ships.
@@ -73,6 +76,10 @@ pub struct ServerConfig {
     /// Domain of `<port>-<id>.<domain>` sandbox hosts, reported to SDKs as `domain`.
     pub domain: Option<String>,
     pub resources: SandboxResources,
+    /// Key file of the vault secrets are sealed with (`BERTH_KEK` wins when set);
+    /// `berth up` passes `<state>/secrets/kek`. None keeps a random key in memory only
+    /// (tests): secrets then do not outlive the process.
+    pub secrets_key_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +88,8 @@ pub enum ServerError {
     Store(#[from] berth_store::StoreError),
     #[error("recovering sandboxes: {0}")]
     Recovery(#[from] ServiceError),
+    #[error("loading the secrets vault: {0}")]
+    Vault(#[from] berth_vault::VaultError),
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -104,12 +113,28 @@ pub(crate) struct AppState {
     pub sandbox_locks: KeyedLocks<String>,
     /// The proxy's connections into sandboxes, closed when a sandbox pauses or dies.
     pub connections: berth_proxy::SandboxConnections,
+    /// Held for reading by bring-ups that mount volumes, for writing by volume deletes
+    /// (see `volumes`).
+    pub volume_mounting: tokio::sync::RwLock<()>,
+    /// What secrets are sealed with.
+    pub secrets: Arc<SecretVault>,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
 
 /// (team id, idempotency key).
 pub(crate) type IdempotencyScope = (String, String);
+
+/// Adds a key-encryption key version to the secrets vault at `key_file` (with
+/// `BERTH_KEK`, the operator adds it there first) and reseals every secret version under
+/// it; safe while `berth up` runs (it reloads the keys when it meets the new version).
+pub fn rotate_secrets_kek(
+    store: &Store,
+    key_file: &std::path::Path,
+) -> Result<RotationReport, ServerError> {
+    let mut vault = berth_vault::Vault::load(key_file)?;
+    Ok(secrets::rotate(store, &mut vault)?)
+}
 
 /// A running control plane: state plus its background tasks.
 pub struct Server {
@@ -126,6 +151,10 @@ impl Server {
         templates: TemplateStore,
         config: ServerConfig,
     ) -> Result<Server, ServerError> {
+        let vault = match &config.secrets_key_file {
+            Some(path) => berth_vault::Vault::load(path)?,
+            None => berth_vault::Vault::from_keys([(1, rand::random::<[u8; 32]>())].into())?,
+        };
         let state = Arc::new(AppState {
             store,
             runtime,
@@ -137,6 +166,8 @@ impl Server {
             idempotency_locks: KeyedLocks::default(),
             sandbox_locks: KeyedLocks::default(),
             connections: berth_proxy::SandboxConnections::default(),
+            volume_mounting: tokio::sync::RwLock::new(()),
+            secrets: Arc::new(SecretVault::new(vault)),
         });
         sandboxes::recover(&state).await?;
         let tasks = vec![
@@ -145,6 +176,19 @@ impl Server {
             tokio::spawn(metrics::run(state.clone())),
         ];
         Ok(Server { state, tasks })
+    }
+
+    /// The resolver the egress proxy injects `${e2b.secrets.NAME}` with: `sandbox_at`
+    /// maps a sandbox's address to its id (berth-net's lookup); the secret is its team's.
+    pub fn secrets_resolver(
+        &self,
+        sandbox_at: impl Fn(std::net::IpAddr) -> Option<String> + Send + Sync + 'static,
+    ) -> SecretsResolver {
+        SecretsResolver::new(
+            self.state.store.clone(),
+            self.state.secrets.clone(),
+            sandbox_at,
+        )
     }
 
     /// The API router with the sandbox proxy in front of it: requests addressed to a

@@ -42,6 +42,15 @@ impl Modify for ApiKeyScheme {
         handlers::create_snapshot,
         handlers::list_snapshots,
         handlers::delete_template,
+        handlers::create_volume,
+        handlers::list_volumes,
+        handlers::get_volume,
+        handlers::delete_volume,
+        handlers::create_secret,
+        handlers::list_secrets,
+        handlers::get_secret,
+        handlers::update_secret,
+        handlers::delete_secret,
         handlers::logs_v1,
         handlers::logs_v2,
         handlers::sandbox_metrics,
@@ -85,7 +94,8 @@ mod tests {
         assert!(paths.contains_key("/events/webhooks/{webhookID}"));
         assert!(paths.contains_key("/sandboxes/{sandboxID}/pause"));
         assert!(paths.contains_key("/sandboxes/{sandboxID}/network"));
-        assert!(!paths.contains_key("/volumes"));
+        assert!(paths.contains_key("/volumes/{volumeID}"));
+        assert!(paths.contains_key("/secrets/{secretID}"));
         let sandbox = &doc["components"]["schemas"]["Sandbox"]["properties"];
         assert!(sandbox.get("sandboxID").is_some());
         assert!(sandbox.get("envdAccessToken").is_some());

@@ -17,6 +17,8 @@ pub(crate) enum Listing {
     Sandboxes { ascending: bool },
     /// Snapshots by (created_at_ms, id), newest first.
     Snapshots,
+    /// Secrets by (created_at_ms, id), newest first.
+    Secrets,
 }
 
 impl Listing {
@@ -25,13 +27,14 @@ impl Listing {
             Listing::Sandboxes { ascending: true } => "sandboxes-asc",
             Listing::Sandboxes { ascending: false } => "sandboxes-desc",
             Listing::Snapshots => "snapshots-desc",
+            Listing::Secrets => "secrets-desc",
         }
     }
 
     pub(crate) fn ascending(self) -> bool {
         match self {
             Listing::Sandboxes { ascending } => ascending,
-            Listing::Snapshots => false,
+            Listing::Snapshots | Listing::Secrets => false,
         }
     }
 }

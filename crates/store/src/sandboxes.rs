@@ -95,6 +95,8 @@ pub struct SandboxRecord {
     pub network: Option<serde_json::Value>,
     /// Token user ports need (`e2b-traffic-access-token`) when public traffic is off.
     pub traffic_access_token: Option<String>,
+    /// Volumes mounted, in mount order; fixed at create.
+    pub volume_mounts: Vec<crate::VolumeMountRecord>,
 }
 
 /// Filters of a sandbox listing.
@@ -151,7 +153,7 @@ pub struct SandboxPage {
 const SANDBOX_COLUMNS: &str = "id, team_id, template_id, alias, build_id, cpu_count, memory_mb, \
      disk_size_mb, metadata, envd_version, envd_access_token, allow_internet_access, \
      started_at_ms, end_at_ms, status, paused_memory, env_vars, timeout_secs, auto_pause, \
-     auto_pause_memory, auto_resume, network, traffic_access_token";
+     auto_pause_memory, auto_resume, network, traffic_access_token, volume_mounts";
 
 /// Live rows: the states [`SandboxStatus::Running`] and [`SandboxStatus::Paused`].
 const LIVE: &str = "status IN ('running', 'paused')";
@@ -193,6 +195,7 @@ fn sandbox_from_row(row: &Row<'_>) -> Result<SandboxRecord> {
         },
         network: c.json_opt("network")?,
         traffic_access_token: c.get("traffic_access_token")?,
+        volume_mounts: c.json("volume_mounts")?,
     })
 }
 
@@ -278,7 +281,7 @@ impl Store {
             &format!(
                 "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-                 ?18, ?19, ?20, ?21, ?22, ?23)"
+                 ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
             ),
             params![
                 sandbox.id,
@@ -304,8 +307,21 @@ impl Store {
                 sandbox.lifecycle.auto_resume,
                 sandbox.network.as_ref().map(|v| v.to_string()),
                 sandbox.traffic_access_token,
+                serde_json::to_string(&sandbox.volume_mounts).map_err(|err| {
+                    StoreError::Encode {
+                        what: "volume mounts",
+                        source: err,
+                    }
+                })?,
             ],
         )?;
+        for (position, mount) in sandbox.volume_mounts.iter().enumerate() {
+            execute(
+                &tx,
+                "INSERT INTO sandbox_volumes (sandbox_id, position, volume_id) VALUES (?1, ?2, ?3)",
+                params![sandbox.id, position as i64, mount.volume_id],
+            )?;
+        }
         for (key, value) in &sandbox.metadata {
             execute(
                 &tx,

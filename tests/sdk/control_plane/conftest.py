@@ -176,6 +176,8 @@ class Berth:
                 # The CRIU `berth provision` set up for the machine, not one per test run.
                 "BERTH_CRIU_STATE_DIR": os.environ.get("BERTH_CRIU_STATE_DIR", "/var/lib/berth"),
                 **self.network_env,
+                # Small volumes, so the volume-full test fills one quickly.
+                "BERTH_VOLUME_SIZE_MB": os.environ.get("BERTH_VOLUME_SIZE_MB", "128"),
             },
         )
         process = self.process
@@ -323,6 +325,8 @@ def berth(request: pytest.FixtureRequest, internet: FakeInternet) -> Iterator[Be
             **sandbox_network_env(),
             "BERTH_EGRESS_ALLOW": internet.ceiling,
             "BERTH_DNS_UPSTREAM": f"{internet.dns_ip}:53",
+            # The egress proxy verifies rule domains' servers: the fake internet's CA.
+            "BERTH_EGRESS_EXTRA_ROOTS": str(internet.ca_file),
         },
     )
     try:

@@ -9,6 +9,8 @@ only range ENVIRONMENT.md lets tests send to):
   headers, which address served it), so a test sees what left the sandbox.
 - `outside_ip` (198.19.B.1): the same servers on a host berth's egress ceiling does not
   admit.
+- `untrusted_ip` (198.18.B.100, `untrusted.test-internet.example`): the same servers with
+  a certificate from another CA that nobody trusts (the egress proxy must refuse it).
 - `dns_ip` (198.18.B.53): dnsmasq answering `*.test-internet.example` (each name listed
   in `names`) and nothing else, the upstream `berth up` forwards sandbox queries to.
 
@@ -78,6 +80,8 @@ class FakeInternet:
         # name -> address: web hosts by number, and one name outside the ceiling.
         self.names = {f"web{i}.{ZONE}": ip for i, ip in enumerate(self.web_ips, start=1)}
         self.names[f"outside.{ZONE}"] = self.outside_ip
+        self.untrusted_ip = f"198.18.{block}.100"
+        self.names[f"untrusted.{ZONE}"] = self.untrusted_ip
         self._processes: list[subprocess.Popen] = []
         try:
             self._start()
@@ -101,13 +105,14 @@ class FakeInternet:
         inside = ("ip", "-n", self.netns)
         _run(*inside, "link", "set", "lo", "up")
         _run(*inside, "link", "set", "eth0", "up")
-        for addr in [*self.web_ips, self.outside_ip, self.dns_ip]:
+        for addr in [*self.web_ips, self.outside_ip, self.dns_ip, self.untrusted_ip]:
             _run(*inside, "addr", "add", f"{addr}/32", "dev", "eth0")
         _run(*inside, "route", "add", "default", "dev", "eth0")
         script = self.dir / "echo.py"
         script.write_text(ECHO_SERVER)
         for addr in [*self.web_ips, self.outside_ip]:
             self._spawn("python3", str(script), addr, str(self.dir / "server.crt"), str(self.dir / "server.key"))
+        self._spawn("python3", str(script), self.untrusted_ip, str(self.dir / "untrusted.crt"), str(self.dir / "untrusted.key"))
         dnsmasq = ["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--bind-interfaces",
                    f"--listen-address={self.dns_ip}", "--port=53", "--user=root", "--pid-file="]
         dnsmasq += [f"--address=/{name}/{ip}" for name, ip in self.names.items()]
@@ -115,7 +120,7 @@ class FakeInternet:
         dnsmasq += [f"--local=/{ZONE}/"]
         self._spawn(*dnsmasq)
         self._wait_listening([f"{self.dns_ip}:53"])
-        for addr in [*self.web_ips, self.outside_ip]:
+        for addr in [*self.web_ips, self.outside_ip, self.untrusted_ip]:
             self._wait_serving(addr)
 
     def _wait_serving(self, addr: str) -> None:
@@ -159,6 +164,15 @@ class FakeInternet:
         _run("openssl", "x509", "-req", "-in", str(d / "server.csr"), "-CA", str(d / "ca.crt"),
              "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "server.crt"), "-days", "2",
              "-extfile", str(d / "ext.cnf"))
+
+        # A self-signed certificate for the untrusted host: valid name, unknown issuer.
+        _run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", str(d / "untrusted.key"), "-out", str(d / "untrusted.crt"), "-days", "2",
+             "-subj", f"/CN=untrusted.{ZONE}", "-addext", f"subjectAltName=DNS:untrusted.{ZONE}")
+
+    @property
+    def ca_file(self) -> Path:
+        return self.dir / "ca.crt"
 
     @property
     def ca_pem(self) -> str:

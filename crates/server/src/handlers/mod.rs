@@ -5,10 +5,13 @@
 mod events;
 mod keys;
 mod sandboxes;
+mod secrets;
 mod snapshots;
 mod teams;
 mod templates;
 mod unimplemented;
+mod volume_content;
+mod volumes;
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request};
@@ -24,9 +27,11 @@ use crate::SharedState;
 pub use events::*;
 pub use keys::*;
 pub use sandboxes::*;
+pub use secrets::*;
 pub use snapshots::*;
 pub use teams::*;
 pub use templates::*;
+pub use volumes::*;
 
 /// Longest time to live a sandbox may be given, in seconds (E2B's largest plan: 24 h).
 pub const MAX_TIMEOUT_SECS: i64 = 24 * 60 * 60;
@@ -174,12 +179,32 @@ pub fn router(state: SharedState) -> Router {
             get(events::get_webhook)
                 .patch(events::update_webhook)
                 .delete(events::delete_webhook),
+        )
+        .route(
+            "/volumes",
+            get(volumes::list_volumes).post(volumes::create_volume),
+        )
+        .route(
+            "/volumes/{volumeID}",
+            get(volumes::get_volume).delete(volumes::delete_volume),
+        )
+        .route(
+            "/secrets",
+            get(secrets::list_secrets).post(secrets::create_secret),
+        )
+        .route(
+            "/secrets/{secretID}",
+            get(secrets::get_secret)
+                .post(secrets::update_secret)
+                .delete(secrets::delete_secret),
         );
     unimplemented::add_routes(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(crate::MAX_API_BODY_BYTES))
         .layer(middleware::from_fn(buffer_body))
+        // File uploads stream: outside the body buffer and its limit.
+        .merge(volume_content::routes())
         .with_state(state)
 }
 

@@ -63,6 +63,7 @@ fn listed(record: &SandboxRecord) -> ListedSandbox {
         metadata: record.metadata.clone(),
         state: api_state(record),
         envd_version: record.envd_version.clone(),
+        volume_mounts: crate::volumes::api_mounts(record),
     }
 }
 
@@ -152,9 +153,6 @@ fn refuse_unsupported(body: &NewSandbox) -> Result<(), HttpError> {
     if body.iam.as_ref().is_some_and(|v| !is_empty_json(v)) {
         return Err(ApiError::NotImplemented("iam (workload tokens)".into()).into());
     }
-    if body.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::NotImplemented("volumeMounts (volumes)".into()).into());
-    }
     Ok(())
 }
 
@@ -237,6 +235,11 @@ async fn create(
         allow_internet_access: body.allow_internet_access,
         network,
         lifecycle,
+        volume_mounts: crate::volumes::resolve_mounts(
+            &state,
+            &caller.team.id,
+            body.volume_mounts.as_deref().unwrap_or_default(),
+        )?,
     };
     let record = sandboxes::create(&state, request).await?;
     if let Some(key) = &idempotency_key {
@@ -501,6 +504,7 @@ pub async fn get_sandbox(
         disk_size_mb: record.disk_size_mb,
         metadata: record.metadata.clone(),
         state: api_state(&record),
+        volume_mounts: crate::volumes::api_mounts(&record),
     }))
 }
 

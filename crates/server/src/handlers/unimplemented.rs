@@ -10,8 +10,6 @@ use crate::auth::Caller;
 use crate::SharedState;
 
 const BUILDS: &str = "building and changing templates";
-const VOLUMES: &str = "volumes";
-const SECRETS: &str = "secrets";
 
 /// The handler for a missing `feature`, under any method.
 fn missing(feature: &'static str) -> MethodRouter<SharedState> {
@@ -56,10 +54,6 @@ pub fn add_routes(router: Router<SharedState>) -> Router<SharedState> {
         .route("/v2/templates/{templateID}", missing(BUILDS))
         .route("/templates/tags", missing(BUILDS))
         .route("/templates/{templateID}/tags", missing(BUILDS))
-        .route("/volumes", missing(VOLUMES))
-        .route("/volumes/{volumeID}", missing(VOLUMES))
-        .route("/secrets", missing(SECRETS))
-        .route("/secrets/{secretID}", missing(SECRETS))
         .route("/templates", writes(BUILDS))
         .route("/v2/templates", writes(BUILDS))
         .route("/templates/{templateID}", updates(BUILDS))

@@ -48,6 +48,8 @@ struct Origin {
     memory: bool,
     /// The source's network policy (the checkpoint carries it into the runtime too).
     network: Option<serde_json::Value>,
+    /// The checkpointed sandbox's volumes, which the new one mounts too (the same ones).
+    volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// What a sandbox started from a checkpoint is asked to be.
@@ -72,6 +74,11 @@ async fn start_from_checkpoint(
         .network
         .as_ref()
         .and_then(|value| serde_json::from_value(value.clone()).ok());
+    // No volume the checkpoint mounts is deleted before the new row records the mount.
+    let _volumes = match origin.volume_mounts.is_empty() {
+        true => None,
+        false => Some(state.volume_mounting.read().await),
+    };
     let plan = BringUp {
         id: new_sandbox_id(),
         init: Init {
@@ -95,6 +102,7 @@ async fn start_from_checkpoint(
                 .is_some_and(|policy| !policy.allow_public_traffic)
                 .then(new_token),
             network,
+            volume_mounts: origin.volume_mounts.clone(),
         })),
         log_line: format!(
             "sandbox started from a checkpoint of template {}",
@@ -155,6 +163,7 @@ pub async fn fork(
         envd_token: source.envd_access_token.clone(),
         memory: true,
         network: source.network.clone(),
+        volume_mounts: source.volume_mounts.clone(),
     });
     let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
     let mut forks = tokio::task::JoinSet::new();
@@ -245,6 +254,7 @@ pub async fn snapshot(
         created_at: OffsetDateTime::now_utc(),
         memory,
         network: source.network.clone(),
+        volume_mounts: source.volume_mounts.clone(),
     };
     let replaced = match state.store.put_snapshot(&record) {
         Ok(replaced) => replaced,
@@ -275,6 +285,9 @@ pub(super) async fn create_from_snapshot(
     snapshot: &SnapshotRecord,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ServiceError> {
+    if !request.volume_mounts.is_empty() && request.volume_mounts != snapshot.volume_mounts {
+        return Err(ServiceError::SnapshotVolumeMounts(snapshot.name.clone()));
+    }
     let origin = Origin {
         team_id: snapshot.team_id.clone(),
         template_id: snapshot.template_id.clone(),
@@ -285,6 +298,7 @@ pub(super) async fn create_from_snapshot(
         envd_token: snapshot.envd_access_token.clone(),
         memory: snapshot.memory,
         network: snapshot.network.clone(),
+        volume_mounts: snapshot.volume_mounts.clone(),
     };
     let start = Start {
         timeout_secs: request.timeout_secs,

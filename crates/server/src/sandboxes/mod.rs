@@ -43,6 +43,8 @@ pub struct CreateRequest {
     /// The policy the create names; `None`: E2B's default (internet, public traffic).
     pub network: Option<NetworkPolicy>,
     pub lifecycle: Lifecycle,
+    /// Volumes of the team to mount, resolved and validated (`crate::volumes`).
+    pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// A new sandbox id: `i` + 20 characters of `[a-z0-9]`.
@@ -138,9 +140,6 @@ pub async fn create(
     if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
-    if let Some(policy) = &request.network {
-        check_network(policy)?;
-    }
     let template = load_template(state, &request.template).await?;
     let id = new_sandbox_id();
     let resources = state.config.resources;
@@ -151,6 +150,12 @@ pub async fn create(
         cpu_count: resources.cpu_count,
         memory_mb: resources.memory_mb,
         disk_size_mb: resources.disk_size_mb,
+        volumes: crate::volumes::runtime_mounts(&request.volume_mounts),
+    };
+    // No volume this sandbox mounts is deleted before its row records the mount.
+    let _volumes = match request.volume_mounts.is_empty() {
+        true => None,
+        false => Some(state.volume_mounting.read().await),
     };
     let traffic_access_token = request
         .network
@@ -181,6 +186,7 @@ pub async fn create(
             lifecycle: request.lifecycle,
             network: request.network,
             traffic_access_token,
+            volume_mounts: request.volume_mounts,
         })),
         log_line: format!("sandbox created from template {}", template.id),
     };
@@ -268,18 +274,6 @@ pub async fn resume(
         .map(Resumed::Resumed)
 }
 
-/// Refuse what a valid policy may ask for but berth cannot do yet: header rules need
-/// secrets.
-pub fn check_network(policy: &NetworkPolicy) -> Result<(), ServiceError> {
-    if policy.rules.is_empty() {
-        Ok(())
-    } else {
-        Err(ServiceError::Unsupported(
-            "network.rules (header injection with secrets)",
-        ))
-    }
-}
-
 /// The network policy sandbox `record` runs under (E2B's default when it names none).
 pub fn network_policy(record: &SandboxRecord) -> NetworkPolicy {
     record
@@ -304,7 +298,6 @@ pub async fn update_network(
         return Err(ServiceError::Paused(id.to_string()));
     }
     let policy = network_policy(&record).from_e2b_update(update)?;
-    check_network(&policy)?;
     let runtime = state.runtime.clone();
     let (owned, enforced) = (id.to_string(), policy.clone());
     blocking(id, Stage::UpdateNetwork, move || {

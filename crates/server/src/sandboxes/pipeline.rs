@@ -79,6 +79,7 @@ pub(super) struct NewRow {
     /// The policy the runtime enforces (recorded for the API; `None`: the default).
     pub network: Option<NetworkPolicy>,
     pub traffic_access_token: Option<String>,
+    pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// The row stage: a new row, or the paused row back to running.
@@ -258,6 +259,7 @@ fn record(
                     .as_ref()
                     .and_then(|policy| serde_json::to_value(policy).ok()),
                 traffic_access_token: row.traffic_access_token.clone(),
+                volume_mounts: row.volume_mounts.clone(),
             };
             state.store.insert_sandbox(&record)?;
             Ok(record)

@@ -198,6 +198,7 @@ fn corrupt_snapshot_env_vars_are_an_error() {
             created_at: at(1),
             memory: true,
             network: None,
+            volume_mounts: Vec::new(),
         })
         .unwrap();
     raw(&dir)

@@ -4,9 +4,11 @@ mod corrupt;
 mod events;
 mod sandboxes;
 mod schema;
+mod secrets;
 mod snapshots;
 mod teams;
 mod telemetry;
+mod volumes;
 
 use time::OffsetDateTime;
 
@@ -50,6 +52,7 @@ fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
         lifecycle: Default::default(),
         network: None,
         traffic_access_token: None,
+        volume_mounts: Vec::new(),
     }
 }
 

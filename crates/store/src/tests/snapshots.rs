@@ -18,6 +18,7 @@ fn snapshot(id: &str, team: &str, name: &str, at_ms: i64) -> SnapshotRecord {
         created_at: at(at_ms),
         memory: true,
         network: Some(serde_json::json!({"allowInternetAccess": false})),
+        volume_mounts: Vec::new(),
     }
 }
 
