@@ -145,6 +145,9 @@ struct UpArgs {
     /// loopback and link-local ranges).
     #[arg(long, env = "BERTH_EGRESS_DENY", value_delimiter = ',')]
     egress_deny: Vec<String>,
+    /// Sandboxes kept started per template in use, so a create is a claim (0: none).
+    #[arg(long, env = "BERTH_POOL_SIZE", default_value_t = 2)]
+    pool_size: usize,
     /// Most connections (conntrack entries) one sandbox may hold through the host.
     #[arg(long, env = "BERTH_SANDBOX_MAX_CONNECTIONS", default_value_t = berth_net::Limits::default().max_connections)]
     sandbox_max_connections: u32,
@@ -535,6 +538,7 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         let config = ServerConfig {
             domain: args.domain.clone(),
             secrets_key_file: Some(secrets_key_file(&state_dir)),
+            pool_size: args.pool_size,
             ..Default::default()
         };
         let server = Server::start(store.clone(), runtime, templates, config)

@@ -80,6 +80,8 @@ pub struct ServerConfig {
     /// `berth up` passes `<state>/secrets/kek`. None keeps a random key in memory only
     /// (tests): secrets then do not outlive the process.
     pub secrets_key_file: Option<std::path::PathBuf>,
+    /// Sandboxes kept started per template so a create is a claim (0: no pools).
+    pub pool_size: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +120,8 @@ pub(crate) struct AppState {
     pub volume_mounting: tokio::sync::RwLock<()>,
     /// What secrets are sealed with.
     pub secrets: Arc<SecretVault>,
+    /// Sandboxes started ahead of demand, per template.
+    pub pools: sandboxes::pool::WarmPools,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -155,6 +159,7 @@ impl Server {
             Some(path) => berth_vault::Vault::load(path)?,
             None => berth_vault::Vault::from_keys([(1, rand::random::<[u8; 32]>())].into())?,
         };
+        let pool_size = config.pool_size;
         let state = Arc::new(AppState {
             store,
             runtime,
@@ -168,13 +173,15 @@ impl Server {
             connections: berth_proxy::SandboxConnections::default(),
             volume_mounting: tokio::sync::RwLock::new(()),
             secrets: Arc::new(SecretVault::new(vault)),
+            pools: sandboxes::pool::WarmPools::new(pool_size),
         });
         sandboxes::recover(&state).await?;
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(reaper::run(state.clone())),
             tokio::spawn(webhooks::run(state.clone())),
             tokio::spawn(metrics::run(state.clone())),
         ];
+        tasks.extend(sandboxes::pool::spawn_refill(&state));
         Ok(Server { state, tasks })
     }
 
@@ -254,6 +261,8 @@ impl Server {
         for task in &self.tasks {
             task.abort();
         }
+        // Pooled sandboxes are nobody's yet: they do not outlive the server.
+        sandboxes::pool::drain(&self.state, None).await;
         Ok(())
     }
 }

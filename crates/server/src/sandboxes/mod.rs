@@ -13,6 +13,7 @@
 
 mod checkpoints;
 mod pipeline;
+pub(crate) mod pool;
 mod recovery;
 
 use std::sync::Arc;
@@ -141,7 +142,7 @@ pub async fn create(
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
     let template = load_template(state, &request.template).await?;
-    let id = new_sandbox_id();
+    let mut id = new_sandbox_id();
     let resources = state.config.resources;
     let spec = SandboxSpec {
         id: id.clone(),
@@ -162,9 +163,23 @@ pub async fn create(
         .as_ref()
         .is_some_and(|policy| !policy.allow_public_traffic)
         .then(new_token);
-    let boot = Boot::Fresh {
-        spec,
-        network: request.network.clone(),
+    let claimed = spec
+        .volumes
+        .is_empty()
+        .then(|| state.pools.claim(&pool::PoolKey::of(&spec)))
+        .flatten();
+    let boot = match claimed {
+        Some(prepared) => {
+            id = prepared.info.id.clone();
+            Boot::Claimed {
+                info: Box::new(prepared.info),
+                network: request.network.clone(),
+            }
+        }
+        None => Boot::Fresh {
+            spec,
+            network: request.network.clone(),
+        },
     };
     let plan = BringUp {
         id,

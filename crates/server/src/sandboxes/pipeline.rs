@@ -38,12 +38,18 @@ pub(super) enum Boot {
     Resume { keep_memory: bool },
     /// A new sandbox from a checkpoint: from its memory, or a fresh init on its disk.
     Restore { checkpoint_id: String, memory: bool },
+    /// A sandbox taken from a warm pool (started, envd never initialised), given
+    /// `network` when the create asks for one.
+    Claimed {
+        info: Box<SandboxInfo>,
+        network: Option<NetworkPolicy>,
+    },
 }
 
 impl Boot {
     fn stage(&self) -> Stage {
         match self {
-            Boot::Fresh { .. } => Stage::Create,
+            Boot::Fresh { .. } | Boot::Claimed { .. } => Stage::Create,
             Boot::Resume { .. } => Stage::Resume,
             Boot::Restore { .. } => Stage::Restore,
         }
@@ -168,6 +174,15 @@ async fn start_in_runtime(state: &AppState, id: &str, boot: Boot) -> Result<Star
                 info,
                 memory_restored: memory,
             }),
+        Boot::Claimed { info, network } => {
+            if let Some(policy) = &network {
+                runtime.set_network_policy(&owned, policy)?;
+            }
+            Ok(Started {
+                info: *info,
+                memory_restored: false,
+            })
+        }
     })
     .await?;
     Ok(started)
