@@ -7,6 +7,9 @@
 //! and `berth connect` stores a user's API key for them. This crate only wires the
 //! library crates together and renders output; the behaviour lives in them.
 
+mod builds;
+mod template_cli;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,6 +64,12 @@ enum Command {
     Mcp(McpArgs),
     /// Connect a user's E2B-compatible API key for the agent tools (key read from stdin).
     Connect(ConnectArgs),
+    /// Build, list and delete templates through the API of a running berth (or any
+    /// E2B-compatible endpoint).
+    Template {
+        #[command(subcommand)]
+        command: template_cli::TemplateCommand,
+    },
 }
 
 #[derive(Args)]
@@ -125,6 +134,8 @@ struct UpArgs {
     /// lets several berth instances share one provisioned CRIU.
     #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
     criu_state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    builds: builds::BuildArgs,
 }
 
 #[derive(Subcommand)]
@@ -162,6 +173,7 @@ fn main() -> Result<()> {
         Command::Provision => provision(&cli.state_dir),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
+        Command::Template { command } => template_cli::run(command),
     }
 }
 
@@ -410,6 +422,9 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         Err(err) => eprintln!("warning: pause, snapshots and fork are unavailable: {err}"),
     });
 
+    let build_engine =
+        builds::engine(&state_dir, runtime.clone(), templates.clone(), &args.builds)?;
+
     let tokio = tokio::runtime::Runtime::new().context("starting tokio")?;
     tokio.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -417,11 +432,13 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             .with_context(|| format!("listening on {}", args.listen))?;
         let config = ServerConfig {
             domain: args.domain.clone(),
+            template_limits: args.builds.limits(),
             ..Default::default()
         };
-        let server = Server::start(store.clone(), runtime, templates, config)
-            .await
-            .context("starting the control plane")?;
+        let server =
+            Server::start_with_builds(store.clone(), runtime, templates, config, Some(build_engine))
+                .await
+                .context("starting the control plane")?;
         let url = client_url(listener.local_addr()?);
         let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
         mcp_config.toolset = args.mcp_toolset;

@@ -24,6 +24,7 @@ mod openapi;
 mod reaper;
 mod resolver;
 mod sandboxes;
+mod templates;
 mod webhooks;
 
 use std::collections::HashMap;
@@ -39,6 +40,7 @@ use tokio::sync::Notify;
 
 pub use error::ServiceError;
 pub use openapi::openapi_document;
+pub use templates::{NameError, TemplateLimits};
 
 /// envd version berth's sandboxes report to SDKs (they gate features on it): the version
 /// of the envd berth ships.
@@ -70,7 +72,14 @@ impl Default for SandboxResources {
 pub struct ServerConfig {
     /// Domain of `<port>-<id>.<domain>` sandbox hosts, reported to SDKs as `domain`.
     pub domain: Option<String>,
+    /// Resources of sandboxes of installed templates, and of template builds that ask
+    /// for none.
     pub resources: SandboxResources,
+    /// The most a template build may ask for.
+    pub template_limits: TemplateLimits,
+    /// Base of URLs berth hands out for clients to call back (COPY upload links), e.g.
+    /// `https://api.example.com`; None: `http://` + the request's Host.
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +111,8 @@ pub(crate) struct AppState {
     pub sandbox_locks: KeyedLocks<String>,
     /// The proxy's connections into sandboxes, closed when a sandbox pauses or dies.
     pub connections: berth_proxy::SandboxConnections,
+    /// Template builds; None when the runtime cannot run them (build routes answer 501).
+    pub builds: Option<templates::Builds>,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -124,6 +135,18 @@ impl Server {
         templates: TemplateStore,
         config: ServerConfig,
     ) -> Result<Server, ServerError> {
+        Self::start_with_builds(store, runtime, templates, config, None).await
+    }
+
+    /// Like [`Server::start`], with template builds run by `builds` (an engine on the
+    /// same runtime and template store).
+    pub async fn start_with_builds(
+        store: Arc<Store>,
+        runtime: Arc<dyn Runtime>,
+        templates: TemplateStore,
+        config: ServerConfig,
+        builds: Option<berth_build::BuildEngine>,
+    ) -> Result<Server, ServerError> {
         let state = Arc::new(AppState {
             store,
             runtime,
@@ -135,8 +158,10 @@ impl Server {
             idempotency_locks: KeyedLocks::default(),
             sandbox_locks: KeyedLocks::default(),
             connections: berth_proxy::SandboxConnections::default(),
+            builds: builds.map(templates::Builds::new),
         });
         sandboxes::recover(&state).await?;
+        templates::recover(&state).await?;
         let tasks = vec![
             tokio::spawn(reaper::run(state.clone())),
             tokio::spawn(webhooks::run(state.clone())),

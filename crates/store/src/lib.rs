@@ -15,6 +15,8 @@
 //! - `sandboxes`: [`SandboxRecord`] and its status and lifecycle, listings
 //!   ([`SandboxFilter`] → [`SandboxPage`]), idempotency keys, team metric spans.
 //! - `snapshots`: [`SnapshotRecord`].
+//! - `templates`: [`TemplateRecord`] (a team's, or installed on the host),
+//!   [`TemplateBuildRecord`], [`TemplateTagRecord`].
 //! - `events`: [`EventRecord`], [`WebhookRecord`], [`PendingDelivery`].
 //! - `telemetry`: [`LogRecord`], [`MetricSample`].
 //!
@@ -59,6 +61,7 @@ mod schema;
 mod snapshots;
 mod teams;
 mod telemetry;
+mod templates;
 
 pub use db::{Store, DATABASE_FILE};
 pub use error::{Corruption, Result, StoreError};
@@ -70,6 +73,10 @@ pub use sandboxes::{
 pub use snapshots::SnapshotRecord;
 pub use teams::{ApiKeyRecord, Team};
 pub use telemetry::{LogRecord, MetricSample};
+pub use templates::{
+    BuildReason, InstalledTemplate, NewTemplateBuild, TemplateBuildRecord, TemplateBuildStatus,
+    TemplateRecord, TemplateTagRecord, DEFAULT_TAG,
+};
 
 #[cfg(test)]
 mod tests;

@@ -12,13 +12,14 @@
 //! The runtime owns its on-disk layout: this module names checkpoints by id only.
 
 mod checkpoints;
+mod from_template;
 mod pipeline;
 mod recovery;
 
 use std::sync::Arc;
 
 use berth_api::{LogLevel, StringMap};
-use berth_runtime::{RuntimeError, SandboxSpec};
+use berth_runtime::RuntimeError;
 use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
 
@@ -135,21 +136,14 @@ pub async fn create(
     if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
-    let template = load_template(state, &request.template).await?;
+    let template =
+        crate::templates::for_sandbox(state, &request.team_id, &request.template).await?;
     let id = new_sandbox_id();
-    let resources = state.config.resources;
-    let spec = SandboxSpec {
-        id: id.clone(),
-        template: template.id.clone(),
-        layers: template.layers.clone(),
-        cpu_count: resources.cpu_count,
-        memory_mb: resources.memory_mb,
-        disk_size_mb: resources.disk_size_mb,
-    };
+    let boot = from_template::boot(&id, &template);
     let plan = BringUp {
         id,
         init: Init {
-            template_id: template.id.clone(),
+            manifest_id: template.manifest.id.clone(),
             env_vars: request.env_vars,
             access_token: request.secure.then(new_token),
             presented_token: None,
@@ -157,17 +151,19 @@ pub async fn create(
         },
         row: Row::Insert(Box::new(NewRow {
             team_id: request.team_id,
-            template_id: template.id.clone(),
-            alias: Some(template.id.clone()),
-            build_id: build_id(&template.layer_ids),
+            template_id: template.template_id.clone(),
+            alias: Some(template.alias.clone()),
+            build_id: template.build_id.clone(),
             metadata: request.metadata,
             allow_internet_access: request.allow_internet_access,
             timeout_secs: request.timeout_secs,
             lifecycle: request.lifecycle,
         })),
-        log_line: format!("sandbox created from template {}", template.id),
+        log_line: from_template::log_line(&template),
     };
-    pipeline::bring_up(state, Boot::Fresh(spec), plan).await
+    let record = pipeline::bring_up(state, boot, plan).await?;
+    crate::templates::record_spawn(state, &template.template_id);
+    Ok(record)
 }
 
 /// Pause running sandbox `id` (with its memory, or only its disk). Emits `paused`.
@@ -234,7 +230,11 @@ pub async fn resume(
     let plan = BringUp {
         id: id.to_string(),
         init: Init {
-            template_id: record.template_id.clone(),
+            manifest_id: crate::templates::manifest_of(
+                state,
+                &record.template_id,
+                &record.build_id,
+            )?,
             env_vars: record.env_vars.clone(),
             access_token: record.envd_access_token.clone(),
             presented_token: None,

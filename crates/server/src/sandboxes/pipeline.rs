@@ -48,8 +48,9 @@ impl Boot {
 /// What envd is told once it answers: the template's defaults, the sandbox's env vars
 /// and identity, its access token.
 pub(super) struct Init {
-    /// Whose defaults (user, workdir, env) the envd starts with.
-    pub template_id: String,
+    /// The template store manifest whose defaults (user, workdir, env) the envd
+    /// starts with.
+    pub manifest_id: String,
     pub env_vars: StringMap,
     pub access_token: Option<String>,
     /// The token an envd restored from memory already holds: it only takes a new
@@ -178,7 +179,7 @@ async fn initialise(
     if memory_restored && !init.after_memory_restore {
         return Ok(());
     }
-    let template = load_template(state, &init.template_id).await?;
+    let template = load_template(state, &init.manifest_id).await?;
     let request = init_request(&template, &init.env_vars, id, init.access_token.clone());
     let presented = init.presented_token.as_deref().filter(|_| memory_restored);
     envd::init(&state.runtime, id, &request, presented)

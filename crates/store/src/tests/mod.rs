@@ -7,6 +7,7 @@ mod schema;
 mod snapshots;
 mod teams;
 mod telemetry;
+mod templates;
 
 use time::OffsetDateTime;
 

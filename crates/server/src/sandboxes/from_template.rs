@@ -1,0 +1,41 @@
+//! How a new sandbox of a template boots: on the template's layers with its build's
+//! resources, or — when the build had a start command — restored from the build's
+//! memory checkpoint, so the start command is already serving (the pipeline then
+//! `/init`s envd with the new identity, as for a snapshot start).
+
+use berth_runtime::SandboxSpec;
+
+use super::pipeline::Boot;
+use crate::templates::SandboxTemplate;
+
+/// The boot of new sandbox `id` of `template`.
+pub(super) fn boot(id: &str, template: &SandboxTemplate) -> Boot {
+    match &template.manifest.checkpoint {
+        Some(checkpoint_id) => Boot::Restore {
+            checkpoint_id: checkpoint_id.clone(),
+            memory: true,
+        },
+        None => Boot::Fresh(SandboxSpec {
+            id: id.to_string(),
+            template: template.manifest.id.clone(),
+            layers: template.manifest.layers.clone(),
+            cpu_count: template.resources.cpu_count,
+            memory_mb: template.resources.memory_mb,
+            disk_size_mb: template.resources.disk_size_mb,
+        }),
+    }
+}
+
+/// The sandbox log line of a create from `template`.
+pub(super) fn log_line(template: &SandboxTemplate) -> String {
+    match &template.manifest.checkpoint {
+        Some(_) => format!(
+            "sandbox created from template {} (build {}), its start command running from the build's checkpoint",
+            template.alias, template.build_id
+        ),
+        None => format!(
+            "sandbox created from template {} (build {})",
+            template.alias, template.build_id
+        ),
+    }
+}
