@@ -302,7 +302,13 @@ async fn follow(
         offset += status.log_entries.len();
         for entry in &status.log_entries {
             let step = entry.step.as_deref().unwrap_or("-");
-            bar.println(format!("[{step:>8}] {}", entry.message));
+            let line = format!("[{step:>8}] {}", entry.message);
+            // Without a terminal the bar draws nothing: log lines go to stderr as is.
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
             let position = match step {
                 "base" => 1,
                 "finalize" => steps.len() as u64 + 2,

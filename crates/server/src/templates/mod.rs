@@ -44,6 +44,9 @@ use crate::{AppState, SandboxResources, ENVD_VERSION};
 pub use names::{parse_name, team_slug, validate_tags, NameError, TemplateName};
 pub(crate) use uploads::{upload_handler, upload_url, UPLOAD_ROUTE};
 
+/// Longest one blocking wait of a build watcher.
+const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
 /// Manifests written by builds are named `build-<build id>`; the others are installed.
 const BUILD_MANIFEST_PREFIX: &str = "build-";
 
@@ -509,9 +512,9 @@ pub(crate) fn watch(state: Arc<AppState>, build_id: String) {
         let status = loop {
             let engine = builds.engine.clone();
             let id = build_id.clone();
+            // Short waits: a blocking task holds up the runtime's shutdown until it ends.
             let waited =
-                tokio::task::spawn_blocking(move || engine.wait(&id, Duration::from_secs(600)))
-                    .await;
+                tokio::task::spawn_blocking(move || engine.wait(&id, WATCH_INTERVAL)).await;
             match waited {
                 Ok(Some(status))
                     if matches!(status.state, BuildState::Ready | BuildState::Error) =>
