@@ -130,7 +130,13 @@ mcp_conformance() {
 
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
-step "cargo test --workspace" cargo test --workspace
+# The unprivileged tier first: crates whose tests need no root (the control plane, the
+# proxy and the agent tools run against berth-envd as a host process through
+# berth_runtime::HostRuntime). Then the privileged tier: real namespaces, cgroups, CRIU,
+# nftables, registries.
+unprivileged_crates=(berth-api berth-store berth-proxy berth-envd-proto berth-client berth-mcp berth-server berth-interpreter berth-bench)
+step "cargo test: unprivileged tier" cargo test "${unprivileged_crates[@]/#/-p=}"
+step "cargo test: privileged tier" cargo test --workspace "${unprivileged_crates[@]/#/--exclude=}"
 step "build berth-envd" build_envd
 step "Python SDK suite (tests/sdk)" python_sdk_suite
 step "JS SDK smoke (tests/sdk/js)" js_sdk_suite

@@ -30,7 +30,10 @@ use std::time::SystemTime;
 
 use berth_checkpoint::{Criu, Dump, Restore};
 
-use super::{io_err, kill_init, valid_id, CloneArgs, DiskOrigin, LinuxRuntime, UID_RANGE_SIZE};
+use super::{
+    io_err, kill_init, valid_id, volume_dump_externals, volume_key, CloneArgs, DiskOrigin,
+    LinuxRuntime, UID_RANGE_SIZE,
+};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::record::{self, Record};
@@ -100,6 +103,7 @@ impl LinuxRuntime {
             own_mount_namespace: true,
             // The namespace, link and rules stay while the sandbox is paused.
             netns: self.sandbox_netns(id)?,
+            external_mounts: volume_dump_externals(&sandbox.info.spec),
         };
         if let Err(e) = criu.dump(&dump) {
             let _ = fs::remove_dir_all(images);
@@ -194,7 +198,7 @@ impl LinuxRuntime {
             .map_err(io_err("create cgroups"))?;
         let netns = self.netns_for_start(id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
-        let root = HostRoot::mount(&dir, &spec.layers, self.uid_base_of(record.slot))?;
+        let root = HostRoot::mount(self, &dir, &spec, self.uid_base_of(record.slot))?;
         let work = dir.join("restore");
         fs::create_dir_all(&work).map_err(io_err("create restore work dir"))?;
         let restored = criu.restore(&Restore {
@@ -203,6 +207,7 @@ impl LinuxRuntime {
             root: Some(dir.join("root")),
             cgroup_root: None,
             netns,
+            external_mounts: root.volume_externals(),
         });
         let pid = restored.map_err(criu_err(id, "restore"))?;
         let disk = root.release();
@@ -329,25 +334,41 @@ impl LinuxRuntime {
 }
 
 /// The sandbox's root rebuilt in the host's mount namespace for CRIU: idmapped layers,
-/// the disk and the overlay, attached under the sandbox directory. Dropping it detaches
-/// them all.
+/// the disk and the overlay, attached under the sandbox directory, and its volumes
+/// (idmapped mounts at `volumes/<i>`, bound back into the tree as CRIU external mounts).
+/// Dropping it detaches them all.
 pub(super) struct HostRoot {
     /// Attached mountpoints, in attach order.
     attached: Vec<CString>,
     disk: Option<OwnedFd>,
+    /// (CRIU key, host path) of each volume mount.
+    volumes: Vec<(String, PathBuf)>,
 }
 
 impl HostRoot {
     pub(super) fn mount(
+        runtime: &LinuxRuntime,
         dir: &Path,
-        layers: &[PathBuf],
+        spec: &crate::SandboxSpec,
         uid_base: u32,
     ) -> Result<Self, RuntimeError> {
+        let layers = &spec.layers;
         let mut root = Self {
             attached: Vec::new(),
             disk: None,
+            volumes: Vec::new(),
         };
         let userns = userns_with_map(uid_base).map_err(io_err("make id-mapping namespace"))?;
+        for (i, volume) in spec.volumes.iter().enumerate() {
+            let mountpoint = dir.join("volumes").join(i.to_string());
+            fs::create_dir_all(&mountpoint).map_err(io_err("create volume mountpoint"))?;
+            let mount = runtime.volumes.mount_for(&volume.volume, userns.as_fd())?;
+            root.attach(
+                &mount,
+                cpath(&mountpoint).map_err(io_err("volume mountpoint"))?,
+            )?;
+            root.volumes.push((volume_key(i), mountpoint));
+        }
         let overlay = FsContext::open(c"overlay").map_err(io_err("fsopen overlay"))?;
         // Topmost layer first, on the same mountpoints the launcher used.
         for (i, layer) in layers.iter().rev().enumerate() {
@@ -393,6 +414,11 @@ impl HostRoot {
             .map_err(io_err(format!("attach {}", target.to_string_lossy())))?;
         self.attached.push(target);
         Ok(())
+    }
+
+    /// The volume mounts as CRIU external mounts of a restore.
+    pub(super) fn volume_externals(&self) -> Vec<(String, PathBuf)> {
+        self.volumes.clone()
     }
 
     /// Detaches the host mounts and returns the daemon's reference to the disk mount.

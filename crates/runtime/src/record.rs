@@ -80,6 +80,7 @@ mod tests {
                 cpu_count: 1,
                 memory_mb: 256,
                 disk_size_mb: 512,
+                volumes: Vec::new(),
             },
             slot: 7,
             created_at: SystemTime::now(),

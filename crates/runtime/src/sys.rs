@@ -37,6 +37,7 @@ pub(crate) const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 const FSOPEN_CLOEXEC: libc::c_uint = 1;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
 const FSCONFIG_SET_FLAG: libc::c_uint = 0;
@@ -262,5 +263,21 @@ pub(crate) fn syncfs_mount(mount: BorrowedFd<'_>) -> io::Result<()> {
     } as libc::c_long)?;
     // SAFETY: syncfs on an fd we own.
     check(unsafe { libc::syncfs(root.as_raw_fd()) } as libc::c_long)?;
+    Ok(())
+}
+
+/// Attaches the detached mount `mount` onto the directory `target` (an fd, e.g. O_PATH).
+pub(crate) fn move_mount_onto(mount: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid fds and empty NUL-terminated paths, as the EMPTY_PATH flags require.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })?;
     Ok(())
 }

@@ -27,6 +27,7 @@ pub enum Stage {
     Restore,
     Pause,
     Checkpoint,
+    UpdateNetwork,
     Kill,
     DeleteCheckpoint,
     Recover,
@@ -40,6 +41,7 @@ impl std::fmt::Display for Stage {
             Stage::Restore => "starting the sandbox from a checkpoint",
             Stage::Pause => "pausing the sandbox",
             Stage::Checkpoint => "checkpointing the sandbox",
+            Stage::UpdateNetwork => "updating the sandbox's network policy",
             Stage::Kill => "killing the sandbox",
             Stage::DeleteCheckpoint => "deleting a checkpoint",
             Stage::Recover => "recovering sandboxes",
@@ -83,6 +85,11 @@ pub enum ServiceError {
     TemplateListing(#[source] TemplateError),
     #[error("\"{0}\" is the name of a template; choose another snapshot name")]
     SnapshotNameTaken(String),
+    #[error(
+        "snapshot \"{0}\" mounts its own volumes (those of the sandbox it was taken from); \
+         leave volumeMounts out or repeat them exactly"
+    )]
+    SnapshotVolumeMounts(String),
     #[error("{stage} {sandbox}: {source}")]
     Runtime {
         sandbox: String,
@@ -97,8 +104,26 @@ pub enum ServiceError {
         #[source]
         source: EnvdError,
     },
+    #[error("invalid network policy: {0}")]
+    InvalidNetwork(#[from] berth_net::PolicyError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("volume {volume}: {source}")]
+    Volume {
+        volume: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error(
+        "volume {volume} is mounted by sandbox(es) {}; kill them first",
+        sandboxes.join(", ")
+    )]
+    VolumeInUse {
+        volume: String,
+        sandboxes: Vec<String>,
+    },
+    #[error("{0}")]
+    Secret(#[from] crate::secrets::SecretError),
     #[error("{what}: a worker task failed: {source}")]
     Task {
         what: &'static str,
@@ -140,6 +165,8 @@ pub enum ServiceError {
     UploadDenied(&'static str),
     #[error("uploads are limited to {limit} bytes")]
     UploadTooLarge { limit: u64 },
+    #[error("template \"{0}\" starts from its start command's checkpoint, where volumes cannot be mounted; create without volumeMounts, or build the template without a start command")]
+    StartCommandVolumes(String),
 }
 
 impl ServiceError {
@@ -177,6 +204,11 @@ fn runtime_to_api(err: &ServiceError, source: &RuntimeError) -> ApiError {
         RuntimeError::Unsupported { backend, what } => {
             ApiError::NotImplemented(format!("{what} on berth's {backend} runtime"))
         }
+        RuntimeError::VolumeNotFound(_) => ApiError::NotFound(err.to_string()),
+        RuntimeError::InvalidMountPath { .. } | RuntimeError::InvalidVolumeId(_) => {
+            ApiError::BadRequest(err.to_string())
+        }
+        RuntimeError::VolumeExists(_) => ApiError::Conflict(err.to_string()),
         RuntimeError::NoFreeSlot { .. } | RuntimeError::CriuUnavailable(_) => {
             ApiError::Unavailable(err.to_string())
         }
@@ -217,14 +249,23 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         | ServiceError::AlreadyRunning(_)
         | ServiceError::SnapshotNameTaken(_) => ApiError::Conflict(err.to_string()),
         ServiceError::TemplateNotFound(_) => ApiError::NotFound(err.to_string()),
-        ServiceError::InvalidTemplate { .. } => ApiError::BadRequest(err.to_string()),
+        ServiceError::InvalidTemplate { .. } | ServiceError::SnapshotVolumeMounts(_) => {
+            ApiError::BadRequest(err.to_string())
+        }
+        ServiceError::InvalidNetwork(policy) => ApiError::BadRequest(policy.to_string()),
         ServiceError::TemplateIncomplete { .. } | ServiceError::Envd { .. } => {
             ApiError::Unavailable(err.to_string())
         }
-        ServiceError::Runtime { source, .. } => runtime_to_api(err, source),
+        ServiceError::Runtime { source, .. } | ServiceError::Volume { source, .. } => {
+            runtime_to_api(err, source)
+        }
+        ServiceError::VolumeInUse { .. } => ApiError::Conflict(err.to_string()),
+        ServiceError::Secret(secret) => secret.to_api(),
         ServiceError::Store(store) => match store {
             StoreError::NotFound { .. } => ApiError::NotFound(store.to_string()),
-            StoreError::TeamExists { .. } => ApiError::Conflict(store.to_string()),
+            StoreError::TeamExists { .. }
+            | StoreError::NameTaken { .. }
+            | StoreError::InUse { .. } => ApiError::Conflict(store.to_string()),
             StoreError::InvalidCursor { .. } => ApiError::BadRequest(store.to_string()),
             StoreError::Busy { .. } => ApiError::Unavailable(store.to_string()),
             _ => ApiError::Internal(store.to_string()),
@@ -235,7 +276,8 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         ServiceError::InvalidName(_)
         | ServiceError::BuildNotWaiting(_)
         | ServiceError::TemplateInUse { .. }
-        | ServiceError::ResourceOutOfRange { .. } => ApiError::BadRequest(err.to_string()),
+        | ServiceError::ResourceOutOfRange { .. }
+        | ServiceError::StartCommandVolumes(_) => ApiError::BadRequest(err.to_string()),
         ServiceError::TemplateNotOwned(_) | ServiceError::UploadDenied(_) => {
             ApiError::Forbidden(err.to_string())
         }

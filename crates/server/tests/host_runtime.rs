@@ -4,115 +4,29 @@
 //! create → command → files → kill, pause/resume and their errors, team isolation, the
 //! proxy's 502 for a sandbox that is gone, and the capacity error.
 //!
-//! envd binary: `BERTH_ENVD_BIN`, else `<target>/debug/berth-envd`, built on demand.
-
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+//! The fixture is `berth_server::testing::HostApi` (feature `test-support`).
 
 use berth_envd_proto::connect::{encode_envelope, EnvelopeDecoder};
-use berth_runtime::HostRuntime;
-use berth_server::{Server, ServerConfig};
-use berth_store::Store;
-use berth_template::{TemplateConfig, TemplateStore};
+use berth_server::testing::HostApi;
 use serde_json::{json, Value};
 
-fn envd_binary() -> PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY
-        .get_or_init(|| {
-            if let Some(path) = std::env::var_os("BERTH_ENVD_BIN") {
-                return PathBuf::from(path);
-            }
-            // tests/<name>-<hash> lives in <target>/debug/deps.
-            let exe = std::env::current_exe().expect("test executable path");
-            let debug = exe
-                .parent()
-                .and_then(|deps| deps.parent())
-                .expect("target dir");
-            let status = Command::new(env!("CARGO"))
-                .args(["build", "-q", "-p", "berth-envd", "--bin", "berth-envd"])
-                .status()
-                .expect("run cargo build");
-            assert!(status.success(), "building berth-envd failed");
-            debug.join("berth-envd")
-        })
-        .clone()
-}
-
-/// The user commands run as: whoever runs the tests (envd switches users only as root).
-fn current_user() -> String {
-    use std::os::unix::fs::MetadataExt;
-    let uid = std::fs::metadata("/proc/self")
-        .expect("stat /proc/self")
-        .uid();
-    let passwd = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
-    passwd
-        .lines()
-        .find_map(|line| {
-            let fields: Vec<&str> = line.split(':').collect();
-            (fields.get(2) == Some(&uid.to_string().as_str())).then(|| fields[0].to_string())
-        })
-        .expect("the current uid has a passwd entry")
-}
-
-/// A running control plane on a loopback port, with two teams and their keys.
+/// The control plane and a client for it.
 struct Api {
+    _host: HostApi,
     url: String,
     key_a: String,
     key_b: String,
     http: reqwest::Client,
-    _server: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
 }
 
 async fn start(max_sandboxes: Option<usize>) -> Api {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Store::open(dir.path()).unwrap());
-    let team_a = store.create_team("a").unwrap();
-    let team_b = store.create_team("b").unwrap();
-    let (_, key_a) = store.create_api_key(&team_a.id, "a").unwrap();
-    let (_, key_b) = store.create_api_key(&team_b.id, "b").unwrap();
-    let templates = TemplateStore::open(dir.path()).unwrap();
-    let layer = templates
-        .commit_layer(templates.stage_layer().unwrap())
-        .unwrap();
-    templates
-        .put(
-            "base",
-            vec![layer],
-            TemplateConfig {
-                default_user: current_user(),
-                default_workdir: "/tmp".into(),
-                envs: [("FROM_TEMPLATE".to_string(), "yes".to_string())].into(),
-                start_cmd: None,
-                ready_cmd: None,
-                checkpoint: None,
-            },
-        )
-        .unwrap();
-    let mut runtime = HostRuntime::new(dir.path().join("runtime"), envd_binary()).unwrap();
-    if let Some(max) = max_sandboxes {
-        runtime = runtime.with_max_sandboxes(max);
-    }
-    let server = Server::start(store, Arc::new(runtime), templates, ServerConfig::default())
-        .await
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let handle = tokio::spawn(async move {
-        server
-            .serve(listener, axum::Router::new(), std::future::pending())
-            .await
-            .unwrap();
-    });
+    let host = HostApi::start(max_sandboxes, |_, _| axum::Router::new()).await;
     Api {
-        url,
-        key_a,
-        key_b,
+        url: host.url.clone(),
+        key_a: host.key_a.clone(),
+        key_b: host.key_b.clone(),
+        _host: host,
         http: reqwest::Client::new(),
-        _server: handle,
-        _dir: dir,
     }
 }
 
@@ -446,7 +360,9 @@ async fn installed_templates_are_listed_resolved_and_read_only() {
         assert_eq!(base["public"], true);
         assert_eq!(base["buildStatus"], "ready");
     }
-    let (status, one) = api.call(&api.key_b, Method::GET, "/templates/base", None).await;
+    let (status, one) = api
+        .call(&api.key_b, Method::GET, "/templates/base", None)
+        .await;
     assert_eq!(status, 200, "{one}");
     let builds = one["builds"].as_array().unwrap();
     assert_eq!(builds.len(), 1);
@@ -472,10 +388,17 @@ async fn installed_templates_are_listed_resolved_and_read_only() {
 
     // Read-only: installed templates are nobody's to change.
     let (status, body) = api
-        .call(&api.key_a, Method::PATCH, "/templates/base", Some(json!({"public": false})))
+        .call(
+            &api.key_a,
+            Method::PATCH,
+            "/templates/base",
+            Some(json!({"public": false})),
+        )
         .await;
     assert_eq!(status, 403, "{body}");
-    let (status, body) = api.call(&api.key_a, Method::DELETE, "/templates/base", None).await;
+    let (status, body) = api
+        .call(&api.key_a, Method::DELETE, "/templates/base", None)
+        .await;
     assert_eq!(status, 403, "{body}");
     let (status, body) = api
         .call(
@@ -489,7 +412,12 @@ async fn installed_templates_are_listed_resolved_and_read_only() {
 
     // This runtime builds nothing: a clear 501, not a fake build.
     let (status, body) = api
-        .call(&api.key_a, Method::POST, "/v3/templates", Some(json!({"name": "app"})))
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/v3/templates",
+            Some(json!({"name": "app"})),
+        )
         .await;
     assert_eq!(status, 501, "{body}");
     let (status, _) = api
@@ -508,15 +436,29 @@ async fn installed_templates_are_listed_resolved_and_read_only() {
         .await;
     assert_eq!(status, 201, "{sandbox}");
     let (_, info) = api
-        .call(&api.key_a, Method::GET, &format!("/sandboxes/{}", id(&sandbox)), None)
+        .call(
+            &api.key_a,
+            Method::GET,
+            &format!("/sandboxes/{}", id(&sandbox)),
+            None,
+        )
         .await;
     assert_eq!(info["templateID"], "base");
     assert_eq!(info["cpuCount"], 2);
-    let (status, one) = api.call(&api.key_a, Method::GET, "/templates/base", None).await;
+    let (status, one) = api
+        .call(&api.key_a, Method::GET, "/templates/base", None)
+        .await;
     assert_eq!(status, 200);
     assert_eq!(one["spawnCount"], 1);
-    let (status, body) = api.call(&api.key_a, Method::DELETE, "/templates/base", None).await;
-    assert_eq!(status, 403, "{body}");
-    api.call(&api.key_a, Method::DELETE, &format!("/sandboxes/{}", id(&sandbox)), None)
+    let (status, body) = api
+        .call(&api.key_a, Method::DELETE, "/templates/base", None)
         .await;
+    assert_eq!(status, 403, "{body}");
+    api.call(
+        &api.key_a,
+        Method::DELETE,
+        &format!("/sandboxes/{}", id(&sandbox)),
+        None,
+    )
+    .await;
 }

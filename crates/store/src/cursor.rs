@@ -21,6 +21,8 @@ pub(crate) enum Listing {
     Templates,
     /// A template's builds by (created_at_ms, id), newest first.
     TemplateBuilds,
+    /// Secrets by (created_at_ms, id), newest first.
+    Secrets,
 }
 
 impl Listing {
@@ -31,13 +33,17 @@ impl Listing {
             Listing::Snapshots => "snapshots-desc",
             Listing::Templates => "templates-desc",
             Listing::TemplateBuilds => "template-builds-desc",
+            Listing::Secrets => "secrets-desc",
         }
     }
 
     pub(crate) fn ascending(self) -> bool {
         match self {
             Listing::Sandboxes { ascending } => ascending,
-            Listing::Snapshots | Listing::Templates | Listing::TemplateBuilds => false,
+            Listing::Snapshots
+            | Listing::Secrets
+            | Listing::Templates
+            | Listing::TemplateBuilds => false,
         }
     }
 }

@@ -17,6 +17,9 @@
 //! - `snapshots`: [`SnapshotRecord`].
 //! - `templates`: [`TemplateRecord`] (a team's, or installed on the host),
 //!   [`TemplateBuildRecord`], [`TemplateTagRecord`].
+//! - `volumes`: [`VolumeRecord`], which sandboxes mount them ([`VolumeMountRecord`]).
+//! - `secrets`: [`SecretRecord`] and its versions, sealed by the caller's vault
+//!   ([`SealedVersion`]: the store never sees a secret's value).
 //! - `events`: [`EventRecord`], [`WebhookRecord`], [`PendingDelivery`].
 //! - `telemetry`: [`LogRecord`], [`MetricSample`].
 //!
@@ -58,10 +61,12 @@ mod events;
 mod keys;
 mod sandboxes;
 mod schema;
+mod secrets;
 mod snapshots;
 mod teams;
 mod telemetry;
 mod templates;
+mod volumes;
 
 pub use db::{Store, DATABASE_FILE};
 pub use error::{Corruption, Result, StoreError};
@@ -70,6 +75,7 @@ pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
 pub use sandboxes::{
     Lifecycle, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus, StateFilter,
 };
+pub use secrets::{SealedVersion, SecretPage, SecretRecord, SECRET_ID_PREFIX};
 pub use snapshots::SnapshotRecord;
 pub use teams::{ApiKeyRecord, Team};
 pub use telemetry::{LogRecord, MetricSample};
@@ -77,6 +83,7 @@ pub use templates::{
     BuildReason, InstalledTemplate, NewTemplateBuild, TemplateBuildRecord, TemplateBuildStatus,
     TemplateRecord, TemplateTagRecord, DEFAULT_TAG,
 };
+pub use volumes::{VolumeMountRecord, VolumeRecord};
 
 #[cfg(test)]
 mod tests;

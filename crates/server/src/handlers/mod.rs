@@ -5,11 +5,14 @@
 mod events;
 mod keys;
 mod sandboxes;
+mod secrets;
 mod snapshots;
 mod teams;
 mod template_builds;
 mod templates;
 mod unimplemented;
+mod volume_content;
+mod volumes;
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request};
@@ -25,10 +28,12 @@ use crate::SharedState;
 pub use events::*;
 pub use keys::*;
 pub use sandboxes::*;
+pub use secrets::*;
 pub use snapshots::*;
 pub use teams::*;
 pub use template_builds::*;
 pub use templates::*;
+pub use volumes::*;
 
 /// Longest time to live a sandbox may be given, in seconds (E2B's largest plan: 24 h).
 pub const MAX_TIMEOUT_SECS: i64 = 24 * 60 * 60;
@@ -115,6 +120,10 @@ pub fn router(state: SharedState) -> Router {
             post(sandboxes::set_timeout),
         )
         .route("/sandboxes/{sandboxID}/refreshes", post(sandboxes::refresh))
+        .route(
+            "/sandboxes/{sandboxID}/network",
+            axum::routing::put(sandboxes::update_network),
+        )
         .route(
             "/sandboxes/{sandboxID}/pause",
             post(sandboxes::pause_sandbox),
@@ -214,19 +223,37 @@ pub fn router(state: SharedState) -> Router {
             get(events::get_webhook)
                 .patch(events::update_webhook)
                 .delete(events::delete_webhook),
+        )
+        .route(
+            "/volumes",
+            get(volumes::list_volumes).post(volumes::create_volume),
+        )
+        .route(
+            "/volumes/{volumeID}",
+            get(volumes::get_volume).delete(volumes::delete_volume),
+        )
+        .route(
+            "/secrets",
+            get(secrets::list_secrets).post(secrets::create_secret),
+        )
+        .route(
+            "/secrets/{secretID}",
+            get(secrets::get_secret)
+                .post(secrets::update_secret)
+                .delete(secrets::delete_secret),
         );
-    // COPY uploads stream to disk, so they are outside the API's body limit and
-    // buffering (layers apply to the routes added before them).
+    // COPY uploads stream to the build engine's upload store, like volume content.
     let uploads = Router::new().route(
         crate::templates::UPLOAD_ROUTE,
         put(crate::templates::upload_handler).layer(DefaultBodyLimit::disable()),
     );
-    unimplemented::add_routes(api)
+    api.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(crate::MAX_API_BODY_BYTES))
         .layer(middleware::from_fn(buffer_body))
+        // File uploads stream: outside the body buffer and its limit.
+        .merge(volume_content::routes())
         .merge(uploads)
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 

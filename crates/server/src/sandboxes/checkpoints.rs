@@ -48,6 +48,10 @@ struct Origin {
     envd_token: Option<String>,
     /// Continue from the checkpoint's memory; false: boot afresh on its disk.
     memory: bool,
+    /// The source's network policy (the checkpoint carries it into the runtime too).
+    network: Option<serde_json::Value>,
+    /// The checkpointed sandbox's volumes, which the new one mounts too (the same ones).
+    volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// What a sandbox started from a checkpoint is asked to be.
@@ -68,6 +72,15 @@ async fn start_from_checkpoint(
 ) -> Result<SandboxRecord, ServiceError> {
     let mut env_vars = origin.env_vars.clone();
     env_vars.extend(start.env_vars);
+    let network: Option<berth_net::NetworkPolicy> = origin
+        .network
+        .as_ref()
+        .and_then(|value| serde_json::from_value(value.clone()).ok());
+    // No volume the checkpoint mounts is deleted before the new row records the mount.
+    let _volumes = match origin.volume_mounts.is_empty() {
+        true => None,
+        false => Some(state.volume_mounting.read().await),
+    };
     let plan = BringUp {
         id: new_sandbox_id(),
         init: Init {
@@ -86,6 +99,12 @@ async fn start_from_checkpoint(
             allow_internet_access: None,
             timeout_secs: start.timeout_secs,
             lifecycle: start.lifecycle,
+            traffic_access_token: network
+                .as_ref()
+                .is_some_and(|policy| !policy.allow_public_traffic)
+                .then(new_token),
+            network,
+            volume_mounts: origin.volume_mounts.clone(),
         })),
         log_line: format!(
             "sandbox started from a checkpoint of template {}",
@@ -95,6 +114,7 @@ async fn start_from_checkpoint(
     let boot = Boot::Restore {
         checkpoint_id: checkpoint_id.to_string(),
         memory: origin.memory,
+        network: None,
     };
     pipeline::bring_up(state, boot, plan).await
 }
@@ -146,6 +166,8 @@ pub async fn fork(
         env_vars: source.env_vars.clone(),
         envd_token: source.envd_access_token.clone(),
         memory: true,
+        network: source.network.clone(),
+        volume_mounts: source.volume_mounts.clone(),
     });
     let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
     let mut forks = tokio::task::JoinSet::new();
@@ -235,6 +257,8 @@ pub async fn snapshot(
         size_bytes: info.size_bytes,
         created_at: OffsetDateTime::now_utc(),
         memory,
+        network: source.network.clone(),
+        volume_mounts: source.volume_mounts.clone(),
     };
     let replaced = match state.store.put_snapshot(&record) {
         Ok(replaced) => replaced,
@@ -278,6 +302,9 @@ pub(super) async fn create_from_snapshot(
     snapshot: &SnapshotRecord,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ServiceError> {
+    if !request.volume_mounts.is_empty() && request.volume_mounts != snapshot.volume_mounts {
+        return Err(ServiceError::SnapshotVolumeMounts(snapshot.name.clone()));
+    }
     let origin = Origin {
         team_id: snapshot.team_id.clone(),
         template_id: snapshot.template_id.clone(),
@@ -292,6 +319,8 @@ pub(super) async fn create_from_snapshot(
         env_vars: snapshot.env_vars.clone(),
         envd_token: snapshot.envd_access_token.clone(),
         memory: snapshot.memory,
+        network: snapshot.network.clone(),
+        volume_mounts: snapshot.volume_mounts.clone(),
     };
     let start = Start {
         timeout_secs: request.timeout_secs,

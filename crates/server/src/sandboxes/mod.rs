@@ -19,6 +19,7 @@ mod recovery;
 use std::sync::Arc;
 
 use berth_api::{LogLevel, StringMap};
+use berth_net::{E2bNetworkConfig, NetworkPolicy};
 use berth_runtime::RuntimeError;
 use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
@@ -40,7 +41,11 @@ pub struct CreateRequest {
     pub metadata: StringMap,
     pub env_vars: StringMap,
     pub allow_internet_access: Option<bool>,
+    /// The policy the create names; `None`: E2B's default (internet, public traffic).
+    pub network: Option<NetworkPolicy>,
     pub lifecycle: Lifecycle,
+    /// Volumes of the team to mount, resolved and validated (`crate::volumes`).
+    pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// A new sandbox id: `i` + 20 characters of `[a-z0-9]`.
@@ -139,7 +144,17 @@ pub async fn create(
     let template =
         crate::templates::for_sandbox(state, &request.team_id, &request.template).await?;
     let id = new_sandbox_id();
-    let boot = from_template::boot(&id, &template);
+    // No volume this sandbox mounts is deleted before its row records the mount.
+    let _volumes = match request.volume_mounts.is_empty() {
+        true => None,
+        false => Some(state.volume_mounting.read().await),
+    };
+    let traffic_access_token = request
+        .network
+        .as_ref()
+        .is_some_and(|policy| !policy.allow_public_traffic)
+        .then(new_token);
+    let boot = from_template::boot(&id, &template, &request)?;
     let plan = BringUp {
         id,
         init: Init {
@@ -158,6 +173,9 @@ pub async fn create(
             allow_internet_access: request.allow_internet_access,
             timeout_secs: request.timeout_secs,
             lifecycle: request.lifecycle,
+            network: request.network,
+            traffic_access_token,
+            volume_mounts: request.volume_mounts,
         })),
         log_line: from_template::log_line(&template),
     };
@@ -249,6 +267,49 @@ pub async fn resume(
     pipeline::bring_up(state, Boot::Resume { keep_memory }, plan)
         .await
         .map(Resumed::Resumed)
+}
+
+/// The network policy sandbox `record` runs under (E2B's default when it names none).
+pub fn network_policy(record: &SandboxRecord) -> NetworkPolicy {
+    record
+        .network
+        .as_ref()
+        .and_then(|value| serde_json::from_value(value.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Replace running sandbox `id`'s egress rules with `update` (E2B's PUT semantics:
+/// an omitted field is cleared; public traffic and the host mask stay). `check` may
+/// refuse the resulting policy (e.g. a feature not available). The runtime enforces it
+/// first, then the row records it.
+pub async fn update_network(
+    state: &AppState,
+    id: &str,
+    update: &E2bNetworkConfig,
+) -> Result<(), ServiceError> {
+    let _guard = state.sandbox_locks.lock(id.to_string()).await;
+    let record = live(state, id)?;
+    if let SandboxStatus::Paused { .. } = record.status {
+        return Err(ServiceError::Paused(id.to_string()));
+    }
+    let policy = network_policy(&record).from_e2b_update(update)?;
+    let runtime = state.runtime.clone();
+    let (owned, enforced) = (id.to_string(), policy.clone());
+    blocking(id, Stage::UpdateNetwork, move || {
+        runtime.set_network_policy(&owned, &enforced)
+    })
+    .await?;
+    state
+        .store
+        .set_network(id, &serde_json::to_value(&policy).unwrap_or_default())?;
+    log(state, id, LogLevel::Info, "network policy replaced");
+    events::record(
+        state,
+        &record,
+        events::UPDATED,
+        Some(serde_json::json!({ "network": policy.to_e2b().1 })),
+    );
+    Ok(())
 }
 
 /// Remove sandbox `id` from the runtime; one already gone is fine.
