@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +42,11 @@ from typing import Callable, Iterator, Optional
 
 import httpx
 import pytest
+
+# The control-plane suite's fake internet (hosts on 198.18.0.0/15 in a namespace of
+# their own): the only egress sandboxes of this suite's `berth up` may have.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sdk" / "control_plane"))
+from internet import FakeInternet  # noqa: E402
 
 for _var in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
     os.environ.pop(_var, None)
@@ -119,6 +125,26 @@ def import_base(state_dir: Path) -> None:
     shutil.copy(manifest, store / "manifests" / "base.json")
 
 
+def sandbox_pool() -> str:
+    """A sandbox address pool of this `berth up`'s own, clear of the host's routes (two
+    daemons on one host need distinct pools)."""
+    import ipaddress
+    import random
+
+    routes = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
+    taken = []
+    for word in routes.split():
+        try:
+            taken.append(ipaddress.ip_network(word, strict=False))
+        except ValueError:
+            pass
+    for _ in range(100):
+        pool = ipaddress.ip_network(f"10.{random.randrange(128, 250)}.{random.randrange(0, 16) * 16}.0/20")
+        if not any(pool.overlaps(net) for net in taken if net.prefixlen > 0):
+            return str(pool)
+    raise AssertionError("no free /20 for the sandbox pool")
+
+
 @dataclass
 class Berth:
     """A running `berth up` and what it printed."""
@@ -127,6 +153,7 @@ class Berth:
     state_dir: Path
     listen: str
     log_path: Path
+    network_env: dict[str, str] = field(default_factory=dict)
     process: Optional[subprocess.Popen] = None
     env: dict[str, str] = field(default_factory=dict)
     _reader: Optional[threading.Thread] = None
@@ -160,6 +187,7 @@ class Berth:
                 **os.environ,
                 "RUST_LOG": os.environ.get("RUST_LOG", "info"),
                 "BERTH_CRIU_STATE_DIR": os.environ.get("BERTH_CRIU_STATE_DIR", "/var/lib/berth"),
+                **self.network_env,
             },
         )
         process = self.process
@@ -263,14 +291,33 @@ _issued_keys: list[str] = []
 
 
 @pytest.fixture(scope="session")
-def berth(request: pytest.FixtureRequest) -> Iterator[Berth]:
+def internet() -> Iterator[FakeInternet]:
     if os.geteuid() != 0:
         pytest.exit("berth up runs sandboxes: run the suite as root", returncode=2)
+    hosts = FakeInternet(block=201)
+    try:
+        yield hosts
+    finally:
+        hosts.stop()
+
+
+@pytest.fixture(scope="session")
+def berth(request: pytest.FixtureRequest, internet: FakeInternet) -> Iterator[Berth]:
     binary = berth_binary()
     state_dir = Path(tempfile.mkdtemp(prefix="berth-tpl-state-"))
     import_base(state_dir)
     log_dir = Path(tempfile.mkdtemp(prefix="berth-tpl-log-"))
-    instance = Berth(binary=binary, state_dir=state_dir, listen=f"127.0.0.1:{free_port()}", log_path=log_dir / "berth-up.log")
+    instance = Berth(
+        binary=binary,
+        state_dir=state_dir,
+        listen=f"127.0.0.1:{free_port()}",
+        log_path=log_dir / "berth-up.log",
+        network_env={
+            "BERTH_SANDBOX_CIDR": sandbox_pool(),
+            "BERTH_EGRESS_ALLOW": internet.ceiling,
+            "BERTH_DNS_UPSTREAM": f"{internet.dns_ip}:53",
+        },
+    )
     try:
         instance.start()
         yield instance

@@ -132,6 +132,27 @@ def test_a_start_command_template_serves_its_first_request_without_a_cold_start(
         sandbox.kill()
 
 
+def test_a_start_command_sandbox_gets_the_network_its_create_asks_for(internet, cleanup) -> None:
+    """Both sandboxes come from one checkpoint (taken under the build sandbox's default
+    policy); each runs under the policy its own create names."""
+    name = cleanup(unique("warm-net"))
+    Template.build(
+        Template().from_template("base").set_start_cmd("python3 -m http.server 8082", wait_for_port(8082)),
+        name,
+    )
+    web = internet.web_ips[0]
+    fetch = f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{web}/ || true"
+    open_box = Sandbox.create(name, timeout=120)
+    closed_box = Sandbox.create(name, timeout=120, network={"deny_out": ["0.0.0.0/0"]})
+    try:
+        assert open_box.commands.run(fetch).stdout.strip() == "200"
+        assert closed_box.commands.run(fetch).stdout.strip() == "000", "denied egress"
+        assert closed_box.commands.run("curl -s --max-time 5 http://127.0.0.1:8082/ >/dev/null && echo up").stdout.strip() == "up"
+    finally:
+        open_box.kill()
+        closed_box.kill()
+
+
 def test_build_in_background_status_polling_and_logs(api: httpx.Client, cleanup) -> None:
     name = cleanup(unique("background"))
     template = Template().from_template("base").run_cmd("echo one-line-of-output && sleep 1").run_cmd("echo second")
