@@ -420,3 +420,119 @@ async fn a_create_claims_a_warm_sandbox_that_carries_nothing_of_another() {
         .await;
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
 }
+
+#[tokio::test]
+async fn installed_templates_are_listed_resolved_and_read_only() {
+    use reqwest::Method;
+    let api = start(None).await;
+    for path in ["/templates", "/v2/templates"] {
+        let (status, listed) = api.call(&api.key_a, Method::GET, path, None).await;
+        assert_eq!(status, 200, "{listed}");
+        let base = &listed.as_array().unwrap()[0];
+        assert_eq!(base["templateID"], "base");
+        assert_eq!(base["names"], json!(["base"]));
+        assert_eq!(base["public"], true);
+        assert_eq!(base["buildStatus"], "ready");
+    }
+    let (status, one) = api
+        .call(&api.key_b, Method::GET, "/templates/base", None)
+        .await;
+    assert_eq!(status, 200, "{one}");
+    let builds = one["builds"].as_array().unwrap();
+    assert_eq!(builds.len(), 1);
+    assert_eq!(builds[0]["status"], "ready");
+    let (status, tags) = api
+        .call(&api.key_a, Method::GET, "/templates/base/tags", None)
+        .await;
+    assert_eq!(status, 200, "{tags}");
+    assert_eq!(tags[0]["tag"], "default");
+    assert_eq!(tags[0]["buildID"], builds[0]["buildID"]);
+    let (status, alias) = api
+        .call(&api.key_a, Method::GET, "/templates/aliases/base", None)
+        .await;
+    assert_eq!((status, &alias["templateID"]), (200, &json!("base")));
+    let (status, _) = api
+        .call(&api.key_a, Method::GET, "/templates/aliases/base:v9", None)
+        .await;
+    assert_eq!(status, 404, "a missing tag");
+    let (status, _) = api
+        .call(&api.key_a, Method::GET, "/templates/aliases/Bad Name", None)
+        .await;
+    assert_eq!(status, 400);
+
+    // Read-only: installed templates are nobody's to change.
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            Method::PATCH,
+            "/templates/base",
+            Some(json!({"public": false})),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = api
+        .call(&api.key_a, Method::DELETE, "/templates/base", None)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/templates/tags",
+            Some(json!({"target": "base", "tags": ["mine"]})),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+
+    // This runtime builds nothing: a clear 501, not a fake build.
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/v3/templates",
+            Some(json!({"name": "app"})),
+        )
+        .await;
+    assert_eq!(status, 501, "{body}");
+    let (status, _) = api
+        .call(&api.key_a, Method::GET, "/templates/nope/files/00", None)
+        .await;
+    assert_eq!(status, 400, "a malformed hash");
+
+    // `base:default` is `base`; the sandbox reports the name and build it came from.
+    let (status, sandbox) = api
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base:default"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{sandbox}");
+    let (_, info) = api
+        .call(
+            &api.key_a,
+            Method::GET,
+            &format!("/sandboxes/{}", id(&sandbox)),
+            None,
+        )
+        .await;
+    assert_eq!(info["templateID"], "base");
+    assert_eq!(info["cpuCount"], 2);
+    let (status, one) = api
+        .call(&api.key_a, Method::GET, "/templates/base", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(one["spawnCount"], 1);
+    let (status, body) = api
+        .call(&api.key_a, Method::DELETE, "/templates/base", None)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    api.call(
+        &api.key_a,
+        Method::DELETE,
+        &format!("/sandboxes/{}", id(&sandbox)),
+        None,
+    )
+    .await;
+}
