@@ -38,6 +38,70 @@ step() {
     fi
 }
 
+# lanes NAME FUNCTION [NAME FUNCTION]... -- NAME FUNCTION ... : runs each lane (the steps
+# between `--` separators, in order) concurrently with the others, each step's output
+# kept in a log and printed whole when its lane is done. The suites in different lanes
+# start their own `berth up` each (own state dir, sandbox pool and private network
+# namespace), so they share nothing but the CPUs.
+lanes() {
+    local logdir
+    logdir="$(mktemp -d)"
+    local lane=0 pids=() lane_logs=()
+    local specs=()
+    launch_lane() {
+        local dir="$logdir/lane$lane"
+        mkdir -p "$dir"
+        (
+            local index=0
+            while (($#)); do
+                local name="$1" fn="$2"
+                shift 2
+                index=$((index + 1))
+                if [[ -n "${BERTH_TEST_ONLY:-}" && ! "$name" =~ $BERTH_TEST_ONLY ]]; then
+                    continue
+                fi
+                local started=$SECONDS
+                printf '%s\n' "$name" >"$dir/$index.name"
+                if "$fn" </dev/null >"$dir/$index.log" 2>&1; then
+                    echo PASS >"$dir/$index.status"
+                else
+                    echo FAIL >"$dir/$index.status"
+                fi
+                echo $((SECONDS - started)) >"$dir/$index.secs"
+            done
+        ) &
+        pids+=($!)
+        lane_logs+=("$dir")
+        lane=$((lane + 1))
+    }
+    while (($#)); do
+        if [[ "$1" == "--" ]]; then
+            launch_lane "${specs[@]}"
+            specs=()
+        else
+            specs+=("$1")
+        fi
+        shift
+    done
+    ((${#specs[@]})) && launch_lane "${specs[@]}"
+    local i dir index
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}"
+        dir="${lane_logs[$i]}"
+        for index in $(ls "$dir" | sed -n 's/^\([0-9]*\)\.name$/\1/p' | sort -n); do
+            local name status secs
+            name="$(cat "$dir/$index.name")"
+            status="$(cat "$dir/$index.status" 2>/dev/null || echo FAIL)"
+            secs="$(cat "$dir/$index.secs" 2>/dev/null || echo 0)"
+            printf '\n==> %s (lane %s)\n' "$name" "$i"
+            cat "$dir/$index.log"
+            summary+=("$(printf '%s  %4ss  %s' "$status" "$secs" "$name")")
+            [[ "$status" == PASS ]] || failed=1
+        done
+    done
+    rm -rf "$logdir"
+}
+
 # Builds berth-envd and exports BERTH_ENVD_BIN for the SDK suites. Uses envd's static
 # build script when present (it prints the binary's path as its last line of stdout).
 build_envd() {
@@ -141,12 +205,16 @@ step "build berth-envd" build_envd
 step "Python SDK suite (tests/sdk)" python_sdk_suite
 step "JS SDK smoke (tests/sdk/js)" js_sdk_suite
 step "build berth" build_berth
-step "control plane: Python SDK suite" control_plane_suite
-step "control plane: JS SDK smoke" control_plane_js
-step "templates: Python SDK suite (tests/templates)" templates_suite
-step "templates: JS SDK (tests/templates/js)" templates_js
-step "MCP suite (tests/mcp)" mcp_suite
-step "MCP conformance (tests/mcp/conformance)" mcp_conformance
+# The suites that drive `berth up`, in lanes of about equal length.
+lanes \
+    "control plane: Python SDK suite" control_plane_suite \
+    "control plane: JS SDK smoke" control_plane_js \
+    -- \
+    "templates: Python SDK suite (tests/templates)" templates_suite \
+    "templates: JS SDK (tests/templates/js)" templates_js \
+    -- \
+    "MCP suite (tests/mcp)" mcp_suite \
+    "MCP conformance (tests/mcp/conformance)" mcp_conformance
 
 printf '\n==> summary (%ss total)\n' "$SECONDS"
 printf '    %s\n' "${summary[@]}"

@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""Speed benchmark (not a test): the official Python SDK through `berth up`, each row
+beside a floor measured in the same run, in the same place.
+
+Rows and their floors:
+  commands.run("true")      the same `bash -l -c true` timed inside the sandbox (envd
+                            runs every command through a login shell)
+  files.read / files.write  the same envd call made inside the sandbox, straight to envd
+  of 1 KiB                  on 127.0.0.1:49983 (no proxy, no host hop)
+  100 MiB upload/download   a 100 MiB copy over a loopback TCP socket on the host
+  create → first command    `unshare` of the runtime's namespaces spawning /bin/true
+  (warm pool, cold)         (the kernel part of a sandbox start)
+  50 concurrent creates     the same floor at concurrency 50
+  pause / connect → command at 64 MiB resident (floors: `berth-bench checkpoint`, which
+                            times the raw CRIU command lines; see BENCHMARKS.md)
+  fork(count=10)            of that sandbox
+
+A row whose p50 exceeds 1.5 × its floor + 2 ms (or a transfer under 500 MiB/s, a target
+missed) is marked `OVER` in the output: the run never fails, the output says so loudly.
+
+Usage (repo root, as root, after scripts/install-deps.sh and a `berth` build):
+  .venv/bin/python bench/speed/bench.py --berth target/dist/berth [--samples 200]
+
+It starts its own `berth up` daemons (with a warm pool, and without one for cold
+creates) on free loopback ports, with temporary state dirs whose `templates/` link to the
+shared template store, an address pool of their own and an egress ceiling admitting only
+the benchmarking range; they are stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+MIB = 1024 * 1024
+TRANSFER_BYTES = 100 * MIB
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+class Daemon:
+    """One `berth up` of this benchmark."""
+
+    def __init__(self, berth: str, templates: Path, pool_size: int, cidr: str) -> None:
+        self.state = Path(tempfile.mkdtemp(prefix="berth-bench-speed-"))
+        os.chmod(self.state, 0o711)
+        (self.state / "templates").symlink_to(templates)
+        port = free_port()
+        self.proc = subprocess.Popen(
+            [berth, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", str(self.state)],
+            env={
+                **os.environ,
+                "BERTH_SANDBOX_CIDR": cidr,
+                "BERTH_EGRESS_ALLOW": "198.18.0.0/15",
+                "BERTH_POOL_SIZE": str(pool_size),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.env: dict[str, str] = {}
+        assert self.proc.stdout is not None
+        while len(self.env) < 3:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise SystemExit("berth up exited before printing its E2B_* lines")
+            if line.startswith("E2B_") and "=" in line:
+                key, value = line.strip().split("=", 1)
+                self.env[key] = value
+        # Keep draining its stdout so it never blocks on a full pipe.
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+
+    def use(self) -> None:
+        os.environ.update(self.env)
+
+    def pooled(self) -> int:
+        """Sandboxes the runtime holds (pooled ones included)."""
+        return len(list((self.state / "sandboxes").glob("*/record.json")))
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+class Report:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.over: list[str] = []
+
+    def latency(self, what: str, samples: list[float], floor_name: str, floor: list[float]) -> None:
+        p50, p99 = statistics.median(samples), percentile(samples, 99)
+        f50, f99 = statistics.median(floor), percentile(floor, 99)
+        verdict = "ok"
+        if p50 > 1.5 * f50 + 2.0:
+            verdict = "OVER"
+            self.over.append(what)
+        self.lines.append(
+            f"| {what} | {p50:.2f} / {p99:.2f} | {floor_name} | {f50:.2f} / {f99:.2f} | {p50 / f50:.2f}× | {verdict} |"
+        )
+
+    def throughput(self, what: str, mib_s: float, floor_name: str, floor_mib_s: float) -> None:
+        verdict = "ok" if mib_s >= 500 else "OVER"
+        if verdict == "OVER":
+            self.over.append(what)
+        self.lines.append(
+            f"| {what} | {mib_s:.0f} MiB/s | {floor_name} | {floor_mib_s:.0f} MiB/s | {mib_s / floor_mib_s:.2f}× | {verdict} |"
+        )
+
+    def plain(self, what: str, samples: list[float], note: str) -> None:
+        self.lines.append(
+            f"| {what} | {statistics.median(samples):.1f} / {percentile(samples, 99):.1f} | {note} | | | |"
+        )
+
+
+def timed(fn: Callable[[], object], samples: int, warmup: int = 5) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+# Runs inside the sandbox: times `bash -l -c true`, and envd's file calls straight to
+# envd on loopback with the sandbox's token, the same requests the SDK makes.
+INSIDE = r"""
+import http.client, json, subprocess, sys, time
+samples, token = int(sys.argv[1]), sys.argv[2]
+def timed(fn):
+    for _ in range(5): fn()
+    out = []
+    for _ in range(samples):
+        t = time.perf_counter(); fn(); out.append((time.perf_counter() - t) * 1000)
+    return out
+headers = {"X-Access-Token": token} if token else {}
+conn = http.client.HTTPConnection("127.0.0.1", 49983)
+def read():
+    conn.request("GET", "/files?path=/tmp/bench-1k&username=user", headers={**headers, "Accept-Encoding": "gzip, deflate"})
+    r = conn.getresponse(); r.read(); assert r.status == 200, r.status
+boundary = "benchboundary"
+body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"bench-w\"\r\n"
+        f"Content-Type: application/octet-stream\r\n\r\n").encode() + b"x" * 1024 + f"\r\n--{boundary}--\r\n".encode()
+def write():
+    conn.request("POST", "/files?path=/tmp/bench-w&username=user", body=body,
+                 headers={**headers, "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    r = conn.getresponse(); r.read(); assert r.status == 200, r.status
+shell = timed(lambda: subprocess.run(["/bin/bash", "-l", "-c", "true"], check=True))
+print(json.dumps({"shell": shell, "read": timed(read), "write": timed(write)}))
+"""
+
+
+def interactive(report: Report, samples: int) -> None:
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(timeout=600)
+    try:
+        sandbox.files.write("/tmp/bench-1k", "x" * 1024)
+        sandbox.files.write("/tmp/inside.py", INSIDE)
+        run = timed(lambda: sandbox.commands.run("true"), samples)
+        read = timed(lambda: sandbox.files.read("/tmp/bench-1k"), samples)
+        write = timed(lambda: sandbox.files.write("/tmp/bench-w", "x" * 1024), samples)
+        token = sandbox._envd_access_token or ""
+        inside = json.loads(
+            sandbox.commands.run(f"python3 /tmp/inside.py {samples} '{token}'", timeout=600).stdout
+        )
+        report.latency('`commands.run("true")`', run, "`bash -l -c true` inside", inside["shell"])
+        report.latency("`files.read` 1 KiB", read, "same GET to envd inside", inside["read"])
+        report.latency("`files.write` 1 KiB", write, "same POST to envd inside", inside["write"])
+        transfers(report, sandbox)
+    finally:
+        sandbox.kill()
+
+
+def loopback_copy_mib_s() -> float:
+    """A 100 MiB copy over a loopback TCP connection (1 MiB writes and reads)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    chunk = b"\0" * MIB
+
+    def send() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for _ in range(TRANSFER_BYTES // MIB):
+                conn.sendall(chunk)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    started = time.perf_counter()
+    with socket.create_connection(listener.getsockname()) as client:
+        got = 0
+        while got < TRANSFER_BYTES:
+            data = client.recv(MIB)
+            if not data:
+                break
+            got += len(data)
+    elapsed = time.perf_counter() - started
+    sender.join()
+    listener.close()
+    return TRANSFER_BYTES / MIB / elapsed
+
+
+def transfers(report: Report, sandbox, rounds: int = 3) -> None:
+    payload = os.urandom(TRANSFER_BYTES)
+    uploads, downloads = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        sandbox.files.write("/tmp/bench-100m", payload)
+        uploads.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        data = sandbox.files.read("/tmp/bench-100m", format="bytes")
+        downloads.append(time.perf_counter() - started)
+        assert len(data) == TRANSFER_BYTES
+    sandbox.commands.run("rm -f /tmp/bench-100m")
+    floor = statistics.median(loopback_copy_mib_s() for _ in range(rounds))
+    report.throughput("100 MiB upload (`files.write`)", 100 / statistics.median(uploads), "loopback TCP copy", floor)
+    report.throughput("100 MiB download (`files.read` bytes)", 100 / statistics.median(downloads), "loopback TCP copy", floor)
+
+
+def unshare_floor(samples: int, concurrency: int = 1) -> list[float]:
+    """`unshare` of a sandbox's namespaces spawning /bin/true, at `concurrency`."""
+    command = ["unshare", "--mount", "--pid", "--fork", "--net", "--uts", "--ipc", "--cgroup", "/bin/true"]
+    return concurrent(lambda: subprocess.run(command, check=True), samples, concurrency)
+
+
+def concurrent(fn: Callable[[], object], samples: int, concurrency: int) -> list[float]:
+    durations: list[float] = []
+    lock = threading.Lock()
+    remaining = [samples]
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if remaining[0] == 0:
+                    return
+                remaining[0] -= 1
+            started = time.perf_counter()
+            fn()
+            elapsed = (time.perf_counter() - started) * 1000
+            with lock:
+                durations.append(elapsed)
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return durations
+
+
+def create_then_run(created: Optional[list] = None) -> None:
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(timeout=300)
+    sandbox.commands.run("true")
+    if created is None:
+        sandbox.kill()
+    else:
+        created.append(sandbox)
+
+
+def wait_for_pool(daemon: Daemon, want: int, limit_s: float = 600) -> None:
+    deadline = time.monotonic() + limit_s
+    while daemon.pooled() < want:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the warm pool did not reach {want} in {limit_s:.0f} s")
+        time.sleep(0.2)
+
+
+def creates(report: Report, daemon: Daemon, cold: Daemon, samples: int, pool_size: int) -> None:
+    floor = unshare_floor(samples)
+    daemon.use()
+    create_then_run()  # starts the template's pool
+    warm = []
+    for _ in range(samples):
+        wait_for_pool(daemon, pool_size)
+        warm.extend(timed(create_then_run, 1, warmup=0))
+    report.latency("create → first command, warm pool", warm, "`unshare` → /bin/true", floor)
+    cold.use()
+    report.latency(
+        "create → first command, cold (no pool)", timed(create_then_run, samples, warmup=2), "`unshare` → /bin/true", floor
+    )
+
+
+def burst(report: Report, berth: str, templates: Path, size: int) -> None:
+    daemon = Daemon(berth, templates, pool_size=size, cidr="10.203.0.0/16")
+    try:
+        daemon.use()
+        create_then_run()
+        wait_for_pool(daemon, size)
+        created: list = []
+        durations = concurrent(lambda: create_then_run(created), size, size)
+        for sandbox in created:
+            sandbox.kill()
+        report.latency(
+            f"{size} concurrent creates → first command (pool of {size})",
+            durations,
+            f"`unshare` at c={size}",
+            unshare_floor(size, size),
+        )
+    finally:
+        daemon.stop()
+
+
+def stateful(report: Report, iterations: int) -> None:
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(timeout=600)
+    try:
+        sandbox.commands.run(
+            "python3 -c 'import os,time; b=bytearray(os.urandom(64<<20)); time.sleep(86400)' >/dev/null 2>&1 &"
+        )
+        time.sleep(2)
+        pauses, resumes = [], []
+        for _ in range(iterations):
+            started = time.perf_counter()
+            sandbox.beta_pause()
+            pauses.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            resumed = Sandbox.connect(sandbox.sandbox_id, timeout=600)
+            resumed.commands.run("true")
+            resumes.append((time.perf_counter() - started) * 1000)
+        report.plain("pause, 64 MiB resident", pauses, "raw CRIU: `berth-bench checkpoint`")
+        report.plain("connect (resume) → first command, 64 MiB", resumes, "raw CRIU: `berth-bench checkpoint`")
+        forks = []
+        for _ in range(max(1, iterations // 2)):
+            started = time.perf_counter()
+            results = sandbox.fork(count=10, timeout=300)
+            forks.append((time.perf_counter() - started) * 1000)
+            for fork in results:
+                if isinstance(fork, Exception):
+                    raise fork
+                fork.kill()
+        report.plain("`fork(count=10)`, 64 MiB", forks, "target ≤ 400 ms")
+    finally:
+        sandbox.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--berth", default=os.environ.get("BERTH_BIN", "target/dist/berth"))
+    parser.add_argument("--templates", default="/var/lib/berth/templates")
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--create-samples", type=int, default=30)
+    parser.add_argument("--pool-size", type=int, default=2)
+    parser.add_argument("--burst", type=int, default=50, help="concurrent creates against a pool of this size (0: skip)")
+    parser.add_argument("--stateful-iterations", type=int, default=6)
+    args = parser.parse_args()
+    templates = Path(args.templates)
+
+    report = Report()
+    warm = Daemon(args.berth, templates, pool_size=args.pool_size, cidr="10.201.0.0/16")
+    cold = Daemon(args.berth, templates, pool_size=0, cidr="10.202.0.0/16")
+    try:
+        warm.use()
+        interactive(report, args.samples)
+        creates(report, warm, cold, args.create_samples, args.pool_size)
+        warm.use()
+        stateful(report, args.stateful_iterations)
+    finally:
+        warm.stop()
+        cold.stop()
+    if args.burst:
+        burst(report, args.berth, templates, args.burst)
+
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"Command: `.venv/bin/python bench/speed/bench.py --samples {args.samples} --create-samples {args.create_samples}"
+          f" --pool-size {args.pool_size} --burst {args.burst}`")
+    print(f"Date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; "
+          f"{os.cpu_count()} CPUs; load average {load}; latencies in ms, p50 / p99\n")
+    print("| through the SDK | p50 / p99 | floor (same run) | floor p50 / p99 | ratio p50 | verdict |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(report.lines))
+    if report.over:
+        print(f"\nOVER its floor + margin (or under target): {', '.join(report.over)}")
+
+
+if __name__ == "__main__":
+    main()
