@@ -23,6 +23,18 @@ def checkpoints(berth: Berth) -> set[str]:
     return {p.name for p in directory.iterdir()} if directory.is_dir() else set()
 
 
+def runtime_sandboxes_of(berth: Berth, manifest_id: str) -> list[str]:
+    """Sandboxes the runtime holds on `manifest_id`'s layers (pooled ones included)."""
+    found = []
+    for record in (berth.state_dir / "sandboxes").glob("*/record.json"):
+        try:
+            if json.loads(record.read_text())["spec"]["template"] == manifest_id:
+                found.append(record.parent.name)
+        except (OSError, ValueError, KeyError):
+            pass
+    return found
+
+
 def manifest_layers(berth: Berth, build_id: str) -> set[str]:
     manifest = berth.state_dir / "templates/manifests" / f"build-{build_id}.json"
     return set(json.loads(manifest.read_text())["layers"])
@@ -69,7 +81,11 @@ def test_in_use_templates_are_kept_and_deleting_frees_only_their_files(berth: Be
         assert sandbox.commands.run("cat ~/shared").stdout.strip() == shared_step
     finally:
         sandbox.kill()
+    # Its first create started a warm pool; deleting the template empties it.
+    kept_manifest = f"build-{kept.build_id}"
+    poll(lambda: runtime_sandboxes_of(berth, kept_manifest), timeout=60, what="the kept template's warm pool")
     assert api.delete(f"/templates/{keep}").status_code == 204
+    assert runtime_sandboxes_of(berth, kept_manifest) == [], "pooled sandboxes of a deleted template are killed"
 
 
 def test_upload_urls_are_signed_content_addressed_and_retry_safe(api: httpx.Client, tmp_path: Path, other_team: httpx.Client, cleanup) -> None:

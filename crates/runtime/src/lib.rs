@@ -138,6 +138,28 @@ pub struct SandboxSpec {
     pub volumes: Vec<VolumeMount>,
 }
 
+impl SandboxSpec {
+    /// The spec with each layer once, at its highest place. Overlayfs refuses a lower dir
+    /// listed twice (ELOOP), and a build step that changes nothing yields the layer it
+    /// started from; the lower copy of a repeated layer is entirely covered by the upper
+    /// one, so dropping it changes nothing the sandbox sees.
+    pub fn with_distinct_layers(&self) -> SandboxSpec {
+        let mut seen = std::collections::HashSet::new();
+        let mut layers: Vec<PathBuf> = self
+            .layers
+            .iter()
+            .rev()
+            .filter(|layer| seen.insert(layer.as_path()))
+            .cloned()
+            .collect();
+        layers.reverse();
+        SandboxSpec {
+            layers,
+            ..self.clone()
+        }
+    }
+}
+
 /// What the runtime knows about a live sandbox.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SandboxInfo {
@@ -361,4 +383,28 @@ pub trait Runtime: Send + Sync + 'static {
     /// by resolving paths beneath it (`openat2` with `RESOLVE_IN_ROOT`). Owners are the
     /// ids files have inside sandboxes.
     fn open_volume(&self, id: &str) -> Result<std::os::fd::OwnedFd, RuntimeError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_layer_is_kept_once_at_its_highest_place() {
+        let spec = SandboxSpec {
+            id: "i0".into(),
+            template: "t".into(),
+            layers: ["a", "x", "b", "x", "c"].map(PathBuf::from).to_vec(),
+            cpu_count: 1,
+            memory_mb: 64,
+            disk_size_mb: 64,
+            volumes: Vec::new(),
+        };
+        let distinct = spec.with_distinct_layers();
+        assert_eq!(
+            distinct.layers,
+            ["a", "b", "x", "c"].map(PathBuf::from).to_vec()
+        );
+        assert_eq!(distinct.with_distinct_layers().layers, distinct.layers);
+    }
 }

@@ -600,9 +600,10 @@ impl LinuxRuntime {
             .attach(&spec.id, pid)
             .map_err(io_err("attach init to cgroups"))?;
         // SAFETY: writing one byte from a valid buffer to our socket.
-        if unsafe { libc::write(sock.as_raw_fd(), b"c".as_ptr().cast(), 1) } != 1 {
-            return Err(io_err("confirm cgroups")(io::Error::last_os_error()));
-        }
+        let confirmed = unsafe { libc::write(sock.as_raw_fd(), b"c".as_ptr().cast(), 1) } == 1;
+        // A launcher that failed before reading the byte has closed its end: its reason
+        // is still in the socket, so it is read either way.
+        let confirm_error = (!confirmed).then(io::Error::last_os_error);
         let mut buf = vec![0u8; 4096];
         let n = loop {
             // SAFETY: reading into our own buffer; the socket has a receive timeout.
@@ -613,12 +614,13 @@ impl LinuxRuntime {
                 break n;
             }
         };
-        match n {
-            0 => Ok(()),
-            n if n > 0 => Err(RuntimeError::StartFailed {
+        match (n, confirm_error) {
+            (n, _) if n > 0 => Err(RuntimeError::StartFailed {
                 id: spec.id.clone(),
                 reason: String::from_utf8_lossy(&buf[..n as usize]).into_owned(),
             }),
+            (_, Some(err)) => Err(io_err("confirm cgroups")(err)),
+            (0, None) => Ok(()),
             _ => Err(io_err("wait for sandbox init")(io::Error::last_os_error())),
         }
     }
@@ -682,6 +684,7 @@ impl LinuxRuntime {
             return Err(RuntimeError::NoLayers);
         }
         check_volume_mounts(spec)?;
+        let spec = &spec.with_distinct_layers();
         self.bring_up(spec, true, |slot, dir| {
             self.attach_network(&spec.id, policy)?;
             self.start(spec, slot, dir, DiskOrigin::New)

@@ -612,6 +612,10 @@ pub(crate) async fn delete(
         }
     }
     let removed = state.store.delete_template(&record.id)?;
+    // Warm sandboxes of its builds hold their layers: they go first.
+    for build in &removed {
+        crate::sandboxes::pool::drain(state, Some(&build.manifest_id)).await;
+    }
     remove_build_files(state, removed).await?;
     collect_garbage(state).await;
     Ok(())
