@@ -60,24 +60,48 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[rank]
 
 
+def free_pool() -> str:
+    """A /20 for a daemon's sandboxes that no host route or address uses."""
+    import ipaddress
+    import random
+
+    words = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout.split()
+    words += subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.split()
+    taken = []
+    for word in words:
+        try:
+            net = ipaddress.ip_network(word, strict=False)
+        except ValueError:
+            continue
+        if net.prefixlen > 0:
+            taken.append(net)
+    for _ in range(200):
+        pool = ipaddress.ip_network(f"10.{random.randrange(128, 250)}.{random.randrange(0, 16) * 16}.0/20")
+        if not any(pool.overlaps(net) for net in taken):
+            return str(pool)
+    raise SystemExit("no free /20 for a sandbox pool")
+
+
 class Daemon:
     """One `berth up` of this benchmark."""
 
-    def __init__(self, berth: str, templates: Path, pool_size: int, cidr: str) -> None:
+    def __init__(self, berth: str, templates: Path, pool_size: int, extra_env: Optional[dict[str, str]] = None) -> None:
         self.state = Path(tempfile.mkdtemp(prefix="berth-bench-speed-"))
         os.chmod(self.state, 0o711)
         (self.state / "templates").symlink_to(templates)
         port = free_port()
+        self.log = Path(tempfile.mkstemp(prefix="berth-bench-speed-", suffix=".log")[1])
         self.proc = subprocess.Popen(
             [berth, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", str(self.state)],
             env={
                 **os.environ,
-                "BERTH_SANDBOX_CIDR": cidr,
+                "BERTH_SANDBOX_CIDR": free_pool(),
                 "BERTH_EGRESS_ALLOW": "198.18.0.0/15",
                 "BERTH_POOL_SIZE": str(pool_size),
+                **(extra_env or {}),
             },
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
             text=True,
         )
         self.env: dict[str, str] = {}
@@ -85,7 +109,9 @@ class Daemon:
         while len(self.env) < 3:
             line = self.proc.stdout.readline()
             if not line:
-                raise SystemExit("berth up exited before printing its E2B_* lines")
+                self.stop()
+                tail = self.log.read_text()[-2000:]
+                raise SystemExit(f"berth up exited before printing its E2B_* lines:\n{tail}")
             if line.startswith("E2B_") and "=" in line:
                 key, value = line.strip().split("=", 1)
                 self.env[key] = value
@@ -107,6 +133,7 @@ class Daemon:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.state, ignore_errors=True)
+        self.log.unlink(missing_ok=True)
 
 
 class Report:
@@ -312,7 +339,7 @@ def creates(report: Report, daemon: Daemon, cold: Daemon, samples: int, pool_siz
 
 
 def burst(report: Report, berth: str, templates: Path, size: int) -> None:
-    daemon = Daemon(berth, templates, pool_size=size, cidr="10.203.0.0/16")
+    daemon = Daemon(berth, templates, pool_size=size)
     try:
         daemon.use()
         create_then_run()
@@ -378,8 +405,12 @@ def main() -> None:
     templates = Path(args.templates)
 
     report = Report()
-    warm = Daemon(args.berth, templates, pool_size=args.pool_size, cidr="10.201.0.0/16")
-    cold = Daemon(args.berth, templates, pool_size=0, cidr="10.202.0.0/16")
+    warm = Daemon(args.berth, templates, pool_size=args.pool_size)
+    try:
+        cold = Daemon(args.berth, templates, pool_size=0)
+    except BaseException:
+        warm.stop()
+        raise
     try:
         warm.use()
         interactive(report, args.samples)
