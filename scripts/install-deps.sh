@@ -64,7 +64,13 @@ info "node $(node --version), npm $(npm --version)"
 
 # --- rust ------------------------------------------------------------------------------
 step "rust toolchain"
-command -v cargo >/dev/null || fail "cargo not found: install Rust (rustup) first"
+if ! command -v cargo >/dev/null; then
+    if [[ ! -x "$HOME/.cargo/bin/cargo" ]]; then
+        info "installing the Rust toolchain (rustup, stable)"
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    fi
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
     command -v rustup >/dev/null || fail "rustfmt/clippy missing and no rustup to add them"
     info "adding rustfmt and clippy"

@@ -15,6 +15,8 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# A toolchain install-deps.sh put in ~/.cargo is used without a new login shell.
+command -v cargo >/dev/null || export PATH="$HOME/.cargo/bin:$PATH"
 target_dir="${CARGO_TARGET_DIR:-$repo_root/target}"
 [[ "$target_dir" = /* ]] || target_dir="$repo_root/$target_dir"
 

@@ -12,7 +12,7 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 
 [[ $EUID -eq 0 ]] || { echo "berth needs root (namespaces, cgroups, mounts)" >&2; exit 1; }
 
-packages=(debootstrap e2fsprogs util-linux iproute2 ca-certificates build-essential pkg-config)
+packages=(debootstrap e2fsprogs util-linux iproute2 ca-certificates curl build-essential pkg-config libnftables-dev nftables)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -21,6 +21,14 @@ if ((${#missing[@]})); then
     step "installing ${missing[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null >&2
+fi
+
+if ! command -v cargo >/dev/null; then
+    [[ -x "$HOME/.cargo/bin/cargo" ]] || {
+        step "installing the Rust toolchain (rustup, stable)"
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >&2
+    }
+    export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"

@@ -109,7 +109,7 @@ def main() -> None:
         internet.stop()
 
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"Command: `.venv/bin/python bench/network/bench.py --requests {args.requests} --rounds {args.rounds}`")
+    print(f"Command: `.venv/bin/python bench/network/bench.py --berth {args.berth} --requests {args.requests} --rounds {args.rounds}`")
     print(f"Date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; "
           f"{os.cpu_count()} CPUs; load average {load}\n")
     print("| in the sandbox | p50 / p99 (or MiB/s) | floor (same run) | floor | ratio |")

@@ -424,7 +424,7 @@ def main() -> None:
         burst(report, args.berth, templates, args.burst)
 
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"Command: `.venv/bin/python bench/speed/bench.py --samples {args.samples} --create-samples {args.create_samples}"
+    print(f"Command: `.venv/bin/python bench/speed/bench.py --berth {args.berth} --samples {args.samples} --create-samples {args.create_samples}"
           f" --pool-size {args.pool_size} --burst {args.burst}`")
     print(f"Date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; "
           f"{os.cpu_count()} CPUs; load average {load}; latencies in ms, p50 / p99\n")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "bench" / "speed"))
 sys.path.insert(0, str(REPO / "tests" / "templates"))
 
 from bench import Daemon, percentile  # noqa: E402
-from conftest import start_registry  # noqa: E402
+from conftest import TOOLS, copy_with_libs, start_registry  # noqa: E402
 
 
 def ms_row(what: str, samples: list[float], versus: str, floor: list[float]) -> str:
@@ -46,23 +46,19 @@ def ms_row(what: str, samples: list[float], versus: str, floor: list[float]) -> 
 
 
 def big_image(work: Path) -> Path:
-    """An OCI layout `big:v1`: berth's needs (sh) plus one 100 MiB random file."""
+    """An OCI layout `big:v1`: the template suite's tiny image plus one 100 MiB random file."""
     layout, bundle = work / "layout", work / "bundle"
     subprocess.run(["umoci", "init", "--layout", str(layout)], check=True)
     subprocess.run(["umoci", "new", "--image", f"{layout}:v1"], check=True)
     subprocess.run(["umoci", "unpack", "--image", f"{layout}:v1", str(bundle)], check=True)
     rootfs = bundle / "rootfs"
-    for tool in ["/bin/sh", "/bin/bash"]:
-        files = [Path(tool)] + [
-            Path(w) for w in subprocess.run(["ldd", tool], capture_output=True, text=True).stdout.split() if w.startswith("/")
-        ]
-        for file in files:
-            dest = rootfs / file.relative_to("/")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if not dest.exists():
-                shutil.copy2(file.resolve(), dest)
+    for tool in TOOLS:
+        if Path(tool).exists():
+            copy_with_libs(tool, rootfs)
+    for directory in ["root", "tmp", "home"]:
+        (rootfs / directory).mkdir(exist_ok=True)
     (rootfs / "etc").mkdir(exist_ok=True)
-    (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
     (rootfs / "etc/group").write_text("root:x:0:\n")
     (rootfs / "blob").write_bytes(os.urandom(100 * 1024 * 1024))
     subprocess.run(["umoci", "repack", "--image", f"{layout}:v1", str(bundle)], check=True)
@@ -164,7 +160,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"Command: `.venv/bin/python bench/templates/bench.py --samples {args.samples} --rounds {args.rounds}`")
+    print(f"Command: `.venv/bin/python bench/templates/bench.py --berth {args.berth} --samples {args.samples} --rounds {args.rounds}`")
     print(f"Date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; {os.cpu_count()} CPUs; load average {load}\n")
     print("| through the SDK | p50 / p99 ms | compared with (same run) | p50 / p99 ms | ratio |")
     print("|---|---|---|---|---|")
