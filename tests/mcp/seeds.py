@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SEEDS_DIR = Path(__file__).resolve().parents[3] / "shared" / "seeds"
+import os
+
+# shared/ sits beside the repository; BERTH_SEEDS_DIR points elsewhere (a worktree).
+SEEDS_DIR = Path(os.environ.get("BERTH_SEEDS_DIR", Path(__file__).resolve().parents[3] / "shared" / "seeds"))
 
 _TYPES = ("string", "integer", "boolean", "array", "object")
 _HEADER = re.compile(r"^(e2b_[a-z_]+?)([A-Z].*?)(Read-only|Write|Destructive)$")

@@ -189,7 +189,7 @@ def test_session_tools_end_to_end(berth, mcp_state):
             slow = await call(s, "e2b_exec", {"sandbox_id": sandbox_id, "command": "sleep 5; echo done", "timeout_ms": 500})
             out = slow.structured_content
             assert out["success"] is False and out["stdout"] == ""
-            assert out["error"].startswith("deadline_exceeded")
+            assert out["error"].startswith("timed out after 500 ms: the command was killed"), out
 
             missing = await call(s, "e2b_read_file", {"sandbox_id": sandbox_id, "path": "/nonexistent"})
             assert missing.is_error and missing.structured_content["error"]["status"] == 404
@@ -209,7 +209,9 @@ def test_session_tools_end_to_end(berth, mcp_state):
             if paused.is_error:
                 # Where the API does not pause yet, its own error must come through unchanged.
                 direct = httpx.post(f"{berth.api_url}/sandboxes/{sandbox_id}/pause", headers={"X-API-Key": berth.api_key})
-                assert paused.structured_content["error"] == {"status": direct.status_code, "body": direct.json()}
+                error = paused.structured_content["error"]
+                assert (error["status"], error["body"]) == (direct.status_code, direct.json()), error
+                assert error["message"].startswith(f"The server refused the call with HTTP {direct.status_code}")
                 print(f"\npause/resume: API answered {direct.status_code} {direct.json()}")
             else:
                 assert paused.structured_content == {"sandbox_id": sandbox_id, "action": "pause", "success": True}

@@ -46,5 +46,5 @@ pub use config::{LeaseConfig, McpConfig, OutputLimits, ReleaseAction, Toolset};
 pub use error::McpError;
 pub use identity::{os_user, HeaderIdentity, Identity, IdentityResolver, TrustedConnection};
 pub use secrets::RotationReport;
-pub use server::{run_connect, run_stdio, Mcp};
+pub use server::{run_connect, run_stdio, Mcp, SESSION_META_KEY};
 pub use sweeper::SweepReport;

@@ -224,6 +224,36 @@ impl Mcp {
     }
 }
 
+/// The request `_meta` key naming the berth session a call belongs to. MCP 2026-07-28
+/// has no protocol session, so a stateless client that wants its sandboxes tracked apart
+/// from its other conversations sends a handle of its own choosing here on every call.
+pub const SESSION_META_KEY: &str = "dev.berth/session";
+
+const CLIENT_INFO_META_KEY: &str = "io.modelcontextprotocol/clientInfo";
+
+/// The berth session of one HTTP request: the explicit handle in `_meta` (any protocol
+/// revision), else the legacy protocol's `Mcp-Session-Id`, else one session per identity
+/// (a stateless client that sends no handle). Handles are namespaced apart from protocol
+/// session ids, and either kind belongs to the first identity that used it.
+fn http_session_id(
+    meta: &rmcp::model::RequestMetaObject,
+    headers: &http::HeaderMap,
+    identity: &str,
+) -> String {
+    if let Some(handle) = meta
+        .get(SESSION_META_KEY)
+        .and_then(serde_json::Value::as_str)
+        .filter(|handle| !handle.is_empty())
+    {
+        return format!("http-handle:{handle}");
+    }
+    headers
+        .get("mcp-session-id")
+        .and_then(|value| value.to_str().ok())
+        .map(|value| format!("http:{value}"))
+        .unwrap_or_else(|| format!("http-identity:{identity}"))
+}
+
 /// One MCP session's handler.
 #[derive(Clone)]
 struct Handler {
@@ -242,21 +272,28 @@ impl Handler {
             (None, Some(resolver), Some(parts)) => resolver.identity(parts)?,
             _ => return None,
         };
-        // Over HTTP the MCP session header names the session; a request without one
-        // (stateless protocol) falls back to one session per identity.
         let session_id = match parts {
-            Some(parts) => parts
-                .headers
-                .get("mcp-session-id")
-                .and_then(|value| value.to_str().ok())
-                .map(|value| format!("http:{value}"))
-                .unwrap_or_else(|| format!("http-identity:{name}")),
+            Some(parts) => http_session_id(&context.meta, &parts.headers, &name),
             None => self.session_id.clone(),
         };
         let harness_id = context
             .peer
             .peer_info()
-            .map(|info| format!("{}/{}", info.client_info.name, info.client_info.version));
+            .map(|info| {
+                (
+                    info.client_info.name.clone(),
+                    info.client_info.version.clone(),
+                )
+            })
+            .or_else(|| {
+                // Stateless requests (2026-07-28) name their client in `_meta` instead.
+                let info = context.meta.get(CLIENT_INFO_META_KEY)?;
+                Some((
+                    info.get("name")?.as_str()?.to_owned(),
+                    info.get("version")?.as_str()?.to_owned(),
+                ))
+            })
+            .map(|(name, version)| format!("{name}/{version}"));
         Some(CallContext {
             identity: name,
             trusted,
@@ -406,6 +443,25 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(opened.api_key, "e2b_1");
+    }
+
+    #[test]
+    fn http_sessions_come_from_the_handle_then_the_header_then_the_identity() {
+        let mut headers = http::HeaderMap::new();
+        let mut meta = rmcp::model::RequestMetaObject::default();
+        assert_eq!(
+            http_session_id(&meta, &headers, "team-a"),
+            "http-identity:team-a"
+        );
+        headers.insert("mcp-session-id", "abc".parse().unwrap());
+        assert_eq!(http_session_id(&meta, &headers, "team-a"), "http:abc");
+        meta.insert(SESSION_META_KEY.into(), serde_json::json!("chat-7"));
+        assert_eq!(
+            http_session_id(&meta, &headers, "team-a"),
+            "http-handle:chat-7"
+        );
+        meta.insert(SESSION_META_KEY.into(), serde_json::json!(""));
+        assert_eq!(http_session_id(&meta, &headers, "team-a"), "http:abc");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! result is the API's JSON, relayed untouched (connector tools have no model of their
 //! own: the table is their schema). Errors from the API come back unchanged.
 
+use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -114,13 +115,20 @@ pub(crate) fn build_request(
     })
 }
 
-/// What a connector tool returns: the API's status and JSON, and its paging cursor.
-#[derive(Serialize)]
+/// What a connector tool returns: the API's status and JSON, and its paging cursor. The
+/// JSON is the API's own (its shape per tool is what the tool's description names), so
+/// the schema leaves `result` open.
+#[derive(Serialize, JsonSchema)]
 pub(crate) struct RestResult {
     pub(crate) status: u16,
     pub(crate) result: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) next_token: Option<String>,
+}
+
+/// The `outputSchema` of every connector tool.
+pub(crate) fn output_schema() -> Value {
+    schemars::schema_for!(RestResult).to_value()
 }
 
 /// Runs one REST tool and keeps the lease table in step with lifecycle calls.

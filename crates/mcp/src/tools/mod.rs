@@ -46,8 +46,11 @@ pub(crate) struct CallContext {
 pub(crate) enum ToolFailure {
     /// No connection for this identity: carries the one-time connect link.
     ConnectionRequired { connect_url: String },
-    /// The API or envd answered with an error: passed through unchanged.
+    /// The API or envd answered with an error: its body passed through unchanged,
+    /// with one sentence saying what it means.
     Api { status: u16, body: Value },
+    /// A session tool's sandbox no longer exists (killed, or its end of life came).
+    SandboxGone { sandbox_id: String },
     /// Anything else, as a message safe to show (never contains a key).
     Message(String),
 }
@@ -77,17 +80,23 @@ fn answer<T: Serialize>(result: &T) -> ToolResult {
     serde_json::to_value(result).map_err(|error| ToolFailure::Message(error.to_string()))
 }
 
-/// The MCP result of a call: the JSON as text and as structured content.
+/// The MCP result of a call: the JSON as structured content and as text; a failure's
+/// text starts with its sentence, so an agent reading only text gets it first.
 pub(crate) fn call_result(result: ToolResult) -> CallToolResult {
     let (value, failed) = match result {
         Ok(value) => (value, false),
         Err(failure) => (failure_json(failure), true),
     };
-    let text = serde_json::to_string(&value).unwrap_or_default();
+    let json = serde_json::to_string(&value).unwrap_or_default();
     let mut result = if failed {
-        CallToolResult::error(vec![ContentBlock::text(text)])
+        let sentence = value
+            .get("message")
+            .or_else(|| value.pointer("/error/message"))
+            .and_then(Value::as_str)
+            .unwrap_or("The tool call failed.");
+        CallToolResult::error(vec![ContentBlock::text(sentence), ContentBlock::text(json)])
     } else {
-        CallToolResult::success(vec![ContentBlock::text(text)])
+        CallToolResult::success(vec![ContentBlock::text(json)])
     };
     result.structured_content = Some(value);
     result
@@ -104,9 +113,49 @@ fn failure_json(failure: ToolFailure) -> Value {
             ),
         }),
         ToolFailure::Api { status, body } => json!({
-            "error": { "status": status, "body": body },
+            "error": { "message": api_error_sentence(status, &body), "status": status, "body": body },
+        }),
+        ToolFailure::SandboxGone { sandbox_id } => json!({
+            "error": {
+                "message": format!(
+                    "Sandbox {sandbox_id} no longer exists: it was killed or reached the end of \
+                     its timeout. Create a new one with e2b_create_sandbox."
+                ),
+                "sandbox_id": sandbox_id,
+                "state": "killed",
+                "fix": "e2b_create_sandbox",
+            },
         }),
         ToolFailure::Message(message) => json!({ "error": { "message": message } }),
+    }
+}
+
+/// One sentence for an error answer: the status in words and the server's own message
+/// (E2B's `{code, message}`, or the raw text it sent).
+fn api_error_sentence(status: u16, body: &Value) -> String {
+    let reason = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|code| code.canonical_reason())
+        .unwrap_or("error");
+    let detail = body
+        .get("message")
+        .and_then(Value::as_str)
+        .or_else(|| body.as_str())
+        .map(str::trim)
+        .filter(|text| !text.is_empty());
+    let hint = match status {
+        401 | 403 => " Check the API key this user connected.",
+        404 => " Check the id (list with e2b_list_sandboxes or the matching list tool).",
+        409 => " The resource is not in a state that allows this; read its state and retry.",
+        429 | 503 => " The server is busy or out of capacity; retry later.",
+        _ => "",
+    };
+    match detail {
+        Some(detail) => {
+            let detail = detail.trim_end_matches('.');
+            format!("The server refused the call with HTTP {status} ({reason}): {detail}.{hint}")
+        }
+        None => format!("The server refused the call with HTTP {status} ({reason}).{hint}"),
     }
 }
 
@@ -182,7 +231,22 @@ pub(crate) struct Registry {
 impl Registry {
     pub(crate) fn new(toolset: Toolset) -> Self {
         let specs = table::specs_for(toolset);
-        let tools = Arc::new(specs.iter().map(table::mcp_tool).collect());
+        let tools = Arc::new(
+            specs
+                .iter()
+                .map(|spec| {
+                    let mut tool = table::mcp_tool(spec);
+                    let kind = ToolKind::of(&spec.name, toolset);
+                    let mut schema = session::output_schema(kind, toolset)
+                        .unwrap_or_else(connector::output_schema);
+                    open_schemas_as_objects(&mut schema);
+                    if let Value::Object(schema) = schema {
+                        tool.output_schema = Some(Arc::new(schema));
+                    }
+                    tool
+                })
+                .collect(),
+        );
         let entries = specs
             .into_iter()
             .map(|spec| {
@@ -204,6 +268,23 @@ impl Registry {
 
     pub(crate) fn toolset(&self) -> Toolset {
         self.toolset
+    }
+}
+
+/// Writes the schema that accepts anything as `{}` instead of `true` (the same in JSON
+/// Schema): clients' tool types (the MCP SDKs' own, and the conformance suite's) only
+/// accept object schemas for properties.
+fn open_schemas_as_objects(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => map.values_mut().for_each(|inner| {
+            if inner == &Value::Bool(true) {
+                *inner = json!({});
+            } else {
+                open_schemas_as_objects(inner);
+            }
+        }),
+        Value::Array(items) => items.iter_mut().for_each(open_schemas_as_objects),
+        _ => {}
     }
 }
 
@@ -406,6 +487,18 @@ mod tests {
     }
 
     #[test]
+    fn every_tool_has_an_object_output_schema_without_boolean_subschemas() {
+        for toolset in [Toolset::Session, Toolset::Connector, Toolset::All] {
+            for tool in Registry::new(toolset).tools().iter() {
+                let schema = tool.output_schema.as_ref().expect("an output schema");
+                assert_eq!(schema["type"], "object", "{}", tool.name);
+                let text = serde_json::to_string(schema).unwrap();
+                assert!(!text.contains(":true"), "{}: {text}", tool.name);
+            }
+        }
+    }
+
+    #[test]
     fn failures_keep_their_result_shapes() {
         let api = call_result(Err(ToolFailure::Api {
             status: 404,
@@ -414,7 +507,19 @@ mod tests {
         assert_eq!(api.is_error, Some(true));
         assert_eq!(
             api.structured_content.unwrap(),
-            json!({"error": {"status": 404, "body": {"code": 404, "message": "nope"}}})
+            json!({"error": {"status": 404, "body": {"code": 404, "message": "nope"},
+                "message": "The server refused the call with HTTP 404 (Not Found): nope. Check the \
+                            id (list with e2b_list_sandboxes or the matching list tool)."}})
+        );
+        let first = api.content[0].as_text().unwrap().text.clone();
+        assert!(
+            first.starts_with("The server refused the call with HTTP 404"),
+            "{first}"
+        );
+        let raw = api_error_sentence(502, &json!("bad gateway\n"));
+        assert_eq!(
+            raw,
+            "The server refused the call with HTTP 502 (Bad Gateway): bad gateway."
         );
         let link = call_result(Err(ToolFailure::ConnectionRequired {
             connect_url: "http://x/mcp/connect/t".into(),

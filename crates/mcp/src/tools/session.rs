@@ -3,14 +3,18 @@
 //! timeout. One handler per tool, each with its own argument and result types.
 
 use berth_api::{NewSandbox, StringMap};
-use berth_client::{EnvdClient, ExecRequest, OutputSink};
+use berth_client::{ClientError, EnvdClient, ExecError, ExecOutput, ExecRequest, OutputSink};
+use berth_envd_proto::connect::{Code, ConnectError};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::connector::{rest, wire_body};
 use super::output::{line_window, CappedText};
 use super::table::ToolSpec;
-use super::{answer, require_connection, CallContext, LeaseEffect, ToolFailure, ToolResult};
+use super::{
+    answer, require_connection, CallContext, LeaseEffect, ToolFailure, ToolKind, ToolResult,
+};
 use crate::config::{OutputLimits, Toolset};
 use crate::connections::Connected;
 use crate::server::Components;
@@ -98,7 +102,7 @@ impl ManageAction {
 }
 
 /// The session tool set's answer to `e2b_create_sandbox`; `all` adds the API's.
-#[derive(Serialize)]
+#[derive(Serialize, JsonSchema)]
 struct CreatedInSession {
     sandbox_id: String,
     status: &'static str,
@@ -107,7 +111,39 @@ struct CreatedInSession {
     timeout_seconds: u64,
     files_uploaded: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
-    sandbox: Option<berth_api::Sandbox>,
+    sandbox: Option<CreatedDetails>,
+}
+
+/// The API's answer to the create as the session tool set shows it: without
+/// `envdAccessToken` and `trafficAccessToken`. The session tools keep envd's token in
+/// their sealed state and never return it (seed 000); the connector tools that document
+/// tokens (`e2b_connect_sandbox`, `e2b_get_sandbox`) still return them (seed 003).
+#[derive(Serialize, JsonSchema)]
+struct CreatedDetails {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alias: Option<String>,
+    #[serde(rename = "clientID")]
+    client_id: String,
+    #[serde(rename = "envdVersion")]
+    envd_version: String,
+    domain: Option<String>,
+}
+
+impl From<berth_api::Sandbox> for CreatedDetails {
+    fn from(created: berth_api::Sandbox) -> Self {
+        Self {
+            sandbox_id: created.sandbox_id,
+            template_id: created.template_id,
+            alias: created.alias,
+            client_id: created.client_id,
+            envd_version: created.envd_version,
+            domain: created.domain,
+        }
+    }
 }
 
 /// The connector tool set's answer to `e2b_create_sandbox`: a REST result.
@@ -117,7 +153,7 @@ struct CreatedByRest {
     result: berth_api::Sandbox,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, JsonSchema)]
 struct SessionSandbox {
     sandbox_id: String,
     title: Option<String>,
@@ -126,7 +162,7 @@ struct SessionSandbox {
     created_at_unix: i64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, JsonSchema)]
 struct SandboxList<T> {
     count: usize,
     sandboxes: T,
@@ -134,7 +170,7 @@ struct SandboxList<T> {
     next_token: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, JsonSchema)]
 struct ExecResult {
     sandbox_id: String,
     cwd: String,
@@ -148,25 +184,45 @@ struct ExecResult {
     error: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, JsonSchema)]
 struct FileContent {
     sandbox_id: String,
     path: String,
     content: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, JsonSchema)]
 struct FileWritten {
     sandbox_id: String,
     path: String,
     success: bool,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, JsonSchema)]
 struct Managed {
     sandbox_id: String,
     action: String,
     success: bool,
+}
+
+/// The JSON Schema of each session tool's result (`outputSchema`); `None` for kinds
+/// this module does not answer.
+pub(crate) fn output_schema(kind: ToolKind, toolset: Toolset) -> Option<Value> {
+    let schema = match (kind, toolset) {
+        (ToolKind::CreateSandbox, Toolset::Connector) => return None,
+        (ToolKind::CreateSandbox, _) => schemars::schema_for!(CreatedInSession),
+        (ToolKind::ListSessionSandboxes, _) => {
+            schemars::schema_for!(SandboxList<Vec<SessionSandbox>>)
+        }
+        // The session's entries or the API's, by scope.
+        (ToolKind::ListSandboxes, _) => schemars::schema_for!(SandboxList<Value>),
+        (ToolKind::Exec, _) => schemars::schema_for!(ExecResult),
+        (ToolKind::ReadFile, _) => schemars::schema_for!(FileContent),
+        (ToolKind::WriteFile, _) => schemars::schema_for!(FileWritten),
+        (ToolKind::ManageSandbox, _) => schemars::schema_for!(Managed),
+        (ToolKind::Rest(_), _) => return None,
+    };
+    Some(schema.to_value())
 }
 
 struct ExecSink {
@@ -200,18 +256,94 @@ fn tracked(
         .ok_or_else(|| not_tracked(sandbox_id))
 }
 
-/// A tracked sandbox of this session, ready for use: its state and an envd client with
-/// the identity's connection; the lease (and timeout) is renewed.
+/// A tracked sandbox of this session with the identity's connection and an envd client.
+struct Live {
+    state: SandboxState,
+    connected: Connected,
+    envd: EnvdClient,
+}
+
+/// A tracked sandbox of this session, ready for use; the lease (and timeout) is renewed.
 fn use_sandbox(
     mcp: &Components,
     call: &CallContext,
     sandbox_id: &str,
-) -> Result<(SandboxState, EnvdClient), ToolFailure> {
+) -> Result<Live, ToolFailure> {
     let state = tracked(mcp, call, sandbox_id)?;
     let connected = require_connection(mcp, call)?;
     mcp.sessions.touch(&call.identity, &connected.api, &state);
     let envd = envd_of(mcp, &connected, &state);
-    Ok((state, envd))
+    Ok(Live {
+        state,
+        connected,
+        envd,
+    })
+}
+
+/// Whether an envd call failed because no running sandbox answers for the id: the
+/// sandbox proxy's 502 (E2B's "The sandbox was not found").
+fn sandbox_not_running(error: &ClientError) -> bool {
+    error.status() == Some(502)
+}
+
+/// envd found no running sandbox behind a tracked id: asks the API what became of it.
+/// A paused sandbox is resumed, as E2B's connect does, and `live` is updated for a
+/// retry (`Ok(())`). A sandbox the API no longer knows is marked deleted and the agent
+/// gets [`ToolFailure::SandboxGone`]; one the API says is running is a real envd failure
+/// and `failed` is returned as it came.
+async fn revive(
+    mcp: &Components,
+    call: &CallContext,
+    live: &mut Live,
+    failed: ClientError,
+) -> Result<(), ToolFailure> {
+    let sandbox_id = live.state.sandbox_id.clone();
+    let path = format!("/sandboxes/{}", berth_client::encode_segment(&sandbox_id));
+    let details = live
+        .connected
+        .api
+        .request(reqwest::Method::GET, &path, &[], None)
+        .await;
+    match details {
+        Ok(details) if details.body["state"] == "paused" => {
+            resume(mcp, call, &live.connected, &mut live.state).await?;
+            live.envd = envd_of(mcp, &live.connected, &live.state);
+            tracing::info!(%sandbox_id, "resumed a paused sandbox for a session tool");
+            Ok(())
+        }
+        Ok(_) => Err(failed.into()),
+        Err(error) if error.status() == Some(404) => {
+            mcp.sessions
+                .set_status(&call.identity, &sandbox_id, SandboxStatus::Deleted)?;
+            Err(ToolFailure::SandboxGone { sandbox_id })
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Resumes (or extends) a tracked sandbox through the API's connect and records its new
+/// token, domain, status and lease.
+async fn resume(
+    mcp: &Components,
+    call: &CallContext,
+    connected: &Connected,
+    state: &mut SandboxState,
+) -> Result<(), ToolFailure> {
+    let sessions = &mcp.sessions;
+    let resumed = connected
+        .api
+        .connect_sandbox(&state.sandbox_id, state.timeout_seconds)
+        .await?;
+    if let Some(token) = resumed.envd_access_token {
+        state.envd_access_token = Some(token);
+    }
+    if let Some(domain) = resumed.domain {
+        state.domain = Some(domain);
+    }
+    sessions.save_state(&call.identity, state)?;
+    sessions.set_status(&call.identity, &state.sandbox_id, SandboxStatus::Running)?;
+    sessions.renew_lease(&call.identity, &state.sandbox_id)?;
+    Ok(())
 }
 
 fn envd_of(mcp: &Components, connected: &Connected, state: &SandboxState) -> EnvdClient {
@@ -303,7 +435,7 @@ pub(crate) async fn create_sandbox(
             workspace_path: state.workspace_path,
             timeout_seconds,
             files_uploaded: uploads.len(),
-            sandbox: (toolset == Toolset::All).then_some(created),
+            sandbox: (toolset == Toolset::All).then(|| created.into()),
         }),
     }
 }
@@ -393,8 +525,10 @@ pub(crate) async fn list_sandboxes(
 
 pub(crate) async fn exec(mcp: &Components, call: &CallContext, args: ExecArgs) -> ToolResult {
     let timeout_ms = args.timeout_ms.unwrap_or(DEFAULT_EXEC_TIMEOUT_MS);
-    let (state, envd) = use_sandbox(mcp, call, &args.sandbox_id)?;
-    let cwd = args.cwd.unwrap_or(state.workspace_path);
+    let mut live = use_sandbox(mcp, call, &args.sandbox_id)?;
+    let cwd = args
+        .cwd
+        .unwrap_or_else(|| live.state.workspace_path.clone());
     let limits = mcp.config.output_limits;
     let mut sink = ExecSink {
         stdout: CappedText::new(limits),
@@ -406,7 +540,26 @@ pub(crate) async fn exec(mcp: &Components, call: &CallContext, args: ExecArgs) -
         envs: Default::default(),
         timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
     };
-    let ended = envd.exec(&request, &mut sink).await?;
+    // A 502 comes before any output, so the sink is still empty for the retry.
+    let ended = match live.envd.exec(&request, &mut sink).await {
+        Err(error) if sandbox_not_running(&error) => {
+            revive(mcp, call, &mut live, error).await?;
+            live.envd.exec(&request, &mut sink).await
+        }
+        ended => ended,
+    };
+    let ended = match ended {
+        Ok(ended) => ended,
+        // envd ends the stream at the deadline; this only fires when that end never came.
+        Err(ClientError::Transport(error)) if error.is_timeout() => ExecOutput {
+            exit_code: None,
+            error: Some(ExecError::Stream(ConnectError::new(
+                Code::DeadlineExceeded,
+                "no answer from envd",
+            ))),
+        },
+        Err(error) => return Err(error.into()),
+    };
     let truncated = sink.stdout.truncated() || sink.stderr.truncated();
     let total_lines = sink.stdout.total_lines() + sink.stderr.total_lines();
     let exit_code = ended.exit_code.unwrap_or(-1);
@@ -419,8 +572,20 @@ pub(crate) async fn exec(mcp: &Components, call: &CallContext, args: ExecArgs) -
         success: exit_code == 0 && ended.error.is_none(),
         truncated,
         total_lines,
-        error: ended.error.map(|error| error.to_string()),
+        error: ended.error.map(|error| exec_error_text(&error, timeout_ms)),
     })
+}
+
+/// What the agent reads about a command that did not simply exit: a timeout in the
+/// words of its own `timeout_ms`, anything else as envd said it.
+fn exec_error_text(error: &ExecError, timeout_ms: u64) -> String {
+    match error {
+        ExecError::Stream(stream) if stream.code == Code::DeadlineExceeded => format!(
+            "timed out after {timeout_ms} ms: the command was killed (raise timeout_ms, or 0 \
+             for no limit)"
+        ),
+        other => other.to_string(),
+    }
 }
 
 pub(crate) async fn read_file(
@@ -428,8 +593,14 @@ pub(crate) async fn read_file(
     call: &CallContext,
     args: ReadFileArgs,
 ) -> ToolResult {
-    let (_, envd) = use_sandbox(mcp, call, &args.sandbox_id)?;
-    let bytes = envd.read_file(&args.path).await?;
+    let mut live = use_sandbox(mcp, call, &args.sandbox_id)?;
+    let bytes = match live.envd.read_file(&args.path).await {
+        Err(error) if sandbox_not_running(&error) => {
+            revive(mcp, call, &mut live, error).await?;
+            live.envd.read_file(&args.path).await?
+        }
+        read => read?,
+    };
     let offset = args.offset.unwrap_or(0) as usize;
     let limit = args.limit.map(|limit| limit as usize);
     let window = line_window(&String::from_utf8_lossy(&bytes), offset, limit);
@@ -450,9 +621,15 @@ pub(crate) async fn write_file(
     call: &CallContext,
     args: WriteFileArgs,
 ) -> ToolResult {
-    let (_, envd) = use_sandbox(mcp, call, &args.sandbox_id)?;
-    envd.write_file(&args.path, args.content.into_bytes())
-        .await?;
+    let mut live = use_sandbox(mcp, call, &args.sandbox_id)?;
+    let content = args.content.into_bytes();
+    match live.envd.write_file(&args.path, content.clone()).await {
+        Err(error) if sandbox_not_running(&error) => {
+            revive(mcp, call, &mut live, error).await?;
+            live.envd.write_file(&args.path, content).await?
+        }
+        written => written?,
+    };
     answer(&FileWritten {
         sandbox_id: args.sandbox_id,
         path: args.path,
@@ -479,19 +656,7 @@ pub(crate) async fn manage_sandbox(
             if let Some(timeout) = args.timeout_seconds {
                 state.timeout_seconds = timeout;
             }
-            let resumed = connected
-                .api
-                .connect_sandbox(sandbox_id, state.timeout_seconds)
-                .await?;
-            if let Some(token) = resumed.envd_access_token {
-                state.envd_access_token = Some(token);
-            }
-            if let Some(domain) = resumed.domain {
-                state.domain = Some(domain);
-            }
-            sessions.save_state(&call.identity, &state)?;
-            sessions.set_status(&call.identity, sandbox_id, SandboxStatus::Running)?;
-            sessions.renew_lease(&call.identity, sandbox_id)?;
+            resume(mcp, call, &connected, &mut state).await?;
         }
         ManageAction::Delete => {
             let killed = connected.api.kill_sandbox(sandbox_id).await;

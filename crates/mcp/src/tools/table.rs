@@ -117,7 +117,7 @@ const CREATE_NOTE: &str = " In this server the tool accepts both the session par
 (title, template, timeout_seconds, env_vars, upload_files) and the API parameters: \
 template_id wins over template (default base), timeout over timeout_seconds (default 3600). \
 The sandbox is tracked in this session; the result holds the session fields and the API's \
-response under `sandbox`.";
+response under `sandbox`, without access tokens (e2b_connect_sandbox returns them).";
 
 const LIST_NOTE: &str = " In this server, scope=session (the default without filters) lists \
 only this session's sandboxes; scope=project, or any filter, lists the API's sandboxes.";
