@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--templates", default="/var/lib/berth/templates")
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sandbox-mbps", type=int, default=None, help="berth up's per-sandbox bandwidth cap (default: berth's)")
     args = parser.parse_args()
     if os.environ.get("BERTH_BENCH_PRIVATE_NETNS") != "1":
         os.environ["BERTH_BENCH_PRIVATE_NETNS"] = "1"
@@ -97,6 +98,7 @@ def main() -> None:
                 "BERTH_EGRESS_ALLOW": internet.ceiling,
                 "BERTH_DNS_UPSTREAM": f"{internet.dns_ip}:53",
                 "BERTH_EGRESS_EXTRA_ROOTS": str(internet.ca_file),
+                **({"BERTH_SANDBOX_MBPS": str(args.sandbox_mbps)} if args.sandbox_mbps else {}),
             },
         )
         try:
@@ -109,7 +111,8 @@ def main() -> None:
         internet.stop()
 
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"Command: `.venv/bin/python bench/network/bench.py --berth {args.berth} --requests {args.requests} --rounds {args.rounds}`")
+    print(f"Command: `.venv/bin/python bench/network/bench.py --berth {args.berth} --requests {args.requests} --rounds {args.rounds}"
+          f"{f' --sandbox-mbps {args.sandbox_mbps}' if args.sandbox_mbps else ''}`")
     print(f"Date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; "
           f"{os.cpu_count()} CPUs; load average {load}\n")
     print("| in the sandbox | p50 / p99 (or MiB/s) | floor (same run) | floor | ratio |")
