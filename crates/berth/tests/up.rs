@@ -271,11 +271,11 @@ fn up_keys_auth_and_tenancy() {
     assert_eq!(status, 404);
     assert!(json(&body)["message"].as_str().unwrap().contains("iabc"));
     let (status, body) = up.request("POST", "/v3/templates", Some(&key), Some("{}"));
-    assert_eq!(status, 501, "what berth lacks is named, never faked");
-    assert!(json(&body)["message"]
-        .as_str()
-        .unwrap()
-        .contains("templates"));
+    assert_eq!(status, 400, "a build request without a name: {body}");
+    assert!(
+        json(&body)["message"].as_str().unwrap().contains("name"),
+        "the message names the field: {body}"
+    );
 
     // Revoking by the CLI takes effect on the running server.
     up.keys(&["revoke", &other_key_id]);
