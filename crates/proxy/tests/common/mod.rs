@@ -122,6 +122,19 @@ impl SandboxResolver for Resolver {
             })
         })
     }
+
+    fn file_signers(&self) -> BoxFuture<'_, Result<Vec<(SandboxId, String)>, ResolveError>> {
+        Box::pin(async move {
+            Ok(self
+                .sandboxes
+                .iter()
+                .filter_map(|known| {
+                    let token = known.envd_access_token?;
+                    Some((SandboxId::parse(known.id).ok()?, token.to_owned()))
+                })
+                .collect())
+        })
+    }
 }
 
 pub async fn start() -> Harness {
