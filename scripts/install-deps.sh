@@ -31,7 +31,7 @@ apt_packages=(
     python3 python3-venv python3-pip
     ca-certificates curl git
     docker-registry skopeo umoci
-    libnss-myhostname
+    libnss-myhostname tmux
 )
 
 step "system packages"
