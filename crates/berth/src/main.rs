@@ -584,16 +584,16 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             store,
             api_url: url.clone(),
         }));
-        println!("E2B_API_URL={url}");
-        println!("E2B_SANDBOX_URL={url}");
-        match first_key {
-            Some(key) => println!("E2B_API_KEY={key}"),
-            None => println!(
+        let key_line = match first_key {
+            Some(key) => format!("E2B_API_KEY={key}"),
+            None => format!(
                 "# E2B_API_KEY was printed on first run; make another with: berth keys create --state-dir {}",
                 state_dir.display()
             ),
-        }
-        println!("E2B_DOMAIN={domain}");
+        };
+        // One write: a reader that stops after the lines it wants (a script taking the
+        // first three) must not see the rest fail on its closed pipe.
+        print!("E2B_API_URL={url}\nE2B_SANDBOX_URL={url}\n{key_line}\nE2B_DOMAIN={domain}\n");
         if let Some(hint) = sandbox_host_hint(&domain) {
             eprintln!("{hint}");
         }
