@@ -275,3 +275,18 @@ test('getHost URLs resolve and reach the sandbox; signed file URLs need no sandb
   const forged = await fetch(url.replace(/signature=[^&]+/, 'signature=v1_forged'))
   assert.equal(forged.status, 401)
 })
+
+test('a sandbox killed while a command streams raises "killed or reached its end of life"', async () => {
+  const sandbox = await createSandbox({ timeoutMs: 120_000 })
+  let streaming
+  const started = new Promise((resolveStarted) => (streaming = resolveStarted))
+  const began = Date.now()
+  const running = sandbox.commands.run('echo streaming; sleep 100', { onStdout: () => streaming(), timeoutMs: 0 })
+  await started
+  await Sandbox.kill(sandbox.sandboxId)
+  await assert.rejects(running, (error) => {
+    assert.match(error.message, /killed or reached its end of life/)
+    return true
+  })
+  assert.ok(Date.now() - began < 30_000, 'the stream ends when the sandbox does, not at a read timeout')
+})
