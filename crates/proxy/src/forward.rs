@@ -224,14 +224,18 @@ impl Proxy {
         self.routing.classify(req)
     }
 
-    /// Classifies and forwards; errors become their JSON answers.
+    /// Classifies and forwards (signed file URLs included); errors become their JSON
+    /// answers.
     pub async fn handle<B>(&self, req: Request<B>) -> Response<ProxyBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
         match self.classify(&req) {
-            None => ProxyError::NotSandboxRequest.into_response(),
+            None => match SignedFileUrl::from_request(&req) {
+                Some(signed) => self.forward_signed(req, signed).await,
+                None => ProxyError::NotSandboxRequest.into_response(),
+            },
             Some(Err(error)) => ProxyError::from(error).into_response(),
             Some(Ok(target)) => self.forward(req, target).await,
         }

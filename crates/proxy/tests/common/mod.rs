@@ -143,6 +143,7 @@ pub async fn start() -> Harness {
         .route("/stream", get(stream))
         .route("/upload", post(upload))
         .route("/echo", any(echo))
+        .route("/files", any(echo))
         .route("/ws", get(websocket))
         .route("/init", any(internal))
         .route("/close", get(closing))
