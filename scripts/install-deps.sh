@@ -8,7 +8,8 @@
 #   - apt packages (build tools, namespaces/rootfs tools, xattr tools, libnftables for
 #     sandbox networking, python venv, a local OCI registry and image tools for the
 #     template tests, dnsmasq/openssl for the network tests' fake internet, tmux for the
-#     CLI tests)
+#     CLI tests, libnss-myhostname so `<port>-<id>.localhost` sandbox hosts resolve for
+#     Python and Node)
 #   - rustfmt and clippy for the active toolchain
 #   - .venv/ at the repo root with tests/sdk/requirements.txt (pinned e2b==2.63.0, pytest)
 #   - tests/sdk/js/node_modules from tests/sdk/js/package-lock.json (e2b@2.51.0)
@@ -31,7 +32,7 @@ apt_packages=(
     python3 python3-venv python3-pip
     ca-certificates curl git
     docker-registry skopeo umoci
-    dnsmasq-base openssl conntrack tmux
+    dnsmasq-base openssl conntrack tmux libnss-myhostname
 )
 
 step "system packages"

@@ -113,7 +113,10 @@ struct UpArgs {
     /// Address of the one listener serving both the API and the sandbox proxy.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
-    /// Domain of `<port>-<sandboxId>.<domain>` sandbox hosts (needs wildcard DNS).
+    /// Domain of `<port>-<sandboxId>.<domain>` sandbox hosts (needs wildcard DNS), as
+    /// the SDKs' `get_host` should append it (a port included when clients reach the
+    /// listener on one). Default: `localhost:<listen port>`, which resolves to loopback
+    /// where `*.localhost` does (browsers, curl; glibc with `libnss-myhostname`).
     #[arg(long, env = "BERTH_DOMAIN")]
     domain: Option<String>,
     /// The berth-envd binary run as every sandbox's init (default: next to this binary).
@@ -549,8 +552,12 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             }
             None => None,
         };
+        let domain = args
+            .domain
+            .clone()
+            .unwrap_or_else(|| default_domain(listener.local_addr().map(|a| a.port()).unwrap_or(80)));
         let config = ServerConfig {
-            domain: args.domain.clone(),
+            domain: Some(domain.clone()),
             template_limits: args.builds.limits(),
             secrets_key_file: Some(secrets_key_file(&state_dir)),
             pool_size: args.pool_size,
@@ -577,14 +584,18 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             store,
             api_url: url.clone(),
         }));
-        println!("E2B_API_URL={url}");
-        println!("E2B_SANDBOX_URL={url}");
-        match first_key {
-            Some(key) => println!("E2B_API_KEY={key}"),
-            None => println!(
+        let key_line = match first_key {
+            Some(key) => format!("E2B_API_KEY={key}"),
+            None => format!(
                 "# E2B_API_KEY was printed on first run; make another with: berth keys create --state-dir {}",
                 state_dir.display()
             ),
+        };
+        // One write: a reader that stops after the lines it wants (a script taking the
+        // first three) must not see the rest fail on its closed pipe.
+        print!("E2B_API_URL={url}\nE2B_SANDBOX_URL={url}\n{key_line}\nE2B_DOMAIN={domain}\n");
+        if let Some(hint) = sandbox_host_hint(&domain) {
+            eprintln!("{hint}");
         }
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let serving = tokio::spawn(server.serve(listener, mcp_routes, async move {
@@ -607,9 +618,48 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
     })
 }
 
+/// The sandbox host domain when none is configured: `localhost`, with the listener's
+/// port unless it is HTTP's own.
+fn default_domain(port: u16) -> String {
+    if port == 80 {
+        "localhost".to_owned()
+    } else {
+        format!("localhost:{port}")
+    }
+}
+
+/// What to tell the operator when `<port>-<id>.<domain>` names do not resolve here:
+/// for `localhost` domains, the one package that makes glibc (so Python and Node)
+/// resolve every `*.localhost` name to loopback, as browsers and curl already do.
+fn sandbox_host_hint(domain: &str) -> Option<String> {
+    let host = domain.rsplit_once(':').map_or(domain, |(host, _)| host);
+    let probe = format!("49983-berthprobe.{host}:80");
+    if std::net::ToSocketAddrs::to_socket_addrs(&probe).is_ok() {
+        return None;
+    }
+    Some(if host == "localhost" || host.ends_with(".localhost") {
+        format!(
+            "note: sandbox hosts (<port>-<sandboxId>.{host}) do not resolve on this machine \
+             for Python and Node; browsers and curl resolve them already. To make them \
+             resolve for every program: apt-get install libnss-myhostname"
+        )
+    } else {
+        format!(
+            "note: sandbox hosts (<port>-<sandboxId>.{host}) do not resolve here: point \
+             wildcard DNS *.{host} at this server"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_domain_carries_the_listeners_port() {
+        assert_eq!(default_domain(80), "localhost");
+        assert_eq!(default_domain(3000), "localhost:3000");
+    }
 
     #[test]
     fn criu_is_looked_for_where_it_already_is() {

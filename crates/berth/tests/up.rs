@@ -66,7 +66,7 @@ impl Up {
             .expect("spawn berth up");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut printed = Vec::new();
-        while printed.len() < 3 {
+        while printed.len() < 4 {
             match lines.next() {
                 Some(Ok(line)) => printed.push(line),
                 _ => {
@@ -81,6 +81,8 @@ impl Up {
             .expect("first line is E2B_API_URL")
             .to_string();
         assert_eq!(printed[1], format!("E2B_SANDBOX_URL={url}"));
+        let port = url.rsplit(':').next().unwrap();
+        assert_eq!(printed[3], format!("E2B_DOMAIN=localhost:{port}"));
         Up {
             child: Some(child),
             state: state.to_path_buf(),

@@ -9,7 +9,8 @@
 //! both ends of envd's wire must agree on: its port ([`ENVD_PORT`]) and the version berth
 //! reports ([`ENVD_VERSION`]), header names ([`headers`]), RPC paths ([`routes`]) and the
 //! JSON bodies of its plain HTTP routes ([`http`]: the `/init` request, the `/files`
-//! upload answer, the internal routes the public proxy refuses). envd, the proxy, the
+//! upload answer, the internal routes the public proxy refuses) and the signature of signed file URLs
+//! ([`signature`]). envd, the proxy, the
 //! server and `berth-client` take them from here, so none spells them itself. It must not
 //! hold any server or client logic: no HTTP stack, no I/O.
 //!
@@ -29,6 +30,7 @@ pub mod connect;
 pub mod headers;
 pub mod http;
 pub mod routes;
+pub mod signature;
 pub mod timestamp;
 
 /// The port envd listens on inside every sandbox.

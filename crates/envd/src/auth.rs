@@ -2,12 +2,8 @@
 //!
 //! When `/init` set an access token, every route except `GET /health`, `GET /files` and
 //! `POST /files` needs `X-Access-Token` equal to it. The two `/files` routes accept either
-//! the token or a URL signature instead (so an SDK can hand out a download/upload link):
-//!
-//! `signature = "v1_" + base64_raw_std(sha256("<path>:<read|write>:<username>:<token>[:<expiration>]"))`
-//!
-//! where `path` and `username` are the query parameters exactly as sent (`username` empty
-//! when absent) and `expiration` is the optional `signature_expiration` (unix seconds).
+//! the token or a URL signature instead (so an SDK can hand out a download/upload link),
+//! the v1 signature of [`berth_envd_proto::signature`].
 //! Without a token set, nothing is checked. All comparisons are constant-time.
 
 use std::sync::Arc;
@@ -16,27 +12,10 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use base64::Engine;
 use berth_envd_proto::headers::ACCESS_TOKEN;
-use sha2::{Digest, Sha256};
+pub use berth_envd_proto::signature::{constant_time_eq, file_signature, FileOperation};
 
 use crate::state::EnvdState;
-
-/// What a signed URL grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileOperation {
-    Read,
-    Write,
-}
-
-impl FileOperation {
-    fn as_str(self) -> &'static str {
-        match self {
-            FileOperation::Read => "read",
-            FileOperation::Write => "write",
-        }
-    }
-}
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,17 +34,6 @@ pub enum AuthError {
     SignatureExpired,
 }
 
-/// Compares without an early exit, so timing does not reveal the matching prefix.
-/// (Only the length leaks, which the signature format makes public anyway.)
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    // black_box keeps the optimizer from turning the fold into an early-exit compare.
-    std::hint::black_box(diff) == 0
-}
-
 /// Whether a request carrying `presented` passes when `expected` is the token set at
 /// `/init` (`None`: no token set, everything passes).
 pub fn token_allows(expected: Option<&str>, presented: Option<&str>) -> bool {
@@ -75,26 +43,6 @@ pub fn token_allows(expected: Option<&str>, presented: Option<&str>) -> bool {
             presented.is_some_and(|p| constant_time_eq(expected.as_bytes(), p.as_bytes()))
         }
     }
-}
-
-/// The v1 signature of a file URL.
-pub fn file_signature(
-    path: &str,
-    operation: FileOperation,
-    username: &str,
-    access_token: &str,
-    expiration: Option<i64>,
-) -> String {
-    let mut message = format!("{path}:{}:{username}:{access_token}", operation.as_str());
-    if let Some(expiration) = expiration {
-        message.push(':');
-        message.push_str(&expiration.to_string());
-    }
-    let digest = Sha256::digest(message.as_bytes());
-    format!(
-        "v1_{}",
-        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
-    )
 }
 
 /// A `/files` request's credentials, as sent.
@@ -204,15 +152,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn constant_time_eq_compares_bytes() {
-        assert!(constant_time_eq(b"", b""));
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret1"));
-        assert!(!constant_time_eq(b"", b"x"));
-    }
-
-    #[test]
     fn token_allows_only_the_set_token() {
         assert!(token_allows(None, None));
         assert!(token_allows(None, Some("anything")));
@@ -220,23 +159,6 @@ mod tests {
         assert!(!token_allows(Some("tok"), None));
         assert!(!token_allows(Some("tok"), Some("")));
         assert!(!token_allows(Some("tok"), Some("tok2")));
-    }
-
-    #[test]
-    fn signature_matches_known_vector() {
-        // Computed independently: `printf %s '<message>' | sha256sum | xxd -r -p | base64`,
-        // padding dropped.
-        let sig = file_signature("/home/user/a.txt", FileOperation::Read, "user", "tok", None);
-        assert_eq!(sig, "v1_p0WqJQYCLtO6YX+e4h7VbpybRsdJbMbIw7clYpulIJk");
-        let with_exp = file_signature(
-            "/home/user/a.txt",
-            FileOperation::Write,
-            "",
-            "tok",
-            Some(1_700_000_000),
-        );
-        assert_eq!(with_exp, "v1_QdtRqpz7xKNXzcs4IguYpySRPZbSGp8b64s9hqOl+wo");
-        assert!(!sig.ends_with('='));
     }
 
     fn creds<'a>(

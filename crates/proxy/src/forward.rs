@@ -5,6 +5,7 @@ use std::io;
 use std::sync::{Arc, Mutex};
 
 use berth_envd_proto::headers::{ACCESS_TOKEN, SANDBOX_ID, SANDBOX_PORT};
+use berth_envd_proto::signature::constant_time_eq;
 use berth_envd_proto::ENVD_PORT;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -16,7 +17,10 @@ use hyper_util::rt::TokioIo;
 
 use crate::pool::{ConnectionPool, PooledBody, Sender};
 use crate::resolver::{ResolveError, Route, SandboxResolver};
-use crate::target::{is_internal_envd_route, RoutingConfig, SandboxId, Target, TargetError};
+use crate::signed::{SignatureError, SignedFileUrl};
+use crate::target::{
+    is_internal_envd_route, Addressing, RoutingConfig, SandboxId, Target, TargetError,
+};
 use tokio_util::sync::CancellationToken;
 
 /// Boxed error of streamed bodies.
@@ -59,6 +63,8 @@ pub enum ProxyError {
     EnvdAccessDenied,
     #[error("missing or invalid traffic access token (e2b-traffic-access-token)")]
     TrafficAccessDenied,
+    #[error(transparent)]
+    Signature(#[from] SignatureError),
     #[error("sandbox lookup failed: {0}")]
     Lookup(String),
     #[error("connecting to the sandbox failed: {source}")]
@@ -79,7 +85,7 @@ impl ProxyError {
             Self::NotSandboxRequest => StatusCode::NOT_FOUND,
             Self::InvalidTarget(_) => StatusCode::BAD_REQUEST,
             Self::InternalRoute { .. } | Self::TrafficAccessDenied => StatusCode::FORBIDDEN,
-            Self::EnvdAccessDenied => StatusCode::UNAUTHORIZED,
+            Self::EnvdAccessDenied | Self::Signature(_) => StatusCode::UNAUTHORIZED,
             Self::Lookup(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::SandboxNotFound { .. }
             | Self::PortNotOpen { .. }
@@ -218,14 +224,18 @@ impl Proxy {
         self.routing.classify(req)
     }
 
-    /// Classifies and forwards; errors become their JSON answers.
+    /// Classifies and forwards (signed file URLs included); errors become their JSON
+    /// answers.
     pub async fn handle<B>(&self, req: Request<B>) -> Response<ProxyBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
         match self.classify(&req) {
-            None => ProxyError::NotSandboxRequest.into_response(),
+            None => match SignedFileUrl::from_request(&req) {
+                Some(signed) => self.forward_signed(req, signed).await,
+                None => ProxyError::NotSandboxRequest.into_response(),
+            },
             Some(Err(error)) => ProxyError::from(error).into_response(),
             Some(Ok(target)) => self.forward(req, target).await,
         }
@@ -241,6 +251,46 @@ impl Proxy {
             Ok(response) => response,
             Err(error) => {
                 tracing::debug!(%error, "sandbox proxy refused or failed a request");
+                error.into_response()
+            }
+        }
+    }
+
+    /// Forwards a signed file URL that names no sandbox to the sandbox whose token signed
+    /// it (see the `signed` module); errors become their JSON answers. A signature no
+    /// sandbox signed is refused the same way whether or not any sandbox exists.
+    pub async fn forward_signed<B>(
+        &self,
+        req: Request<B>,
+        signed: Result<SignedFileUrl, SignatureError>,
+    ) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let target = async {
+            let signed = signed?;
+            let signers = self
+                .resolver
+                .file_signers()
+                .await
+                .map_err(|error| match error {
+                    ResolveError::NotFound => ProxyError::Signature(SignatureError::Invalid),
+                    ResolveError::Lookup(message) => ProxyError::Lookup(message),
+                })?;
+            let sandbox_id = signed.signer(&signers).ok_or(SignatureError::Invalid)?;
+            signed.check_expiration(unix_now())?;
+            Ok::<_, ProxyError>(Target {
+                sandbox_id,
+                port: ENVD_PORT,
+                addressing: Addressing::Signature,
+                path_and_query: signed.path_and_query,
+            })
+        };
+        match target.await {
+            Ok(target) => self.forward(req, target).await,
+            Err(error) => {
+                tracing::debug!(%error, "sandbox proxy refused a signed file URL");
                 error.into_response()
             }
         }
@@ -438,6 +488,15 @@ async fn open_connection(
     Ok(sender)
 }
 
+/// Current unix time in seconds (signature expirations are unix seconds).
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX)
+        })
+}
+
 fn empty_body() -> ProxyBody {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
@@ -484,15 +543,6 @@ fn header_matches(headers: &HeaderMap, name: &str, expected: &str) -> bool {
     headers
         .get(name)
         .is_some_and(|value| constant_time_eq(value.as_bytes(), expected.as_bytes()))
-}
-
-/// Compares without an early exit on the first differing byte, so response timing
-/// does not reveal how much of a guessed token was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn is_upgrade_request<B>(req: &Request<B>) -> bool {

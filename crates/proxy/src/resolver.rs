@@ -21,6 +21,11 @@ pub trait SandboxResolver: Send + Sync + 'static {
         &'a self,
         sandbox_id: &'a SandboxId,
     ) -> BoxFuture<'a, Result<Route, ResolveError>>;
+
+    /// Every sandbox a signed file URL may be for: the running (and auto-resumable)
+    /// sandboxes created with `secure`, each with its envd access token. The proxy
+    /// finds the one whose token signed a URL that names no sandbox.
+    fn file_signers(&self) -> BoxFuture<'_, Result<Vec<(SandboxId, String)>, ResolveError>>;
 }
 
 /// Opens TCP connections to ports inside one sandbox's network.

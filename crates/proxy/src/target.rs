@@ -60,6 +60,8 @@ pub enum Addressing {
     Host,
     /// `/proxy/<sandboxId>/<port>/…` path prefix.
     PathPrefix,
+    /// A signed `/files` URL naming no sandbox: the sandbox whose token signed it.
+    Signature,
 }
 
 /// Where a proxied request goes.
@@ -98,8 +100,10 @@ pub enum TargetError {
 /// What the proxy needs to know to recognise sandbox traffic.
 #[derive(Debug, Clone, Default)]
 pub struct RoutingConfig {
-    /// Domain of `<port>-<id>.<domain>` hosts. `None` accepts any host whose first
-    /// label has the `<port>-<id>` shape.
+    /// Domain of `<port>-<id>.<domain>` hosts, possibly with the listener's port
+    /// (`localhost:3000`: the SDKs' `get_host` appends the domain as is, so a port in it
+    /// reaches a listener that is not on 80). `None` accepts any host whose first label
+    /// has the `<port>-<id>` shape.
     pub domain: Option<String>,
 }
 
@@ -130,7 +134,7 @@ impl RoutingConfig {
         let host = strip_host_port(host);
         let (label, rest) = host.split_once('.')?;
         if let Some(domain) = &self.domain {
-            if !rest.eq_ignore_ascii_case(domain.trim_end_matches('.')) {
+            if !rest.eq_ignore_ascii_case(strip_host_port(domain).trim_end_matches('.')) {
                 return None;
             }
         }
@@ -381,6 +385,16 @@ mod tests {
         assert_eq!((target.sandbox_id.as_str(), target.port), ("iabc", 8080));
         assert_eq!(target.addressing, Addressing::Host);
         assert_eq!(target.path_and_query, "/index.html");
+
+        // A domain that carries the listener's port matches hosts with any port.
+        let with_port = routing(Some("localhost:3000"))
+            .classify(&request("/", &[("host", "8080-iabc.localhost:3000")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (with_port.sandbox_id.as_str(), with_port.port),
+            ("iabc", 8080)
+        );
 
         let other_domain = request("/", &[("host", "8080-iabc.elsewhere.test")]);
         assert_eq!(routing(Some("berth.test")).classify(&other_domain), None);

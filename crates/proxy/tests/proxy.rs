@@ -453,3 +453,62 @@ async fn a_body_abandoned_midway_does_not_poison_the_pool() {
     assert_eq!(echoed["body"], "after");
     assert_eq!(harness.connects.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn signed_file_urls_reach_the_sandbox_whose_token_signed_them() {
+    use berth_envd_proto::signature::{file_signature, FileOperation};
+
+    let harness = common::start().await;
+    let mut client = http1_client(harness.front).await;
+    let token = SECURE_SANDBOX.envd_access_token.unwrap();
+    let encode = |signature: &str| signature.replace('+', "%2B").replace('/', "%2F");
+    let signed = file_signature("/home/user/a b", FileOperation::Read, "", token, None);
+    let uri = format!(
+        "/files?path=%2Fhome%2Fuser%2Fa%20b&signature={}",
+        encode(&signed)
+    );
+    // No sandbox id anywhere: not in the host, the path or a header.
+    let request = Request::get(&uri)
+        .header("host", "127.0.0.1")
+        .body(full_body(""))
+        .unwrap();
+    let (status, echoed) = json_of(client.send_request(request).await.unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "{echoed}");
+    assert_eq!(echoed["uri"], uri.as_str());
+
+    let mut refusals = Vec::new();
+    for uri in [
+        // Forged, and signed for another path (a write of the signed path follows).
+        "/files?path=x&signature=v1_forged".to_owned(),
+        uri.replace("a%20b", "c"),
+    ] {
+        let request = Request::get(&uri)
+            .header("host", "127.0.0.1")
+            .body(full_body(""))
+            .unwrap();
+        refusals.push(json_of(client.send_request(request).await.unwrap()).await);
+    }
+    let request = Request::post(&uri)
+        .header("host", "127.0.0.1")
+        .body(full_body(""))
+        .unwrap();
+    refusals.push(json_of(client.send_request(request).await.unwrap()).await);
+    for (status, json) in &refusals {
+        assert_eq!(*status, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            *json,
+            serde_json::json!({"code": 401, "message": "Invalid signature"})
+        );
+    }
+    let expired = file_signature("/a", FileOperation::Read, "", token, Some(1));
+    let request = Request::get(format!(
+        "/files?path=/a&signature={}&signature_expiration=1",
+        encode(&expired)
+    ))
+    .header("host", "127.0.0.1")
+    .body(full_body(""))
+    .unwrap();
+    let (status, json) = json_of(client.send_request(request).await.unwrap()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(json["message"], "Signature is already expired");
+}

@@ -22,8 +22,12 @@ pub fn to_api(event: &EventRecord) -> SandboxEvent {
         event_type: event.event_type.clone(),
         event_data: event.data.clone(),
         sandbox_build_id: event.build_id.clone(),
-        // berth keeps no execution ids (E2B starts a new one at each resume): the sandbox id.
-        sandbox_execution_id: event.sandbox_id.clone(),
+        // Events stored before execution ids were kept name the sandbox instead.
+        sandbox_execution_id: if event.execution_id.is_empty() {
+            event.sandbox_id.clone()
+        } else {
+            event.execution_id.clone()
+        },
         sandbox_id: event.sandbox_id.clone(),
         sandbox_team_id: event.team_id.clone(),
         sandbox_template_id: event.template_id.clone(),
@@ -48,6 +52,7 @@ pub fn record(
         event_type: event_type.to_string(),
         data,
         timestamp: OffsetDateTime::now_utc(),
+        execution_id: sandbox.execution_id.clone(),
     };
     let render = |event: &EventRecord| {
         serde_json::to_string(&to_api(event)).unwrap_or_else(|_| String::from("{}"))

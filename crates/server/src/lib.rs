@@ -224,7 +224,8 @@ impl Server {
     }
 
     /// The API router with the sandbox proxy in front of it: requests addressed to a
-    /// sandbox (headers, `<port>-<id>.` host, `/proxy/<id>/<port>/` path) are forwarded,
+    /// sandbox (headers, `<port>-<id>.` host, `/proxy/<id>/<port>/` path, or a signed
+    /// `/files` URL's signature) are forwarded,
     /// everything else is the API.
     pub fn router(&self) -> axum::Router {
         self.router_with(axum::Router::new())
@@ -253,7 +254,13 @@ impl Server {
                             Some(Err(error)) => berth_proxy::ProxyError::from(error)
                                 .into_response()
                                 .map(axum::body::Body::new),
-                            None => next.run(request).await,
+                            None => match berth_proxy::SignedFileUrl::from_request(&request) {
+                                Some(signed) => proxy
+                                    .forward_signed(request, signed)
+                                    .await
+                                    .map(axum::body::Body::new),
+                                None => next.run(request).await,
+                            },
                         }
                     }
                 },

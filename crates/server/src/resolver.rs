@@ -87,4 +87,29 @@ impl SandboxResolver for StoreResolver {
             })
         })
     }
+
+    fn file_signers(&self) -> BoxFuture<'_, Result<Vec<(SandboxId, String)>, ResolveError>> {
+        Box::pin(async move {
+            let store = &self.state.store;
+            let lookup = |err: berth_store::StoreError| ResolveError::Lookup(err.to_string());
+            let running = store.all_running_sandboxes().map_err(lookup)?;
+            // Paused sandboxes traffic may wake (see `resolve`) keep their links working.
+            let resumable = store
+                .all_paused_sandboxes()
+                .map_err(lookup)?
+                .into_iter()
+                .filter(|sandbox| {
+                    sandbox.lifecycle.auto_resume
+                        && matches!(sandbox.status, SandboxStatus::Paused { memory: true })
+                });
+            Ok(running
+                .into_iter()
+                .chain(resumable)
+                .filter_map(|sandbox| {
+                    let token = sandbox.envd_access_token?;
+                    Some((SandboxId::parse(&sandbox.id).ok()?, token))
+                })
+                .collect())
+        })
+    }
 }

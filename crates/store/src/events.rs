@@ -19,6 +19,9 @@ pub struct EventRecord {
     pub event_type: String,
     pub data: Option<serde_json::Value>,
     pub timestamp: OffsetDateTime,
+    /// The sandbox's execution the event happened in (empty for rows from before
+    /// execution ids were kept).
+    pub execution_id: String,
 }
 
 /// A webhook registration, secret included (for signing; never sent to clients).
@@ -56,7 +59,7 @@ pub struct PendingDelivery {
 }
 
 const EVENT_COLUMNS: &str =
-    "id, team_id, sandbox_id, template_id, build_id, event_type, data, timestamp_ms";
+    "id, team_id, sandbox_id, template_id, build_id, event_type, data, timestamp_ms, execution_id";
 
 const WEBHOOK_COLUMNS: &str = "id, team_id, name, url, enabled, events, secret, created_at_ms";
 
@@ -71,6 +74,7 @@ fn event_from_row(row: &Row<'_>) -> Result<EventRecord> {
         event_type: c.get("event_type")?,
         data: c.json_opt("data")?,
         timestamp: c.time("timestamp_ms")?,
+        execution_id: c.get("execution_id")?,
     })
 }
 
@@ -117,7 +121,7 @@ impl Store {
         execute(
             &tx,
             &format!(
-                "INSERT INTO events ({EVENT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                "INSERT INTO events ({EVENT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             ),
             params![
                 event.id,
@@ -127,7 +131,8 @@ impl Store {
                 event.build_id,
                 event.event_type,
                 event.data.as_ref().map(|d| d.to_string()),
-                to_ms(event.timestamp)
+                to_ms(event.timestamp),
+                event.execution_id
             ],
         )?;
         let hooks = query_all(

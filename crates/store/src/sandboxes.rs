@@ -97,6 +97,9 @@ pub struct SandboxRecord {
     pub traffic_access_token: Option<String>,
     /// Volumes mounted, in mount order; fixed at create.
     pub volume_mounts: Vec<crate::VolumeMountRecord>,
+    /// The current execution (E2B's `sandboxExecutionId`): new at create and at every
+    /// resume; empty for rows written before execution ids existed.
+    pub execution_id: String,
 }
 
 /// Filters of a sandbox listing.
@@ -153,7 +156,7 @@ pub struct SandboxPage {
 const SANDBOX_COLUMNS: &str = "id, team_id, template_id, alias, build_id, cpu_count, memory_mb, \
      disk_size_mb, metadata, envd_version, envd_access_token, allow_internet_access, \
      started_at_ms, end_at_ms, status, paused_memory, env_vars, timeout_secs, auto_pause, \
-     auto_pause_memory, auto_resume, network, traffic_access_token, volume_mounts";
+     auto_pause_memory, auto_resume, network, traffic_access_token, volume_mounts, execution_id";
 
 /// Live rows: the states [`SandboxStatus::Running`] and [`SandboxStatus::Paused`].
 const LIVE: &str = "status IN ('running', 'paused')";
@@ -196,6 +199,7 @@ fn sandbox_from_row(row: &Row<'_>) -> Result<SandboxRecord> {
         network: c.json_opt("network")?,
         traffic_access_token: c.get("traffic_access_token")?,
         volume_mounts: c.json("volume_mounts")?,
+        execution_id: c.get("execution_id")?,
     })
 }
 
@@ -281,7 +285,7 @@ impl Store {
             &format!(
                 "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-                 ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
+                 ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"
             ),
             params![
                 sandbox.id,
@@ -313,6 +317,7 @@ impl Store {
                         source: err,
                     }
                 })?,
+                sandbox.execution_id,
             ],
         )?;
         for (position, mount) in sandbox.volume_mounts.iter().enumerate() {
@@ -507,13 +512,19 @@ impl Store {
         Ok(changed == 1)
     }
 
-    /// Mark a paused sandbox running again until `end_at`. False when it was not paused.
-    pub fn mark_resumed(&self, id: &str, end_at: OffsetDateTime) -> Result<bool> {
+    /// Mark a paused sandbox running again until `end_at`, in its new execution
+    /// `execution_id`. False when it was not paused.
+    pub fn mark_resumed(
+        &self,
+        id: &str,
+        end_at: OffsetDateTime,
+        execution_id: &str,
+    ) -> Result<bool> {
         let changed = execute(
             &self.conn(),
-            "UPDATE sandboxes SET status = 'running', paused_memory = NULL, end_at_ms = ?1 \
-             WHERE id = ?2 AND status = 'paused'",
-            params![to_ms(end_at), id],
+            "UPDATE sandboxes SET status = 'running', paused_memory = NULL, end_at_ms = ?1, \
+             execution_id = ?3 WHERE id = ?2 AND status = 'paused'",
+            params![to_ms(end_at), id, execution_id],
         )?;
         Ok(changed == 1)
     }

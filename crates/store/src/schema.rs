@@ -239,6 +239,13 @@ CREATE TABLE template_tags (
     PRIMARY KEY (template_id, tag)
 );
 "#,
+    // Execution ids: E2B starts a new one each time a sandbox starts or resumes, and
+    // every event names the execution it happened in. Rows from before have none
+    // (reported as the sandbox id).
+    r#"
+ALTER TABLE sandboxes ADD COLUMN execution_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN execution_id TEXT NOT NULL DEFAULT '';
+"#,
 ];
 
 /// The schema version this berth writes.

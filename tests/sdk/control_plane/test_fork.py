@@ -38,10 +38,13 @@ def test_snapshot_then_three_sandboxes_from_it(berth: Berth, api: httpx.Client, 
     name = f"snap-{secrets.token_hex(4)}"
 
     info = source.create_snapshot(name=name)
-    assert info.snapshot_id == name
+    # E2B's full name: the team's namespace, the name, the default tag.
+    namespace, _, rest = info.snapshot_id.partition("/")
+    assert namespace and rest == f"{name}:default", info.snapshot_id
+    assert info.names == [info.snapshot_id]
     assert ask_holder(source, 8000) == (secret, hits + 1), "the source keeps running"
     listed = api.get("/snapshots", params={"sandboxID": source.sandbox_id}).json()
-    assert [s["snapshotID"] for s in listed] == [name]
+    assert [s["snapshotID"] for s in listed] == [info.snapshot_id]
     types = [e["type"] for e in api.get(f"/events/sandboxes/{source.sandbox_id}").json()]
     assert "sandbox.lifecycle.checkpointed" in types
 

@@ -15,7 +15,7 @@ use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use super::{authorize, blocking, defaults, request_user, FilesQuery, HttpError};
@@ -27,6 +27,39 @@ use crate::users::resolve_path;
 const READ_CHUNK_BYTES: u64 = 256 * 1024;
 /// Chunks read ahead of the network.
 const READ_AHEAD_CHUNKS: usize = 4;
+
+/// Most a file whose size `stat` cannot tell may hold: procfs files report 0 and sysfs
+/// files a page whatever they hold, so both are read to their end instead (they are
+/// small); a device that never ends (`/dev/zero`) is refused past this.
+const UNSIZED_MAX_BYTES: usize = 16 << 20;
+
+/// Filesystems whose `stat` sizes say nothing about the content (linux/magic.h):
+/// proc, sysfs, cgroup, cgroup2, debugfs, tracefs, securityfs.
+const PSEUDO_FS_MAGICS: [i64; 7] = [
+    0x9fa0,
+    0x6265_6572,
+    0x0027_e0eb,
+    0x6367_7270,
+    0x6462_6720,
+    0x7472_6163,
+    0x7363_6673,
+];
+
+/// Whether `file`'s `stat` size cannot be trusted: 0 bytes, or on a pseudo filesystem.
+fn size_is_unknown(file: &std::fs::File, size: u64) -> bool {
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets.
+    let pseudo = rustix::fs::fstatfs(file)
+        .is_ok_and(|stat| PSEUDO_FS_MAGICS.contains(&(stat.f_type as i64)));
+    size == 0 || pseudo
+}
+
+/// What a download sends: an open file of known size, or the content of a file whose
+/// size `stat` cannot tell (procfs, sysfs), read up front so length, ranges and gzip
+/// all see the real bytes.
+enum Source {
+    File(std::fs::File),
+    Read(Bytes),
+}
 
 /// How the response body is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +176,7 @@ pub async fn get_file(
             .get(header::ACCEPT_ENCODING)
             .and_then(|v| v.to_str().ok()),
     )?;
-    let (file, size) = {
+    let (source, size) = {
         let path = path.clone();
         blocking(move || open_for_download(&path)).await?
     };
@@ -179,7 +212,15 @@ pub async fn get_file(
         encoding
     };
     let (start, len) = range.map_or((0, size), |r| (r.start, r.end - r.start + 1));
-    let chunks = read_chunks(file, path, start, len);
+    let chunks = match source {
+        Source::File(file) => read_chunks(file, path, start, len).boxed(),
+        Source::Read(content) => {
+            let part = usize::try_from(start).map_or(Bytes::new(), |start| {
+                content.slice(start..start + usize::try_from(len).unwrap_or(0))
+            });
+            futures::stream::once(std::future::ready(Ok(part))).boxed()
+        }
+    };
     let mut response = match encoding {
         ResponseEncoding::Identity => {
             let mut response = Response::new(Body::from_stream(chunks));
@@ -273,7 +314,7 @@ pub fn parse_range(header: &str, size: u64) -> RangeRequest {
     RangeRequest::Satisfiable(ByteRange { start, end })
 }
 
-fn open_for_download(path: &Path) -> Result<(std::fs::File, u64), HttpError> {
+fn open_for_download(path: &Path) -> Result<(Source, u64), HttpError> {
     let meta = std::fs::metadata(path).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
             HttpError::new(
@@ -292,7 +333,22 @@ fn open_for_download(path: &Path) -> Result<(std::fs::File, u64), HttpError> {
     }
     let file =
         std::fs::File::open(path).map_err(|e| HttpError::io("error opening file", path, &e))?;
-    Ok((file, meta.len()))
+    if !size_is_unknown(&file, meta.len()) {
+        return Ok((Source::File(file), meta.len()));
+    }
+    let mut content = Vec::new();
+    file.take(UNSIZED_MAX_BYTES as u64 + 1)
+        .read_to_end(&mut content)
+        .map_err(|e| HttpError::io("error reading file", path, &e))?;
+    if content.len() > UNSIZED_MAX_BYTES {
+        return Err(HttpError::bad_request(format!(
+            "'{}' reports no size and holds more than {} MiB: not a file to download",
+            path.display(),
+            UNSIZED_MAX_BYTES >> 20
+        )));
+    }
+    let size = content.len() as u64;
+    Ok((Source::Read(Bytes::from(content)), size))
 }
 
 /// `len` bytes of the file from `start`, read by a blocking thread. A read error ends
@@ -407,6 +463,64 @@ mod tests {
         let response = send(&sb, get("/files?path=empty")).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert!(body_bytes(response).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn procfs_files_of_size_zero_are_read_to_their_end() {
+        let sb = Sandbox::new("down-proc");
+        let expected = std::fs::read("/proc/self/mounts").unwrap();
+        assert!(std::fs::metadata("/proc/self/mounts").unwrap().len() == 0);
+        // The content is the reading process's: compare a stable prefix.
+        let prefix = &expected[..expected.iter().position(|b| *b == b'\n').unwrap()];
+        let response = send(&sb, get("/files?path=/proc/self/mounts")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let length: usize = response.headers()["content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let plain = body_bytes(response).await;
+        assert_eq!(plain.len(), length);
+        assert!(plain.starts_with(prefix));
+
+        let mut request = get("/files?path=/proc/version");
+        request
+            .headers_mut()
+            .insert("accept-encoding", "gzip".parse().unwrap());
+        let response = send(&sb, request).await;
+        assert_eq!(response.headers()["content-encoding"], "gzip");
+        let mut unzipped = Vec::new();
+        flate2::read::GzDecoder::new(&body_bytes(response).await[..])
+            .read_to_end(&mut unzipped)
+            .unwrap();
+        let version = std::fs::read("/proc/version").unwrap();
+        assert_eq!(unzipped, version);
+
+        let mut request = get("/files?path=/proc/version");
+        request
+            .headers_mut()
+            .insert("range", "bytes=0-5".parse().unwrap());
+        let response = send(&sb, request).await;
+        assert_eq!(response.status(), StatusCode::PARTIAL_CONTENT);
+        assert_eq!(
+            response.headers()["content-range"],
+            format!("bytes 0-5/{}", version.len()).as_str()
+        );
+        assert_eq!(body_bytes(response).await, &version[..6]);
+
+        // sysfs says 4096 bytes for a file of a few.
+        let sysfs = "/sys/kernel/mm/transparent_hugepage/enabled";
+        if let Ok(content) = std::fs::read(sysfs) {
+            let response = send(&sb, get(&format!("/files?path={sysfs}"))).await;
+            assert_eq!(
+                response.headers()["content-length"],
+                content.len().to_string().as_str()
+            );
+            assert_eq!(body_bytes(response).await, content);
+        }
+
+        let response = send(&sb, get("/files?path=/dev/zero")).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     }
 
     #[test]

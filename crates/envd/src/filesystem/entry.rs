@@ -1,6 +1,8 @@
 //! `EntryInfo` of a path, as E2B's envd fills it.
 //!
-//! - `type`: file, directory, symlink (for a link itself), else unspecified.
+//! - `type`: file, directory, else unspecified; for a symlink, the type of what it
+//!   finally points at (unspecified when that is missing), as E2B's envd reports it —
+//!   `symlink_target` being set is what marks the entry as a link.
 //! - `mode`: the permission bits (`0o777` part) of the entry, or of a symlink's target
 //!   (0 when the target is missing), like Go's `FileMode.Perm()`.
 //! - `permissions`: Go's `FileMode.String()` of the entry itself, e.g. `-rw-r--r--`,
@@ -74,6 +76,16 @@ fn timestamp(seconds: i64, nanos: i64) -> Timestamp {
     }
 }
 
+fn kind_of(file_type: std::fs::FileType) -> FileType {
+    if file_type.is_dir() {
+        FileType::Directory
+    } else if file_type.is_file() {
+        FileType::File
+    } else {
+        FileType::Unspecified
+    }
+}
+
 /// The `EntryInfo` of `path` (not following a final symlink). `path` is reported as
 /// given, so callers pass the path the client asked about.
 pub fn entry_info(path: &Path, names: &IdNames) -> io::Result<EntryInfo> {
@@ -81,18 +93,17 @@ pub fn entry_info(path: &Path, names: &IdNames) -> io::Result<EntryInfo> {
     let file_type = meta.file_type();
     let (entry_type, mode, symlink_target) = if file_type.is_symlink() {
         let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-        let target_mode = std::fs::metadata(path).map_or(0, |m| m.mode() & 0o777);
+        let (target_type, target_mode) = match std::fs::metadata(path) {
+            Ok(target) => (kind_of(target.file_type()), target.mode() & 0o777),
+            Err(_) => (FileType::Unspecified, 0),
+        };
         (
-            FileType::Symlink,
+            target_type,
             target_mode,
             Some(target.to_string_lossy().into_owned()),
         )
-    } else if file_type.is_dir() {
-        (FileType::Directory, meta.mode() & 0o777, None)
-    } else if file_type.is_file() {
-        (FileType::File, meta.mode() & 0o777, None)
     } else {
-        (FileType::Unspecified, meta.mode() & 0o777, None)
+        (kind_of(file_type), meta.mode() & 0o777, None)
     };
     let name = match path.file_name() {
         Some(name) => name.to_string_lossy().into_owned(),
@@ -159,6 +170,7 @@ mod tests {
             .unwrap();
         std::os::unix::fs::symlink(&file, dir.join("link")).unwrap();
         std::os::unix::fs::symlink(dir.join("gone"), dir.join("broken")).unwrap();
+        std::os::unix::fs::symlink(dir.join("sub"), dir.join("dirlink")).unwrap();
         let names = IdNames::default();
         let uid = rustix::process::geteuid().as_raw().to_string();
 
@@ -178,7 +190,7 @@ mod tests {
         assert!(sub.permissions.starts_with('d'));
 
         let link = entry_info(&dir.join("link"), &names).unwrap();
-        assert_eq!(link.r#type, FileType::Symlink as i32);
+        assert_eq!(link.r#type, FileType::File as i32);
         assert_eq!(link.mode, 0o640);
         assert_eq!(link.permissions, "Lrwxrwxrwx");
         assert_eq!(
@@ -186,8 +198,13 @@ mod tests {
             Some(std::fs::canonicalize(&file).unwrap().to_str().unwrap())
         );
 
+        let dir_link = entry_info(&dir.join("dirlink"), &names).unwrap();
+        assert_eq!(dir_link.r#type, FileType::Directory as i32);
+        assert_eq!(dir_link.permissions, "Lrwxrwxrwx");
+        assert!(dir_link.symlink_target.unwrap().ends_with("/sub"));
+
         let broken = entry_info(&dir.join("broken"), &names).unwrap();
-        assert_eq!(broken.r#type, FileType::Symlink as i32);
+        assert_eq!(broken.r#type, FileType::Unspecified as i32);
         assert_eq!(broken.mode, 0);
         assert_eq!(
             broken.symlink_target.as_deref(),

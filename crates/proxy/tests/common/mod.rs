@@ -122,6 +122,19 @@ impl SandboxResolver for Resolver {
             })
         })
     }
+
+    fn file_signers(&self) -> BoxFuture<'_, Result<Vec<(SandboxId, String)>, ResolveError>> {
+        Box::pin(async move {
+            Ok(self
+                .sandboxes
+                .iter()
+                .filter_map(|known| {
+                    let token = known.envd_access_token?;
+                    Some((SandboxId::parse(known.id).ok()?, token.to_owned()))
+                })
+                .collect())
+        })
+    }
 }
 
 pub async fn start() -> Harness {
@@ -130,6 +143,7 @@ pub async fn start() -> Harness {
         .route("/stream", get(stream))
         .route("/upload", post(upload))
         .route("/echo", any(echo))
+        .route("/files", any(echo))
         .route("/ws", get(websocket))
         .route("/init", any(internal))
         .route("/close", get(closing))

@@ -10,7 +10,7 @@ use berth_api::{
     ApiError, ConnectSandbox, ConnectSandboxV2, ListedSandbox, LogLevel, NewSandbox,
     ResumedSandbox, Sandbox, SandboxDetail, SandboxLog, SandboxLogEntry, SandboxLogs,
     SandboxLogsV2Response, SandboxMetric, SandboxPauseRequest, SandboxRefreshRequest, SandboxState,
-    SandboxTimeoutRequest, SandboxesWithMetrics, StringMap, CLIENT_ID,
+    SandboxTimeoutRequest, SandboxesWithMetrics, CLIENT_ID,
 };
 use berth_store::{
     Lifecycle, MetricSample, SandboxFilter, SandboxRecord, SandboxStatus, StateFilter,
@@ -819,11 +819,26 @@ pub async fn logs_v1(
             .iter()
             .map(|l| SandboxLog {
                 timestamp: ms_to_time(l.timestamp_ms),
-                line: l.message.clone(),
+                line: structured_line(l),
             })
             .collect(),
         log_entries: lines.iter().map(entry).collect(),
     }))
+}
+
+/// Who writes berth's sandbox log lines (E2B's loggers are envd's services, e.g.
+/// `processSvc`; these lines are the control plane's).
+const LOGGER: &str = "berth";
+
+/// A log line as E2B emits it in the legacy `logs[].line`: a JSON object with `level`,
+/// `logger` and `msg`, which the E2B CLI's `sandbox logs` parses.
+fn structured_line(line: &berth_store::LogRecord) -> String {
+    serde_json::json!({
+        "level": line.level.as_str(),
+        "logger": LOGGER,
+        "msg": line.message,
+    })
+    .to_string()
 }
 
 fn entry(line: &berth_store::LogRecord) -> SandboxLogEntry {
@@ -831,7 +846,7 @@ fn entry(line: &berth_store::LogRecord) -> SandboxLogEntry {
         timestamp: ms_to_time(line.timestamp_ms),
         message: line.message.clone(),
         level: line.level,
-        fields: StringMap::new(),
+        fields: [("logger".to_owned(), LOGGER.to_owned())].into(),
     }
 }
 

@@ -18,18 +18,26 @@ use super::validate_timeout;
 use crate::auth::Caller;
 use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery, OptionalJson};
-use crate::{sandboxes, SharedState};
+use crate::{sandboxes, templates, SharedState};
 
 /// Default time to live of a fork, in seconds (the SDKs' default timeout).
 const DEFAULT_FORK_TIMEOUT: i64 = 300;
 const MAX_FORKS: i64 = 100;
 const MAX_NAME_LEN: usize = 128;
 
-fn snapshot_info(record: &SnapshotRecord) -> SnapshotInfo {
+/// E2B's answer for a snapshot: its full name, namespaced by the caller's team.
+fn snapshot_info(caller: &Caller, record: &SnapshotRecord) -> SnapshotInfo {
+    let full_name =
+        templates::snapshot_full_name(&templates::team_slug(&caller.team.name), &record.name);
     SnapshotInfo {
-        snapshot_id: record.name.clone(),
-        names: vec![record.name.clone()],
+        snapshot_id: full_name.clone(),
+        names: vec![full_name],
     }
+}
+
+/// The caller's own snapshot name in `reference` (see `templates::snapshot_name`).
+fn own_snapshot_name<'a>(caller: &Caller, reference: &'a str) -> Option<&'a str> {
+    templates::snapshot_name(reference, &templates::team_slug(&caller.team.name))
 }
 
 /// The caller's live sandbox `id` (404 otherwise), before any work is done.
@@ -127,7 +135,7 @@ pub async fn create_snapshot(
     check_owner(&state, &caller, &id)?;
     let memory = body.memory.unwrap_or(true);
     let record = sandboxes::snapshot(&state, &id, name, memory).await?;
-    Ok((StatusCode::CREATED, Json(snapshot_info(&record))).into_response())
+    Ok((StatusCode::CREATED, Json(snapshot_info(&caller, &record))).into_response())
 }
 
 /// Query of `GET /snapshots`.
@@ -166,10 +174,15 @@ pub async fn list_snapshots(
             ApiError::BadRequest(format!("limit must be between 1 and 100, got {limit}")).into(),
         );
     }
+    // A name of another namespace matches none of the caller's snapshots.
+    let name = query
+        .name
+        .as_deref()
+        .map(|name| own_snapshot_name(&caller, name).unwrap_or(name));
     let (page, next) = state.store.list_snapshots(
         &caller.team.id,
         query.sandbox_id.as_deref(),
-        query.name.as_deref(),
+        name,
         limit as usize,
         query.next_token.as_deref(),
     )?;
@@ -177,7 +190,10 @@ pub async fn list_snapshots(
     if let Some(value) = next.and_then(|token| HeaderValue::from_str(&token).ok()) {
         headers.insert("x-next-token", value);
     }
-    let body: Vec<SnapshotInfo> = page.iter().map(snapshot_info).collect();
+    let body: Vec<SnapshotInfo> = page
+        .iter()
+        .map(|record| snapshot_info(&caller, record))
+        .collect();
     Ok((headers, Json(body)).into_response())
 }
 
@@ -198,8 +214,12 @@ pub async fn delete_template(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, HttpError> {
-    if state.store.snapshot(&caller.team.id, &id)?.is_some() {
-        sandboxes::delete_snapshot(&state, &caller.team.id, &id).await?;
+    let snapshot = match own_snapshot_name(&caller, &id) {
+        Some(name) => state.store.snapshot(&caller.team.id, name)?,
+        None => None,
+    };
+    if let Some(snapshot) = snapshot {
+        sandboxes::delete_snapshot(&state, &caller.team.id, &snapshot.name).await?;
     } else {
         crate::templates::delete(&state, &caller.team, &id).await?;
     }

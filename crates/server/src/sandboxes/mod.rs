@@ -139,7 +139,13 @@ pub async fn create(
     state: &Arc<AppState>,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ServiceError> {
-    if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
+    let team_slug =
+        crate::templates::team_slug(&crate::templates::team(state, &request.team_id)?.name);
+    let snapshot = match crate::templates::snapshot_name(&request.template, &team_slug) {
+        Some(name) => state.store.snapshot(&request.team_id, name)?,
+        None => None,
+    };
+    if let Some(snapshot) = snapshot {
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
     let template =

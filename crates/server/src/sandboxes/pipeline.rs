@@ -292,6 +292,7 @@ fn record(
                     .and_then(|policy| serde_json::to_value(policy).ok()),
                 traffic_access_token: row.traffic_access_token.clone(),
                 volume_mounts: row.volume_mounts.clone(),
+                execution_id: new_execution_id(),
             };
             state.store.insert_sandbox(&record)?;
             Ok(record)
@@ -301,13 +302,20 @@ fn record(
             timeout_secs,
         } => {
             let end_at = now + time::Duration::seconds(*timeout_secs);
-            state.store.mark_resumed(&plan.id, end_at)?;
+            let execution_id = new_execution_id();
+            state.store.mark_resumed(&plan.id, end_at, &execution_id)?;
             let mut record = (**record).clone();
             record.status = SandboxStatus::Running;
             record.end_at = end_at;
+            record.execution_id = execution_id;
             Ok(record)
         }
     }
+}
+
+/// A new execution id (a UUID, as E2B's are): each start and resume is one execution.
+pub(crate) fn new_execution_id() -> String {
+    uuid::Uuid::new_v4().to_string()
 }
 
 /// The event stage: log line, lifecycle event, reaper and metrics told.

@@ -45,7 +45,8 @@ pub async fn recover(state: &Arc<AppState>) -> Result<(), ServiceError> {
         if alive.contains(&row.id) {
             // A crash between the runtime's resume and the store's record of it.
             let end_at = OffsetDateTime::now_utc() + time::Duration::seconds(row.timeout_secs);
-            state.store.mark_resumed(&row.id, end_at)?;
+            let execution_id = super::pipeline::new_execution_id();
+            state.store.mark_resumed(&row.id, end_at, &execution_id)?;
         } else if !paused.contains(&row.id) && state.store.mark_killed(&row.id)? {
             log(
                 state,

@@ -41,7 +41,10 @@ use crate::error::ServiceError;
 use crate::sandboxes::{build_id as installed_build_id, load_template};
 use crate::{AppState, SandboxResources, ENVD_VERSION};
 
-pub use names::{parse_name, team_slug, validate_tags, NameError, TemplateName};
+pub use names::{
+    parse_name, snapshot_full_name, snapshot_name, team_slug, validate_tags, NameError,
+    TemplateName,
+};
 pub(crate) use uploads::{upload_handler, upload_url, UPLOAD_ROUTE};
 
 /// Longest one blocking wait of a build watcher.

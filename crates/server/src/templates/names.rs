@@ -151,9 +151,48 @@ pub fn team_slug(team_name: &str) -> String {
     }
 }
 
+/// A snapshot's full name as E2B reports it (`snapshotID`, `names`): the team's
+/// namespace, the name, the default tag — `team-slug/ready:default` — so two teams can
+/// each have a snapshot `ready`.
+pub fn snapshot_full_name(team_slug: &str, name: &str) -> String {
+    format!("{team_slug}/{name}:{DEFAULT_TAG}")
+}
+
+/// The snapshot name `reference` means for the team of `team_slug`: the full name, or
+/// the name with either part left out (`ready`, `ready:default`, `team-slug/ready`).
+/// `None` when it names another namespace or another tag (snapshots have only one).
+pub fn snapshot_name<'a>(reference: &'a str, team_slug: &str) -> Option<&'a str> {
+    let reference = reference.trim();
+    let name = match reference.split_once('/') {
+        Some((namespace, rest)) if namespace.eq_ignore_ascii_case(team_slug) => rest,
+        Some(_) => return None,
+        None => reference,
+    };
+    match name.rsplit_once(':') {
+        Some((bare, tag)) if tag.eq_ignore_ascii_case(DEFAULT_TAG) => Some(bare),
+        Some(_) => None,
+        None => Some(name),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_names_are_namespaced_per_team() {
+        assert_eq!(snapshot_full_name("acme", "ready"), "acme/ready:default");
+        for reference in ["ready", "ready:default", "acme/ready", "acme/ready:default"] {
+            assert_eq!(
+                snapshot_name(reference, "acme"),
+                Some("ready"),
+                "{reference}"
+            );
+        }
+        assert_eq!(snapshot_name("other/ready:default", "acme"), None);
+        assert_eq!(snapshot_name("ready:v2", "acme"), None);
+        assert_eq!(snapshot_name("My.Snap", "acme"), Some("My.Snap"));
+    }
 
     #[test]
     fn names_parse_like_e2b() {

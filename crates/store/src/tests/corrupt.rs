@@ -247,6 +247,7 @@ fn corrupt_webhook_events_and_event_data_are_errors() {
         event_type: "sandbox.lifecycle.created".into(),
         data: Some(serde_json::json!({"a": 1})),
         timestamp: now(),
+        execution_id: "x1".into(),
     };
     store.record_event(&event, |e| e.id.clone()).unwrap();
     let conn = raw(&dir);

@@ -23,6 +23,7 @@ fn event(id: &str, team: &str, kind: &str) -> EventRecord {
         event_type: format!("sandbox.lifecycle.{kind}"),
         data: Some(serde_json::json!({ "n": id })),
         timestamp: now(),
+        execution_id: format!("exec-{id}"),
     }
 }
 

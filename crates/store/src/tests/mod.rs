@@ -54,6 +54,7 @@ fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
         network: None,
         traffic_access_token: None,
         volume_mounts: Vec::new(),
+        execution_id: format!("exec-{id}"),
     }
 }
 

@@ -473,18 +473,16 @@ fn pause_and_resume_move_between_live_states_once() {
     assert_eq!(page.sandboxes.len(), 1);
     assert_eq!(page.total, 0, "the total counts running sandboxes only");
 
-    assert!(store.mark_resumed("ip0", at(5_000)).unwrap());
+    assert!(store.mark_resumed("ip0", at(5_000), "exec-2").unwrap());
     assert!(
-        !store.mark_resumed("ip0", at(5_000)).unwrap(),
+        !store.mark_resumed("ip0", at(5_000), "exec-2").unwrap(),
         "already running"
     );
+    let resumed = store.running_sandbox(&team.id, "ip0").unwrap().unwrap();
+    assert_eq!(resumed.end_at, at(5_000));
     assert_eq!(
-        store
-            .running_sandbox(&team.id, "ip0")
-            .unwrap()
-            .unwrap()
-            .end_at,
-        at(5_000)
+        resumed.execution_id, "exec-2",
+        "a resume starts a new execution"
     );
     assert!(store.mark_paused("ip0", true).unwrap());
     assert!(

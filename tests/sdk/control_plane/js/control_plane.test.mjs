@@ -248,3 +248,45 @@ test('network policy at create and updated live', async () => {
   assert.equal(await reach(allowed), false)
   assert.equal(await reach(other), true)
 })
+
+test('getHost URLs resolve and reach the sandbox; signed file URLs need no sandbox id', async () => {
+  const sandbox = await createSandbox({ timeoutMs: 300_000, secure: true })
+  const port = new URL(process.env.E2B_API_URL).port
+  const host = sandbox.getHost(8000)
+  assert.equal(host, `8000-${sandbox.sandboxId}.localhost:${port}`)
+
+  await sandbox.files.write('/home/user/site/index.html', 'reached from node')
+  await sandbox.commands.run('cd /home/user/site && python3 -m http.server 8000', { background: true })
+  await until(async () => {
+    try {
+      return (await fetch(`http://${host}/index.html`)).ok
+    } catch {
+      return false
+    }
+  }, 'the sandbox web server through getHost')
+  assert.equal(await (await fetch(`http://${host}/index.html`)).text(), 'reached from node')
+
+  const url = await sandbox.downloadUrl('/home/user/site/index.html', { useSignatureExpiration: 60 })
+  assert.ok(url.startsWith(`${process.env.E2B_SANDBOX_URL}/files?`), url)
+  assert.ok(!url.includes(sandbox.sandboxId))
+  const answer = await fetch(url)
+  assert.equal(answer.status, 200)
+  assert.equal(await answer.text(), 'reached from node')
+  const forged = await fetch(url.replace(/signature=[^&]+/, 'signature=v1_forged'))
+  assert.equal(forged.status, 401)
+})
+
+test('a sandbox killed while a command streams raises "killed or reached its end of life"', async () => {
+  const sandbox = await createSandbox({ timeoutMs: 120_000 })
+  let streaming
+  const started = new Promise((resolveStarted) => (streaming = resolveStarted))
+  const began = Date.now()
+  const running = sandbox.commands.run('echo streaming; sleep 100', { onStdout: () => streaming(), timeoutMs: 0 })
+  await started
+  await Sandbox.kill(sandbox.sandboxId)
+  await assert.rejects(running, (error) => {
+    assert.match(error.message, /killed or reached its end of life/)
+    return true
+  })
+  assert.ok(Date.now() - began < 30_000, 'the stream ends when the sandbox does, not at a read timeout')
+})
