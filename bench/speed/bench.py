@@ -106,7 +106,7 @@ class Daemon:
         )
         self.env: dict[str, str] = {}
         assert self.proc.stdout is not None
-        while len(self.env) < 3:
+        while not {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"} <= self.env.keys():
             line = self.proc.stdout.readline()
             if not line:
                 self.stop()
