@@ -125,6 +125,15 @@ struct UpArgs {
     /// lets several berth instances share one provisioned CRIU.
     #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
     criu_state_dir: Option<PathBuf>,
+    /// Ranges webhooks may deliver to although berth refuses them by default (loopback,
+    /// private, link-local, the host's own addresses): deliberate internal receivers.
+    /// Comma-separated CIDRs.
+    #[arg(
+        long = "webhook-allow",
+        env = "BERTH_WEBHOOK_ALLOW",
+        value_delimiter = ','
+    )]
+    webhook_allow: Vec<ipnet::IpNet>,
 }
 
 #[derive(Subcommand)]
@@ -417,6 +426,10 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             .with_context(|| format!("listening on {}", args.listen))?;
         let config = ServerConfig {
             domain: args.domain.clone(),
+            webhooks: berth_server::WebhookConfig {
+                allow: args.webhook_allow.clone(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let server = Server::start(store.clone(), runtime, templates, config)

@@ -41,6 +41,9 @@ impl Up {
                 "--skip-base",
                 "--listen",
                 "127.0.0.1:0",
+                // The tenancy probe's webhook points at loopback, refused by default.
+                "--webhook-allow",
+                "127.0.0.1/32",
                 "--state-dir",
             ])
             .arg(state)
@@ -220,6 +223,12 @@ fn up_keys_auth_and_tenancy() {
         404
     );
     assert!(up.keys(&["list"]).contains(&other_key_id));
+
+    // Webhooks never reach internal addresses the operator did not allow.
+    let metadata = r#"{"name":"m","url":"http://169.254.169.254/latest","events":["sandbox.lifecycle.killed"],"signatureSecret":"s"}"#;
+    let (status, refused) = up.request("POST", "/events/webhooks", Some(&key), Some(metadata));
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.contains("--webhook-allow"), "{refused}");
 
     // Webhooks are per team.
     let hook = r#"{"name":"h","url":"http://127.0.0.1:9/hook","events":["sandbox.lifecycle.killed"],"signatureSecret":"s"}"#;

@@ -18,6 +18,7 @@ use berth_store::StoreError;
 use berth_template::TemplateError;
 
 use crate::envd::EnvdError;
+use crate::webhook_target::WebhookTargetError;
 
 /// A step of a sandbox's bring-up or teardown, named in errors and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +99,8 @@ pub enum ServiceError {
         source: EnvdError,
     },
     #[error(transparent)]
+    WebhookTarget(#[from] WebhookTargetError),
+    #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{what}: a worker task failed: {source}")]
     Task {
@@ -167,6 +170,10 @@ pub fn to_api(err: &ServiceError) -> ApiError {
             ApiError::Unavailable(err.to_string())
         }
         ServiceError::Runtime { source, .. } => runtime_to_api(err, source),
+        ServiceError::WebhookTarget(target) if target.is_bad_url() => {
+            ApiError::BadRequest(err.to_string())
+        }
+        ServiceError::WebhookTarget(_) => ApiError::Internal(err.to_string()),
         ServiceError::Store(store) => match store {
             StoreError::NotFound { .. } => ApiError::NotFound(store.to_string()),
             StoreError::TeamExists { .. } => ApiError::Conflict(store.to_string()),

@@ -24,6 +24,7 @@ mod openapi;
 mod reaper;
 mod resolver;
 mod sandboxes;
+mod webhook_target;
 mod webhooks;
 
 use std::collections::HashMap;
@@ -39,6 +40,9 @@ use tokio::sync::Notify;
 
 pub use error::ServiceError;
 pub use openapi::openapi_document;
+pub use webhook_target::{
+    Resolution, SystemResolver, WebhookConfig, WebhookResolver, WebhookTargetError,
+};
 
 /// envd version berth's sandboxes report to SDKs (they gate features on it): the version
 /// of the envd berth ships.
@@ -71,6 +75,8 @@ pub struct ServerConfig {
     /// Domain of `<port>-<id>.<domain>` sandbox hosts, reported to SDKs as `domain`.
     pub domain: Option<String>,
     pub resources: SandboxResources,
+    /// Where webhooks may deliver (see `webhook_target`).
+    pub webhooks: WebhookConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +99,8 @@ pub(crate) struct AppState {
     pub reaper_wakeup: Notify,
     /// Woken when an event may have queued webhook deliveries.
     pub delivery_wakeup: Notify,
+    /// Checks webhook URLs at create/update and before every delivery.
+    pub webhook_guard: webhook_target::WebhookGuard,
     /// Previous CPU reading per sandbox, to turn cumulative CPU time into a percentage.
     pub cpu_readings: Mutex<HashMap<String, metrics::CpuReading>>,
     /// Serializes creates that share an idempotency key.
@@ -125,6 +133,7 @@ impl Server {
         config: ServerConfig,
     ) -> Result<Server, ServerError> {
         let state = Arc::new(AppState {
+            webhook_guard: webhook_target::WebhookGuard::new(&config.webhooks),
             store,
             runtime,
             templates,

@@ -135,7 +135,11 @@ class Berth:
         ready = threading.Event()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [str(self.binary), "up", "--listen", self.listen, "--state-dir", str(self.state_dir)],
+            [
+                str(self.binary), "up", "--listen", self.listen, "--state-dir", str(self.state_dir),
+                # The suite's webhook receivers listen on loopback, which berth refuses by default.
+                "--webhook-allow", "127.0.0.1/32",
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
