@@ -19,6 +19,8 @@ use berth_store::Store;
 use berth_template::{BuildProgress, TemplateStore};
 use clap::{Args, Parser, Subcommand};
 
+mod state_dir;
+
 /// Name of the team and key made on first run.
 const DEFAULT_TEAM: &str = "default";
 /// How long `berth up` waits for open connections after a shutdown signal.
@@ -157,6 +159,10 @@ enum KeysCommand {
 }
 
 fn main() -> Result<()> {
+    // Everything berth writes under its state directory (database, records, disks,
+    // checkpoints, keys, logs) is readable by root alone unless a mode is set on purpose
+    // (the few directories sandboxes traverse, template content, sandboxes' own files).
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -165,6 +171,7 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    state_dir::secure(&cli.state_dir)?;
     match cli.command {
         Command::Up(args) => up(&cli.state_dir, args),
         Command::Keys { command } => keys(&cli.state_dir, command),
@@ -241,22 +248,43 @@ fn open_store(state_dir: &Path) -> Result<Store> {
     Store::open(state_dir).with_context(|| format!("opening state in {}", state_dir.display()))
 }
 
-/// The default team, created on first use. Returns the team and, when the team was
-/// just created, its first key (raw, to be shown once).
-fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, Option<String>)> {
+/// The default team, created on first use. Returns the team and whether this call
+/// created it.
+fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
     if let Some(team) = store.default_team()? {
-        return Ok((team, None));
+        return Ok((team, false));
     }
-    let team = match store.create_team(DEFAULT_TEAM) {
-        Ok(team) => team,
+    match store.create_team(DEFAULT_TEAM) {
+        Ok(team) => Ok((team, true)),
         // Another berth process made it between our check and our insert.
-        Err(berth_store::StoreError::TeamExists { .. }) => store
-            .team_by_name(DEFAULT_TEAM)?
-            .context("default team vanished")?,
-        Err(err) => return Err(err.into()),
-    };
+        Err(berth_store::StoreError::TeamExists { .. }) => Ok((
+            store
+                .team_by_name(DEFAULT_TEAM)?
+                .context("default team vanished")?,
+            false,
+        )),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// What `berth up` prints about the API key: on the first run and to a terminal, a new
+/// key of the default team (shown this once; keys are stored hashed); otherwise where to
+/// get one, so no key ends up in a log or a pipe.
+fn key_line(store: &Store, state_dir: &Path, first_run: bool) -> Result<String> {
+    let create = format!("berth keys create --state-dir {}", state_dir.display());
+    if !first_run {
+        return Ok(format!(
+            "# E2B_API_KEY was printed on first run; make another with: {create}"
+        ));
+    }
+    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        return Ok(format!(
+            "# no E2B_API_KEY printed: stdout is not a terminal (keys never go to logs); make one with: {create}"
+        ));
+    }
+    let (team, _) = ensure_default_team(store)?;
     let (_, raw) = store.create_api_key(&team.id, "default")?;
-    Ok((team, Some(raw)))
+    Ok(format!("E2B_API_KEY={raw}"))
 }
 
 fn keys(state_dir: &Path, command: KeysCommand) -> Result<()> {
@@ -402,7 +430,7 @@ fn criu_state_dir(state_dir: &Path, given: Option<PathBuf>) -> PathBuf {
 fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
     let state_dir = state_dir.to_path_buf();
     let store = Arc::new(open_store(&state_dir)?);
-    let (_, first_key) = ensure_default_team(&store)?;
+    let (_, first_run) = ensure_default_team(&store)?;
     let templates = TemplateStore::open(&state_dir).context("opening the template store")?;
     if !args.skip_base {
         provision_base(&templates)?;
@@ -442,25 +470,22 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         if !listen_ip.is_unspecified() && !listen_ip.is_loopback() {
             mcp_config.allowed_hosts.push(listen_ip.to_string());
         }
-        mcp_config
-            .allowed_hosts
-            .extend(args.domain.iter().cloned().chain(args.mcp_allowed_hosts.clone()));
+        mcp_config.allowed_hosts.extend(
+            args.domain
+                .iter()
+                .cloned()
+                .chain(args.mcp_allowed_hosts.clone()),
+        );
         let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
         let sweeping = tokio_util::sync::CancellationToken::new();
         let _sweeper = mcp.spawn_sweeper(sweeping.clone());
         let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity {
-            store,
+            store: store.clone(),
             api_url: url.clone(),
         }));
         println!("E2B_API_URL={url}");
         println!("E2B_SANDBOX_URL={url}");
-        match first_key {
-            Some(key) => println!("E2B_API_KEY={key}"),
-            None => println!(
-                "# E2B_API_KEY was printed on first run; make another with: berth keys create --state-dir {}",
-                state_dir.display()
-            ),
-        }
+        println!("{}", key_line(&store, &state_dir, first_run)?);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let serving = tokio::spawn(server.serve(listener, mcp_routes, async move {
             let _ = stop_rx.await;
