@@ -46,6 +46,8 @@ def start_berth(berth: str, templates: Path) -> tuple[subprocess.Popen, dict[str
     port = free_port()
     proc = subprocess.Popen(
         [berth, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", str(state)],
+        # A pool of its own and an egress ceiling admitting only the benchmarking range.
+        env={**os.environ, "BERTH_SANDBOX_CIDR": "10.201.0.0/16", "BERTH_EGRESS_ALLOW": "198.18.0.0/15"},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -27,6 +27,32 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+
+def sandbox_network_env() -> dict[str, str]:
+    """Network flags for one `berth up` under test: a sandbox pool of its own (two
+    daemons on one host need distinct pools; the daemon checks the pool against the
+    host's routes) and an egress ceiling admitting only the benchmarking range tests
+    place their fake internet hosts in (ENVIRONMENT.md's network rule)."""
+    import ipaddress
+    import random
+    import subprocess as _subprocess
+
+    routes = _subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
+    taken = []
+    for word in routes.split():
+        try:
+            taken.append(ipaddress.ip_network(word, strict=False))
+        except ValueError:
+            pass
+    for _ in range(100):
+        pool = ipaddress.ip_network(f"10.{random.randrange(128, 250)}.{random.randrange(0, 16) * 16}.0/20")
+        if not any(pool.overlaps(net) for net in taken if net.prefixlen > 0):
+            break
+    return {
+        "BERTH_SANDBOX_CIDR": str(pool),
+        "BERTH_EGRESS_ALLOW": os.environ.get("BERTH_EGRESS_ALLOW", "198.18.0.0/15"),
+    }
+
 def wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -56,6 +82,7 @@ class BerthUp:
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,
+            env={**os.environ, **sandbox_network_env()},
         )
         ready = threading.Event()
 

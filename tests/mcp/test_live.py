@@ -278,7 +278,7 @@ def connector_arguments(sandbox_id: str) -> dict[str, dict]:
         "e2b_list_volumes": {},
         "e2b_assign_template_tags": {"target": "base:nonexistent-tag", "tags": ["mcp-live"]},
         "e2b_connect_sandbox": {"sandbox_id": sandbox_id, "timeout": 600},
-        "e2b_create_sandbox": {"template_id": "base", "timeout": 120},
+        "e2b_create_sandbox": {"template_id": "base", "timeout": 120, "allow_internet_access": False},
         "e2b_create_secret": {"name": "mcp_live_secret", "value": "s3cr3t-value"},
         "e2b_create_snapshot": {"sandbox_id": sandbox_id, "name": "mcp-live-snapshot"},
         "e2b_create_volume": {"name": "mcp-live-volume"},
@@ -330,11 +330,18 @@ def test_every_connector_tool_against_the_live_api(berth, mcp_state):
                     outcomes[name] = f"ok {content['status']}"
                     if name == "e2b_create_sandbox":
                         extra = content["result"]["sandboxID"]
-                        metadata = httpx.get(f"{berth.api_url}/sandboxes/{extra}", headers=headers).json()["metadata"]
-                        assert "berth.session_id" in metadata
+                        detail = httpx.get(f"{berth.api_url}/sandboxes/{extra}", headers=headers).json()
+                        assert "berth.session_id" in detail["metadata"]
+                        assert detail["allowInternetAccess"] is False, detail
+                    if name == "e2b_update_sandbox_network":
+                        detail = httpx.get(f"{berth.api_url}/sandboxes/{sandbox_id}", headers=headers).json()
+                        assert detail["network"]["denyOut"] == ["0.0.0.0/0"], detail
                         httpx.delete(f"{berth.api_url}/sandboxes/{extra}", headers=headers)
 
     anyio.run(run)
+    # Backed by the API now: network policy (create and live update), snapshots, fork.
+    for backed in ("e2b_create_sandbox", "e2b_update_sandbox_network", "e2b_create_snapshot", "e2b_fork_sandbox"):
+        assert outcomes[backed].startswith("ok"), (backed, outcomes[backed])
     print("\nconnector outcomes:\n" + "\n".join(f"  {k}: {v}" for k, v in sorted(outcomes.items())))
     assert "s3cr3t-value" not in "".join(OUTPUTS) and "n3w-value" not in "".join(OUTPUTS)
     scan_server_logs(mcp_state, [berth.api_key])

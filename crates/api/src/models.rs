@@ -15,8 +15,7 @@ pub type StringMap = BTreeMap<String, String>;
 
 /// Body of `POST /sandboxes` and `POST /v2/sandboxes`.
 ///
-/// Fields for features berth does not have yet (auto-pause, network policy, MCP, IAM,
-/// volumes) are accepted so the official SDKs' requests parse, and rejected by the server
+/// Fields for features berth does not have yet (MCP, IAM, volumes) are accepted so the official SDKs' requests parse, and rejected by the server
 /// with a message naming the feature when they ask for something non-default.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct NewSandbox {
@@ -53,12 +52,14 @@ pub struct NewSandbox {
     )]
     #[schema(value_type = Option<Object>)]
     pub auto_resume: Option<serde_json::Value>,
-    /// Snake case on the wire, as in E2B's API.
+    /// False: no egress (as `network.denyOut` 0.0.0.0/0). Snake case on the wire, as
+    /// in E2B's API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(ignore)]
     pub allow_internet_access: Option<bool>,
+    /// E2B's `SandboxNetworkConfig`: allowOut, denyOut, allowPublicTraffic,
+    /// maskRequestHost, rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(ignore)]
+    #[schema(value_type = Option<Object>)]
     pub network: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
@@ -66,13 +67,101 @@ pub struct NewSandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
     pub iam: Option<serde_json::Value>,
+    /// Volumes of the team mounted read-write at absolute paths.
     #[serde(
         default,
         rename = "volumeMounts",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(ignore)]
-    pub volume_mounts: Option<Vec<serde_json::Value>>,
+    pub volume_mounts: Option<Vec<SandboxVolumeMount>>,
+}
+
+/// A volume mounted into a sandbox: the volume's name and where it is mounted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxVolumeMount {
+    pub name: String,
+    pub path: String,
+}
+
+/// A team's volume.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Volume {
+    #[serde(rename = "volumeID")]
+    pub volume_id: String,
+    pub name: String,
+}
+
+/// A volume with the token of its content API (`Authorization: Bearer <token>`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VolumeAndToken {
+    #[serde(rename = "volumeID")]
+    pub volume_id: String,
+    pub name: String,
+    pub token: String,
+    /// Only for teams on a custom cluster in E2B; berth never sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+}
+
+/// Body of `POST /volumes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NewVolume {
+    /// `^[a-zA-Z0-9_-]+$`, unique per team.
+    pub name: String,
+}
+
+/// A secret's metadata; never its value.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Secret {
+    #[serde(rename = "secretID")]
+    pub secret_id: String,
+    /// Canonical (lower-case) name, unique per team.
+    pub name: String,
+    #[serde(rename = "currentVersion")]
+    pub current_version: i64,
+    pub metadata: StringMap,
+    #[serde(rename = "createdAt", with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(rename = "updatedAt", with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+/// Body of `POST /secrets`. `Debug` never shows the value.
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
+pub struct NewSecret {
+    pub name: String,
+    /// Write-only: stored sealed, resolved at egress, never returned or logged.
+    pub value: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<StringMap>,
+}
+
+impl std::fmt::Debug for NewSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewSecret")
+            .field("name", &self.name)
+            .field("value", &"<redacted>")
+            .field("metadata", &self.metadata)
+            .finish()
+    }
+}
+
+/// Body of `POST /secrets/{id}`: a new version. `Debug` never shows the value.
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
+pub struct SecretUpdate {
+    pub value: String,
+    /// Replaces the stored metadata when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<StringMap>,
+}
+
+impl std::fmt::Debug for SecretUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretUpdate")
+            .field("value", &"<redacted>")
+            .field("metadata", &self.metadata)
+            .finish()
+    }
 }
 
 /// A created or connected sandbox: what the SDK needs to reach it.
@@ -135,6 +224,8 @@ pub struct ListedSandbox {
     pub state: SandboxState,
     #[serde(rename = "envdVersion")]
     pub envd_version: String,
+    #[serde(rename = "volumeMounts", default)]
+    pub volume_mounts: Vec<SandboxVolumeMount>,
 }
 
 /// Everything known about one sandbox.
@@ -171,6 +262,12 @@ pub struct SandboxDetail {
     pub disk_size_mb: u64,
     pub metadata: StringMap,
     pub state: SandboxState,
+    /// E2B's `SandboxNetworkConfig` of the sandbox's policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub network: Option<serde_json::Value>,
+    #[serde(rename = "volumeMounts", default)]
+    pub volume_mounts: Vec<SandboxVolumeMount>,
 }
 
 /// Body of `POST /sandboxes/{id}/connect`.
@@ -548,6 +645,14 @@ pub struct TemplateBuild {
     pub created_at: OffsetDateTime,
     #[serde(rename = "updatedAt", with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
+    #[serde(
+        rename = "finishedAt",
+        with = "time::serde::rfc3339::option",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub finished_at: Option<OffsetDateTime>,
     #[serde(rename = "cpuCount")]
     pub cpu_count: u32,
     #[serde(rename = "memoryMB")]
@@ -769,6 +874,7 @@ mod tests {
             metadata: StringMap::new(),
             state: SandboxState::Running,
             envd_version: "0.6.4".into(),
+            volume_mounts: Vec::new(),
         };
         let value = serde_json::to_value(&listed).unwrap();
         assert_eq!(value["startedAt"], "1970-01-01T00:00:00Z");

@@ -64,6 +64,10 @@ struct RuntimeArgs {
     /// berth-launch binary (default: next to this executable).
     #[arg(long)]
     launcher: Option<PathBuf>,
+    /// Give berth's sandboxes networking (a netns owned by the host, veth, nftables) as
+    /// `berth up` does by default.
+    #[arg(long)]
+    network: bool,
 }
 
 /// Results of one system at every concurrency level.
@@ -135,6 +139,7 @@ fn runtime(args: &RuntimeArgs) -> anyhow::Result<()> {
             base.layers.clone(),
             max_sandboxes,
             None,
+            args.network,
         )?;
         for i in 0..3 {
             let (id, _) = bench.start(&format!("w{i}")).context("warm-up sandbox")?;
@@ -168,7 +173,11 @@ fn runtime(args: &RuntimeArgs) -> anyhow::Result<()> {
         rows.insert(
             0,
             Row {
-                name: "berth".into(),
+                name: if args.network {
+                    "berth (networking)".into()
+                } else {
+                    "berth".into()
+                },
                 timed: "create → envd `/health` 2xx",
                 levels: ready_levels,
             },

@@ -86,8 +86,18 @@ impl SandboxBench {
         layers: Vec<PathBuf>,
         max_sandboxes: u32,
         criu_state_dir: Option<&Path>,
+        network: bool,
     ) -> anyhow::Result<SandboxBench> {
         let mut config = LinuxRuntimeConfig::new(state_dir, envd);
+        if network {
+            // Egress through the host, with a ceiling admitting only the benchmarking
+            // range (no sandbox of the bench talks to anything else).
+            let mut net = berth_net::NetConfig::new(state_dir);
+            net.sandbox_cidr = "10.202.0.0/16".parse().expect("bench pool");
+            net.ceiling = berth_net::Ceiling::parse(&["198.18.0.0/15"], &[] as &[&str])
+                .context("bench egress ceiling")?;
+            config.network = Some(net);
+        }
         if let Some(dir) = criu_state_dir {
             config.criu_state_dir = dir.to_path_buf();
         }
@@ -146,6 +156,7 @@ impl SandboxBench {
             cpu_count: CPU_COUNT,
             memory_mb,
             disk_size_mb: DISK_SIZE_MB,
+            volumes: Vec::new(),
         };
         let started = Instant::now();
         self.runtime

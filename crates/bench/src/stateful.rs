@@ -52,6 +52,10 @@ pub struct CheckpointArgs {
     /// berth-launch binary (default: next to this executable).
     #[arg(long)]
     launcher: Option<PathBuf>,
+    /// Give the sandboxes networking (as `berth up` does by default): the netns stays
+    /// pinned across pause, CRIU runs inside it.
+    #[arg(long)]
+    pub network: bool,
 }
 
 /// The sandbox's memory limit must leave room for the holder, python and envd.
@@ -118,6 +122,7 @@ pub fn run(args: &CheckpointArgs) -> anyhow::Result<()> {
         base.layers.clone(),
         max_forks as u32 + 16,
         Some(&args.criu_state_dir),
+        args.network,
     )?;
     let scratch = state_dir.join("bench");
     fs::create_dir_all(&scratch)?;
@@ -293,6 +298,7 @@ fn measure_forks(
                 cpu_count: source.cpu_count,
                 memory_mb: source.memory_mb,
                 disk_size_mb: source.disk_size_mb,
+                volumes: Vec::new(),
             };
             rt.restore_checkpoint(&rt.criu()?, &dest, &spec)?;
             let elapsed = t.elapsed();

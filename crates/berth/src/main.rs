@@ -7,6 +7,10 @@
 //! and `berth connect` stores a user's API key for them. This crate only wires the
 //! library crates together and renders output; the behaviour lives in them.
 
+mod builds;
+mod egress;
+mod template_cli;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -63,6 +67,15 @@ enum Command {
     Mcp(McpArgs),
     /// Connect a user's E2B-compatible API key for the agent tools (key read from stdin).
     Connect(ConnectArgs),
+    /// Build, list and delete templates through the API of a running berth (or any
+    /// E2B-compatible endpoint).
+    Template {
+        #[command(subcommand)]
+        command: template_cli::TemplateCommand,
+    },
+    /// Add a key-encryption key version and re-encrypt every secret and MCP connection
+    /// under it (also while `berth up` runs).
+    RotateKek,
 }
 
 #[derive(Args)]
@@ -136,6 +149,44 @@ struct UpArgs {
         value_delimiter = ','
     )]
     webhook_allow: Vec<ipnet::IpNet>,
+    #[command(flatten)]
+    builds: builds::BuildArgs,
+    /// Address pool of sandboxes (one address each); must not overlap the host's routes.
+    /// Two berth daemons on one host need distinct pools.
+    #[arg(long, env = "BERTH_SANDBOX_CIDR", default_value = berth_net::DEFAULT_SANDBOX_CIDR)]
+    sandbox_cidr: ipnet::Ipv4Net,
+    /// Sandboxes get only loopback: no egress, no network policies.
+    #[arg(long, env = "BERTH_NO_NETWORK")]
+    no_network: bool,
+    /// The operator's egress ceiling: sandboxes may reach only these CIDRs, addresses and
+    /// domains (`*.example.com` too), whatever their own policy says. Unset: the internet.
+    #[arg(long, env = "BERTH_EGRESS_ALLOW", value_delimiter = ',')]
+    egress_allow: Vec<String>,
+    /// CIDRs or addresses no sandbox may reach (on top of the built-in private,
+    /// loopback and link-local ranges).
+    #[arg(long, env = "BERTH_EGRESS_DENY", value_delimiter = ',')]
+    egress_deny: Vec<String>,
+    /// Sandboxes kept started per template in use, so a create is a claim (0: none).
+    #[arg(long, env = "BERTH_POOL_SIZE", default_value_t = 2)]
+    pool_size: usize,
+    /// Most connections (conntrack entries) one sandbox may hold through the host.
+    #[arg(long, env = "BERTH_SANDBOX_MAX_CONNECTIONS", default_value_t = berth_net::Limits::default().max_connections)]
+    sandbox_max_connections: u32,
+    /// Bandwidth cap of one sandbox, each way, in megabits per second.
+    #[arg(long, env = "BERTH_SANDBOX_MBPS", default_value_t = 1000)]
+    sandbox_mbps: u64,
+    /// DNS servers (`ip:port`) sandboxes' queries are forwarded to (default: the host's
+    /// /etc/resolv.conf).
+    #[arg(long, env = "BERTH_DNS_UPSTREAM", value_delimiter = ',')]
+    dns_upstream: Vec<SocketAddr>,
+    /// Size of every new volume in MiB (a full volume is ENOSPC inside sandboxes; the
+    /// image is sparse on the host).
+    #[arg(long, env = "BERTH_VOLUME_SIZE_MB", default_value_t = berth_runtime::DEFAULT_VOLUME_SIZE_MB)]
+    volume_size_mb: u64,
+    /// PEM file of further roots the egress proxy trusts for upstream servers of
+    /// `network.rules` domains (besides the host's trust store): private CAs, tests.
+    #[arg(long, env = "BERTH_EGRESS_EXTRA_ROOTS")]
+    egress_extra_roots: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -178,7 +229,34 @@ fn main() -> Result<()> {
         Command::Provision => provision(&cli.state_dir),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
+        Command::Template { command } => template_cli::run(command),
+        Command::RotateKek => rotate_kek(&cli.state_dir),
     }
+}
+
+/// Where the secrets vault keeps its key-encryption keys (unless `BERTH_KEK` is set).
+fn secrets_key_file(state_dir: &Path) -> PathBuf {
+    state_dir.join("secrets").join("kek")
+}
+
+fn rotate_kek(state_dir: &Path) -> Result<()> {
+    let store = open_store(state_dir)?;
+    let secrets = berth_server::rotate_secrets_kek(&store, &secrets_key_file(state_dir))
+        .context("rotating the secrets vault's key")?;
+    eprintln!(
+        "secrets: key version {}, {} version(s) re-encrypted",
+        secrets.kek_version, secrets.versions_resealed
+    );
+    let mcp = berth_mcp::Mcp::open(berth_mcp::McpConfig::new(state_dir.to_path_buf(), ""))
+        .context("opening the agent tools' state")?;
+    let connections = mcp
+        .rotate_kek()
+        .context("rotating the agent tools' vault key")?;
+    eprintln!(
+        "mcp connections: key version {}, {} record(s) re-encrypted",
+        connections.kek_version, connections.records_reencrypted
+    );
+    Ok(())
 }
 
 fn provision(state_dir: &Path) -> Result<()> {
@@ -438,6 +516,20 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
     let envd_binary = args.envd_binary.unwrap_or_else(default_envd_binary);
     let mut runtime_config = LinuxRuntimeConfig::new(&state_dir, &envd_binary);
     runtime_config.criu_state_dir = criu_state_dir(&state_dir, args.criu_state_dir);
+    if !args.no_network {
+        let mut network = berth_net::NetConfig::new(&state_dir);
+        network.sandbox_cidr = args.sandbox_cidr;
+        network.ceiling = berth_net::Ceiling::parse(&args.egress_allow, &args.egress_deny)
+            .context("--egress-allow / --egress-deny")?;
+        let bytes_per_sec = args.sandbox_mbps * 1_000_000 / 8;
+        network.limits = berth_net::Limits {
+            max_connections: args.sandbox_max_connections,
+            egress_bytes_per_sec: bytes_per_sec,
+            ingress_bytes_per_sec: bytes_per_sec,
+        };
+        runtime_config.network = Some(network);
+    }
+    runtime_config.volume_size_mb = args.volume_size_mb;
     let runtime = Arc::new(LinuxRuntime::new(runtime_config).context("starting the runtime")?);
     // Pause, resume, snapshots and fork need CRIU; find or provision it now, in the
     // background, so the first pause does not wait for a download.
@@ -447,22 +539,73 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         Err(err) => eprintln!("warning: pause, snapshots and fork are unavailable: {err}"),
     });
 
+    let build_engine =
+        builds::engine(&state_dir, runtime.clone(), templates.clone(), &args.builds)?;
+
     let tokio = tokio::runtime::Runtime::new().context("starting tokio")?;
     tokio.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
+        let egress = match runtime.network() {
+            Some(net) => {
+                let flags = egress::EgressFlags {
+                    allow: &args.egress_allow,
+                    deny: &args.egress_deny,
+                    dns_upstreams: &args.dns_upstream,
+                };
+                let sandbox_net = runtime.clone();
+                let interception = egress::Interception {
+                    ca_dir: state_dir.join("egress-ca"),
+                    extra_roots: match &args.egress_extra_roots {
+                        Some(path) => egress::read_roots(path)?,
+                        None => Vec::new(),
+                    },
+                    secrets: Arc::new(
+                        berth_server::SecretsResolver::open(
+                            store.clone(),
+                            &secrets_key_file(&state_dir),
+                            move |addr| match addr {
+                                std::net::IpAddr::V4(v4) => {
+                                    sandbox_net.network()?.lookup(v4).map(|(id, _)| id)
+                                }
+                                std::net::IpAddr::V6(_) => None,
+                            },
+                        )
+                        .context("opening the secrets vault for the egress proxy")?,
+                    ),
+                };
+                let handle = egress::start(runtime.clone(), &flags, interception).await?;
+                eprintln!(
+                    "sandbox network {} (gateway {}), DNS and egress proxy on {}",
+                    net.config().sandbox_cidr,
+                    net.gateway(),
+                    handle.dns_addr
+                );
+                Some(handle)
+            }
+            None => None,
+        };
         let config = ServerConfig {
             domain: args.domain.clone(),
             webhooks: berth_server::WebhookConfig {
                 allow: args.webhook_allow.clone(),
                 ..Default::default()
             },
+            template_limits: args.builds.limits(),
+            secrets_key_file: Some(secrets_key_file(&state_dir)),
+            pool_size: args.pool_size,
             ..Default::default()
         };
-        let server = Server::start(store.clone(), runtime, templates, config)
-            .await
-            .context("starting the control plane")?;
+        let server = Server::start_with_builds(
+            store.clone(),
+            runtime,
+            templates,
+            config,
+            Some(build_engine),
+        )
+        .await
+        .context("starting the control plane")?;
         let url = client_url(listener.local_addr()?);
         let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
         mcp_config.toolset = args.mcp_toolset;
@@ -499,6 +642,9 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             Ok(Ok(result)) => result.context("serving")?,
             Ok(Err(join)) => bail!("server task failed: {join}"),
             Err(_) => eprintln!("closing connections still open after {SHUTDOWN_GRACE:?}"),
+        }
+        if let Some(egress) = egress {
+            egress.shutdown(Duration::from_secs(1)).await;
         }
         Ok(())
     })

@@ -7,8 +7,11 @@
 //! dir (symlinks are never followed: a symlinked entry, e.g. a template store shared
 //! between state dirs, belongs to whoever made it):
 //!
-//! - the state dir itself and `sandboxes/` are 0711 (sandboxes' launchers traverse
-//!   them; the runtime tightens what is inside `sandboxes/`);
+//! - the state dir itself and `volume-mounts/` are 0711: CRIU's restore tasks, as the
+//!   sandbox's root uid, reach a volume's mount in `volume-mounts/<id>/` (that uid's
+//!   own 0700 directory) through them; every other entry is 0700 or 0600, so a 0711
+//!   directory lets other users reach nothing;
+//! - `sandboxes/` is 0700 (the runtime tightens what is inside);
 //! - `templates/` and its direct subdirectories, and each layer's directory, are 0700,
 //!   its manifests 0600, its checkpoints owner-only throughout; a layer's `rootfs` is
 //!   the template's filesystem and keeps its modes;
@@ -68,7 +71,10 @@ fn tighten_state(state_dir: &Path) -> io::Result<usize> {
         let name = name.to_string_lossy();
         changed += match name.as_ref() {
             _ if !meta.is_dir() => usize::from(set_mode(&path, 0o600)?),
-            "sandboxes" => usize::from(set_mode(&path, 0o711)?),
+            "sandboxes" => usize::from(set_mode(&path, 0o700)?),
+            // Restores mount volumes below it, in directories of the sandboxes' own
+            // root uids (see berth-runtime's `volume_mounts_dir`).
+            "volume-mounts" => usize::from(set_mode(&path, 0o711)?),
             "templates" => tighten_templates(&path)?,
             name if PRIVATE_TREES.contains(&name) => tighten_tree(&path)?,
             _ => usize::from(set_mode(&path, 0o700)?),
@@ -204,7 +210,7 @@ mod tests {
         let changed = tighten_state(s).unwrap();
         assert!(changed >= 8, "{changed}");
         assert_eq!(mode(s), 0o711);
-        assert_eq!(mode(&s.join("sandboxes")), 0o711);
+        assert_eq!(mode(&s.join("sandboxes")), 0o700);
         assert_eq!(mode(&s.join("berth.db")), 0o600);
         assert_eq!(mode(&s.join("berth.db-wal")), 0o600);
         assert_eq!(mode(&s.join("templates")), 0o700);

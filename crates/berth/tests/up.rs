@@ -33,6 +33,16 @@ struct Up {
     key_line: String,
 }
 
+/// A /20 pool derived from the state dir's path, so two instances of this suite (and a
+/// restart of one instance, which must find its pool again) agree.
+fn sandbox_cidr(state: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    state.hash(&mut hasher);
+    let h = hasher.finish();
+    format!("10.{}.{}.0/20", 128 + (h % 120), 16 * ((h >> 8) % 16))
+}
+
 impl Up {
     fn start(state: &Path) -> Up {
         let mut child = Command::new(BERTH)
@@ -48,6 +58,10 @@ impl Up {
             ])
             .arg(state)
             .env("BERTH_ENVD_BIN", sibling("berth-envd"))
+            // Its own sandbox pool (daemons on one host need distinct pools) and a
+            // ceiling admitting only the range tests keep their fake internet in.
+            .env("BERTH_SANDBOX_CIDR", sandbox_cidr(state))
+            .env("BERTH_EGRESS_ALLOW", "198.18.0.0/15")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -488,6 +488,7 @@ impl<'a> Executor<'a> {
             cpu_count: self.request.cpu_count.max(1),
             memory_mb: self.request.memory_mb.max(64),
             disk_size_mb: self.request.disk_size_mb.max(64),
+            volumes: Vec::new(),
         };
         let info = self.inner.runtime.create(&spec)?;
         let mut sandbox = BuildSandbox {

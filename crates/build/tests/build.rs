@@ -157,6 +157,7 @@ impl Fixture {
                 cpu_count: 1,
                 memory_mb: 256,
                 disk_size_mb: 256,
+                volumes: Vec::new(),
             })
             .unwrap();
         id

@@ -330,6 +330,10 @@ impl Criu {
         if dump.leave_running {
             cmd.arg("--leave-running");
         }
+        for (mount_point, key) in &dump.external_mounts {
+            cmd.arg("--external")
+                .arg(format!("mnt[{}]:{key}", mount_point.display()));
+        }
         if let Some(netns) = &dump.netns {
             join_netns(&mut cmd, netns.clone(), false);
             cmd.args(["--external", &format!("mnt[/sys]:{SYSFS_KEY}")]);
@@ -374,6 +378,10 @@ impl Criu {
             .args(["--external", "mnt[]", "--tcp-close", "--file-locks"]);
         if let Some(root) = &restore.root {
             cmd.arg("--root").arg(root);
+        }
+        for (key, source) in &restore.external_mounts {
+            cmd.arg("--external")
+                .arg(format!("mnt[{key}]:{}", source.display()));
         }
         if let Some(netns) = &restore.netns {
             join_netns(&mut cmd, netns.clone(), true);
@@ -485,6 +493,10 @@ pub struct Dump {
     /// with networking): CRIU runs in it, so it is left out of the images (see
     /// `join_netns`) and must be given to the restore ([`Restore::netns`]).
     pub netns: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// Mounts of the tree recorded as external rather than dumped: (mount point inside
+    /// the tree's mount namespace, key). Their contents stay where they are; a restore
+    /// names what to bind at each key ([`Restore::external_mounts`]).
+    pub external_mounts: Vec<(PathBuf, String)>,
 }
 
 /// What [`Criu::restore`] brings back.
@@ -502,6 +514,9 @@ pub struct Restore {
     /// The network namespace to restore a tree dumped with [`Dump::netns`] into (the same
     /// one after a pause, a new one per fork); CRIU runs in it.
     pub netns: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// For each key of [`Dump::external_mounts`]: the path (in the restoring CRIU's
+    /// mount namespace) bound at that mount point.
+    pub external_mounts: Vec<(String, PathBuf)>,
 }
 
 /// The error lines of a CRIU log, minus the harmless ones this host always prints.

@@ -85,6 +85,7 @@ fn dump_and_restore_keep_memory() {
         leave_running: false,
         own_mount_namespace: false,
         netns: None,
+        external_mounts: Vec::new(),
     })
     .expect("criu dump");
     // The dump killed the process; collect it so the pid is free for the restore.
@@ -101,6 +102,7 @@ fn dump_and_restore_keep_memory() {
             root: None,
             cgroup_root: None,
             netns: None,
+            external_mounts: Vec::new(),
         })
         .expect("criu restore");
     assert_eq!(restored, pid, "CRIU restores the tree under its old pid");

@@ -17,6 +17,7 @@
 mod api;
 mod envd;
 mod error;
+mod templates;
 
 pub use api::{encode_segment, ApiClient, ApiResponse, Page};
 pub use envd::{EnvdClient, EnvdEndpoint, ExecError, ExecOutput, ExecRequest, OutputSink};

@@ -172,21 +172,49 @@ impl Ceiling {
         self
     }
 
-    /// May any sandbox dial this address?
-    pub fn admits_addr(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
-        !self.denied.iter().any(|net| net.contains(&ip))
-            && self
-                .allowed_nets
-                .as_ref()
-                .is_none_or(|nets| nets.iter().any(|net| net.contains(&ip)))
+    /// Does `--egress-allow` restrict destinations at all?
+    fn restricts(&self) -> bool {
+        self.allowed_nets.is_some() || self.allowed_domains.is_some()
     }
 
-    /// May any sandbox reach this (normalized) name?
+    fn denies(&self, ip: IpAddr) -> bool {
+        self.denied.iter().any(|net| net.contains(&ip))
+    }
+
+    /// May any sandbox dial this address directly (not reached by a name)? Only inside
+    /// the allowed ranges, when the ceiling has any.
+    pub fn admits_addr(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        !self.denies(ip)
+            && (!self.restricts()
+                || self
+                    .allowed_nets
+                    .as_ref()
+                    .is_some_and(|nets| nets.iter().any(|net| net.contains(&ip))))
+    }
+
+    /// May a sandbox dial `ip`, reached by resolving `host` (normalized)? An allowed
+    /// range or an allowed domain admits it; a denied range never does.
+    pub fn admits_named(&self, host: &str, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.admits_addr(ip)
+            || (!self.denies(ip)
+                && self
+                    .allowed_domains
+                    .as_ref()
+                    .is_some_and(|patterns| patterns.iter().any(|p| p.matches(host))))
+    }
+
+    /// May any sandbox reach this (normalized) name? A ceiling that also admits address
+    /// ranges admits every name: what it resolves to is checked when dialed
+    /// ([`Ceiling::admits_named`]), so the name of a host inside the ranges resolves.
     pub fn admits_name(&self, host: &str) -> bool {
-        self.allowed_domains
-            .as_ref()
-            .is_none_or(|patterns| patterns.iter().any(|p| p.matches(host)))
+        match &self.allowed_domains {
+            None => true,
+            Some(patterns) => {
+                self.allowed_nets.is_some() || patterns.iter().any(|p| p.matches(host))
+            }
+        }
     }
 }
 
@@ -657,8 +685,25 @@ mod tests {
         assert!(ceiling.admits_addr(ip("198.18.0.1")));
         assert!(!ceiling.admits_addr(ip("198.18.5.1")));
         assert!(!ceiling.admits_addr(ip("203.0.113.1")));
+        // By name: an allowed domain admits any address that is not denied; an allowed
+        // range admits its addresses whatever the name.
+        assert!(ceiling.admits_named("a.test", ip("203.0.113.1")));
+        assert!(!ceiling.admits_named("a.test", ip("198.18.5.1")));
+        assert!(!ceiling.admits_named("a.example", ip("203.0.113.1")));
+        assert!(ceiling.admits_named("a.example", ip("198.18.0.1")));
         assert!(ceiling.admits_name("a.test"));
-        assert!(!ceiling.admits_name("a.example"));
+        assert!(
+            ceiling.admits_name("a.example"),
+            "may resolve into the ranges"
+        );
+        let names_only =
+            Ceiling::default().allow_only_domains([DomainPattern::parse("*.test").unwrap()]);
+        assert!(
+            !names_only.admits_addr(ip("203.0.113.1")),
+            "no direct dials"
+        );
+        assert!(names_only.admits_named("a.test", ip("203.0.113.1")));
+        assert!(!names_only.admits_name("a.example"));
     }
 
     #[test]

@@ -294,7 +294,7 @@ impl Proxy {
         }
         let allowed: Vec<SocketAddr> = resolved
             .iter()
-            .filter(|ip| policy.ceiling.admits_addr(**ip))
+            .filter(|ip| policy.ceiling.admits_named(name, **ip))
             .map(|ip| SocketAddr::new(*ip, port))
             .collect();
         if allowed.is_empty() {

@@ -267,7 +267,7 @@ impl Connections {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vault::Vault;
+    use berth_vault::Vault;
 
     fn connections(dir: &std::path::Path) -> Connections {
         let store = Arc::new(Store::open(&dir.join("mcp.sqlite3")).unwrap());

@@ -1,6 +1,6 @@
 use berth_client::ClientError;
 
-use crate::vault::VaultError;
+use berth_vault::VaultError;
 
 /// Failures of the MCP library itself. Tool-level failures (API errors, unknown
 /// sandboxes) are not errors here: they become tool results the agent can read.

@@ -19,8 +19,9 @@
 //! - sessions (`sessions`): session ownership and storage, tracked sandboxes with their
 //!   sealed state, leases;
 //! - the sweeper (`sweeper`): releases sandboxes whose lease ran out;
-//! - the vault (`vault`, self-contained: AES-256-GCM envelopes under versioned KEKs) under
-//!   `secrets`, the only reader and writer of sealed records.
+//! - the vault (crate `berth-vault`, shared with the control plane's secrets: AES-256-GCM
+//!   envelopes under versioned KEKs) under `secrets`, the only reader and writer of sealed
+//!   records.
 //!
 //! State lives under `<state_dir>/mcp/`: `mcp.sqlite3` (connections, connect tokens,
 //! sessions, leases, sealed secrets), `kek` (key-encryption keys unless `BERTH_KEK` is
@@ -38,13 +39,12 @@ mod sessions;
 mod store;
 mod sweeper;
 mod tools;
-mod vault;
 mod web;
 
+pub use berth_vault::{VaultError, KEK_ENV};
 pub use config::{LeaseConfig, McpConfig, OutputLimits, ReleaseAction, Toolset};
 pub use error::McpError;
 pub use identity::{os_user, HeaderIdentity, Identity, IdentityResolver, TrustedConnection};
 pub use secrets::RotationReport;
 pub use server::{run_connect, run_stdio, Mcp};
 pub use sweeper::SweepReport;
-pub use vault::{VaultError, KEK_ENV};

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::error::McpError;
 use crate::store::Store;
-use crate::vault::{Vault, KEK_ENV};
+use berth_vault::{Vault, KEK_ENV};
 
 /// What `rotate_kek` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,9 +79,8 @@ impl Secrets {
             let Some(record) = self.store.get_sealed(&context)? else {
                 continue;
             };
-            let plaintext = vault.open(&context, &record)?;
             self.store
-                .put_sealed(&context, &vault.seal(&context, &plaintext)?)?;
+                .put_sealed(&context, &vault.reseal(&context, &record)?)?;
             records_reencrypted += 1;
         }
         Ok(RotationReport {

@@ -20,7 +20,7 @@ use crate::sessions::Sessions;
 use crate::store::Store;
 use crate::sweeper::{SweepReport, Sweeper};
 use crate::tools::{self, call_result, CallContext, Registry, ToolFailure};
-use crate::vault::Vault;
+use berth_vault::Vault;
 
 /// The components of one MCP server, shared by every session and route.
 pub(crate) struct Components {
@@ -373,8 +373,8 @@ mod tests {
 
     #[test]
     fn rotation_reencrypts_every_record_under_the_new_version() {
-        if std::env::var(crate::vault::KEK_ENV).is_ok() {
-            panic!("unset {} to run this test", crate::vault::KEK_ENV);
+        if std::env::var(berth_vault::KEK_ENV).is_ok() {
+            panic!("unset {} to run this test", berth_vault::KEK_ENV);
         }
         let dir = tempfile::tempdir().unwrap();
         let mcp = open(dir.path());

@@ -262,7 +262,7 @@ mod tests {
     fn tracked_sandboxes_are_per_identity_and_session_until_deleted() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
-        let vault = crate::vault::Vault::load_file(&dir.path().join("kek")).unwrap();
+        let vault = berth_vault::Vault::load_file(&dir.path().join("kek")).unwrap();
         let secrets = Arc::new(Secrets::new(store.clone(), vault));
         let sessions = Sessions::new(
             store,

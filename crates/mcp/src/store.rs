@@ -1,7 +1,7 @@
 //! The MCP state database, `<state_dir>/mcp/mcp.sqlite3` (SQLite, WAL): connections
 //! (API URL in clear, API key sealed), one-time connect tokens (stored as SHA-256 hashes),
 //! tracked sandboxes with their leases, and sealed per-sandbox state. Secrets only ever
-//! live in the `sealed` table, encrypted by [`crate::vault::Vault`].
+//! live in the `sealed` table, encrypted by [`berth_vault::Vault`].
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::error::McpError;
-use crate::vault::SealedRecord;
+use berth_vault::SealedRecord;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sealed (

@@ -451,6 +451,12 @@ impl HostNetwork {
         self.table.spec.gateway
     }
 
+    /// What this daemon denies to every sandbox besides the built-in ranges: its pool
+    /// and the host's own addresses.
+    pub fn always_denied(&self) -> &[Ipv4Net] {
+        &self.table.spec.always_denied
+    }
+
     pub fn config(&self) -> &NetConfig {
         &self.config
     }

@@ -403,9 +403,10 @@ fn validate_header(field: &str, name: &str, value: &str) -> Result<(), PolicyErr
     Ok(())
 }
 
-/// The secret names a header value refers to (`${e2b.secrets.NAME}`, NAME a C
-/// identifier). Any other `${` is an error (the offending text is returned), so a typo
-/// never reaches the internet verbatim.
+/// The secret names a header value refers to (`${e2b.secrets.NAME}`, NAME a secret name
+/// as the secrets API takes them: letters, digits, `_` and `-`; matched
+/// case-insensitively). Any other `${` is an error (the offending text is returned), so
+/// a typo never reaches the internet verbatim.
 pub fn secret_references(value: &str) -> Result<Vec<&str>, String> {
     let mut names = Vec::new();
     let mut rest = value;
@@ -416,11 +417,10 @@ pub fn secret_references(value: &str) -> Result<Vec<&str>, String> {
         };
         let inner = &after[..end];
         let name = inner.strip_prefix("e2b.secrets.").filter(|n| {
-            let mut bytes = n.bytes();
-            bytes
-                .next()
-                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-                && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            !n.is_empty()
+                && n.len() <= 128
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         });
         match name {
             Some(name) => names.push(name),
@@ -739,10 +739,12 @@ impl EffectivePolicy {
         !self.policy.default_allows() && self.policy.allow_out.is_empty()
     }
 
-    /// TCP 80/443 goes through the egress proxy (Host / SNI checks): the sandbox or the
-    /// ceiling allows domains.
+    /// TCP 80/443 goes through the egress proxy: the sandbox or the ceiling allows
+    /// domains (Host / SNI checks), or the sandbox has header rules (injection).
     pub fn proxied(&self) -> bool {
-        self.policy.allowed_domains().next().is_some() || !self.ceiling.allow_domains.is_empty()
+        self.policy.allowed_domains().next().is_some()
+            || !self.ceiling.allow_domains.is_empty()
+            || !self.policy.rules.is_empty()
     }
 
     fn sandbox_allows_ip(&self, ip: Ipv4Addr) -> bool {
@@ -1042,15 +1044,17 @@ mod tests {
         let policy = NetworkPolicy::from_e2b_create(None, Some(&ok)).unwrap();
         assert_eq!(policy.rules.len(), 1);
         assert_eq!(
-            secret_references("a ${e2b.secrets.A_1} b ${e2b.secrets._x}").unwrap(),
-            vec!["A_1", "_x"]
+            secret_references("a ${e2b.secrets.A_1} b ${e2b.secrets._x} ${e2b.secrets.openai-key}")
+                .unwrap(),
+            vec!["A_1", "_x", "openai-key"]
         );
         for bad in [
             "${e2b.secrets.}",
             "${e2b.secret.A}",
             "${HOME}",
             "${e2b.secrets.A",
-            "${e2b.secrets.1A}",
+            "${e2b.secrets.a.b}",
+            "${e2b.secrets.a b}",
         ] {
             let json = format!(
                 r#"{{"rules":{{"a.com":[{{"transform":{{"headers":{{"X":{}}}}}}}]}}}}"#,

@@ -420,6 +420,7 @@ impl TestSandbox {
             cpu_count: 1,
             memory_mb: 128,
             disk_size_mb: 64,
+            volumes: Vec::new(),
         })
         .unwrap();
         TestSandbox {

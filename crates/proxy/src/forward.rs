@@ -278,7 +278,7 @@ impl Proxy {
         authorize(req.headers(), &target, &route)?;
 
         let client_upgrade = is_upgrade_request(&req).then(|| hyper::upgrade::on(&mut req));
-        let upstream_request = upstream_request(req, &target, client_upgrade.is_some());
+        let upstream_request = upstream_request(req, &target, &route, client_upgrade.is_some());
         match client_upgrade {
             Some(client_upgrade) => {
                 self.forward_upgrade(upstream_request, client_upgrade, &route, &target)
@@ -509,8 +509,14 @@ fn is_upgrade_request<B>(req: &Request<B>) -> bool {
 
 /// The request as the sandbox's port sees it: HTTP/1.1, origin-form path (prefix
 /// removed), hop-by-hop and proxy-only headers dropped, `Host` kept as the client
-/// sent it so apps that check it (dev servers) see their public name.
-fn upstream_request<B>(req: Request<B>, target: &Target, upgrade: bool) -> Request<ProxyBody>
+/// sent it so apps that check it (dev servers) see their public name — or, on user
+/// ports of a sandbox with `maskRequestHost`, the mask.
+fn upstream_request<B>(
+    req: Request<B>,
+    target: &Target,
+    route: &Route,
+    upgrade: bool,
+) -> Request<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -522,6 +528,12 @@ where
             if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
                 parts.headers.insert(header::HOST, host);
             }
+        }
+    }
+    if let Some(mask) = route.mask_request_host.as_deref() {
+        let masked = mask.replace("${PORT}", &target.port.to_string());
+        if let (true, Ok(host)) = (target.port != ENVD_PORT, HeaderValue::from_str(&masked)) {
+            parts.headers.insert(header::HOST, host);
         }
     }
     remove_hop_by_hop_headers(&mut parts.headers);
@@ -580,6 +592,7 @@ mod tests {
             envd_access_token: envd_token.map(str::to_owned),
             traffic_access_token: traffic_token.map(str::to_owned),
             allow_public_traffic: public,
+            mask_request_host: None,
         }
     }
 
@@ -656,11 +669,34 @@ mod tests {
             .header("x-app", "kept")
             .body(Empty::<Bytes>::new())
             .unwrap();
-        let forwarded = upstream_request(req, &target(8080, "/app?q=1"), false);
+        let forwarded = upstream_request(
+            req,
+            &target(8080, "/app?q=1"),
+            &route(None, None, true),
+            false,
+        );
         assert_eq!(forwarded.uri(), "/app?q=1");
         assert_eq!(forwarded.version(), Version::HTTP_11);
         let names: Vec<&str> = forwarded.headers().keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["host", "x-app"]);
+        assert_eq!(forwarded.headers()[header::HOST], "127.0.0.1:3000");
+    }
+
+    #[test]
+    fn a_host_mask_replaces_host_on_user_ports_only() {
+        let mut masked = route(None, None, true);
+        masked.mask_request_host = Some("${PORT}-app.internal".into());
+        let request = || {
+            Request::builder()
+                .uri("/")
+                .header("host", "client.example")
+                .body(Empty::<Bytes>::new())
+                .unwrap()
+        };
+        let user = upstream_request(request(), &target(8080, "/"), &masked, false);
+        assert_eq!(user.headers()[header::HOST], "8080-app.internal");
+        let envd = upstream_request(request(), &target(ENVD_PORT, "/"), &masked, false);
+        assert_eq!(envd.headers()[header::HOST], "client.example");
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct Route {
     /// `allow_public_traffic` is false.
     pub traffic_access_token: Option<String>,
     pub allow_public_traffic: bool,
+    /// E2B's `maskRequestHost`: the `Host` user ports see instead of the client's,
+    /// `${PORT}` replaced by the port (envd requests keep theirs).
+    pub mask_request_host: Option<String>,
 }
 
 /// Why a sandbox could not be resolved.

@@ -63,7 +63,9 @@ use std::time::SystemTime;
 use berth_checkpoint::{prepare_restore_images, Criu, Dump, ImageRewrite, Restore};
 
 use super::pause::HostRoot;
-use super::{io_err, valid_id, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
+use super::{
+    io_err, valid_id, volume_dump_externals, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE,
+};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::perms;
@@ -95,6 +97,10 @@ pub struct CheckpointInfo {
     /// from the checkpoint start under it, each with an address of its own.
     #[serde(default)]
     pub network: Option<berth_net::NetworkPolicy>,
+    /// The source's volume mounts: external to the checkpoint, so sandboxes restored from
+    /// it mount the same volumes (not copies) at the same paths.
+    #[serde(default)]
+    pub volumes: Vec<crate::VolumeMount>,
 }
 
 /// `checkpoint.json`.
@@ -184,6 +190,7 @@ impl LinuxRuntime {
                 leave_running: true,
                 own_mount_namespace: true,
                 netns: self.sandbox_netns(id)?,
+                external_mounts: volume_dump_externals(&sandbox.info.spec),
             },
             &hook,
         )
@@ -206,6 +213,7 @@ impl LinuxRuntime {
                 created_at,
                 size_bytes: 0,
                 network: self.network_policy(id),
+                volumes: spec.volumes.clone(),
             },
             uid_base: self.uid_base_of(sandbox.slot),
         };
@@ -271,6 +279,7 @@ impl LinuxRuntime {
         let source = &meta.info;
         for (differs, what) in [
             (spec.layers != source.layers, "layers"),
+            (spec.volumes != source.volumes, "volume mounts"),
             (spec.template != source.template, "template"),
             (spec.disk_size_mb != source.disk_size_mb, "disk size"),
         ] {
@@ -347,7 +356,7 @@ impl LinuxRuntime {
         // Its own new namespace and address (attached by the caller), joined by CRIU.
         let netns = self.netns_for_start(&spec.id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
-        let root = HostRoot::mount(dir, &spec.layers, uid_base)?;
+        let root = HostRoot::mount(self, dir, spec, uid_base)?;
         let work = dir.join("restore");
         perms::create_dir(&work, perms::PRIVATE_DIR).map_err(io_err("create restore work dir"))?;
         let roots = self.cgroups.criu_roots(&spec.id);
@@ -367,6 +376,7 @@ impl LinuxRuntime {
                     root: Some(dir.join("root")),
                     cgroup_root: global,
                     netns,
+                    external_mounts: root.volume_externals(),
                 },
                 &per_controller,
             )

@@ -157,6 +157,14 @@ impl DiskStore {
     }
 }
 
+impl DiskStore {
+    /// A fresh, empty ext4 image of `size_mb` at `image` (a sparse copy of the formatted
+    /// template for that size).
+    pub(crate) fn new_image(&self, size_mb: u64, image: &Path) -> io::Result<()> {
+        copy_sparse(&self.shared.template_image(size_mb)?, image)
+    }
+}
+
 impl Drop for DiskStore {
     fn drop(&mut self) {
         self.shared.lock_pool().stop = true;
@@ -413,6 +421,30 @@ pub(crate) fn copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
 /// Binds `image` to a free loop device (autoclear, direct I/O) and returns a detached
 /// ext4 mount of it.
 pub(crate) fn mount_image(image: &Path) -> io::Result<OwnedFd> {
+    let (device, device_path) = attach_loop(image)?;
+    let mount = mount_device(&device_path);
+    // The mount holds the device from here on; dropping `device` lets autoclear detach
+    // it once the last mount of it is gone.
+    drop(device);
+    mount
+}
+
+/// A detached ext4 mount of block device `device_path`. When the device's filesystem is
+/// already mounted somewhere, the kernel hands out the same superblock again: this is
+/// how several mounts of one volume share its one filesystem.
+pub(crate) fn mount_device(device_path: &str) -> io::Result<OwnedFd> {
+    let fs = FsContext::open(c"ext4")?;
+    let source = CString::new(device_path).map_err(io::Error::other)?;
+    fs.set_string(c"source", &source)?;
+    fs.set_flag(c"discard")?;
+    fs.set_flag(c"noinit_itable")?;
+    fs.create_mount(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME)
+        .map_err(|e| io::Error::new(e.kind(), format!("mount {device_path}: {e}")))
+}
+
+/// Binds `image` to a free loop device (autoclear, direct I/O); returns the open device
+/// (keep it until the device is mounted, or autoclear detaches it) and its path.
+pub(crate) fn attach_loop(image: &Path) -> io::Result<(File, String)> {
     let rw_cloexec = |path: &Path| {
         OpenOptions::new()
             .read(true)
@@ -460,23 +492,34 @@ pub(crate) fn mount_image(image: &Path) -> io::Result<OwnedFd> {
                 format!("LOOP_CONFIGURE {device_path}: {err}"),
             ));
         }
-        // The mount holds the device from here on; dropping `device` lets autoclear
-        // detach it once the last mount of it is gone.
-        let fs = FsContext::open(c"ext4")?;
-        let source = CString::new(device_path.clone()).map_err(io::Error::other)?;
-        fs.set_string(c"source", &source)?;
-        fs.set_flag(c"discard")?;
-        fs.set_flag(c"noinit_itable")?;
-        return fs
-            .create_mount(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME)
-            .map_err(|e| io::Error::new(e.kind(), format!("mount {device_path}: {e}")));
+        return Ok((device, device_path));
     }
     Err(io::Error::other(format!(
         "no free loop device after {LOOP_ATTEMPTS} attempts"
     )))
 }
 
-/// How many times [`mount_image`] asks for a free loop device before giving up.
+/// The loop device (`/dev/loopN`) already backed by `image`, if any: a filesystem on it
+/// is still mounted somewhere (by a running sandbox), and mounting the image through a
+/// second device would put two filesystems on one image.
+pub(crate) fn loop_device_of(image: &Path) -> io::Result<Option<String>> {
+    let image = fs::canonicalize(image)?;
+    for entry in fs::read_dir("/sys/block")?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        let Ok(backing) = fs::read_to_string(entry.path().join("loop/backing_file")) else {
+            continue;
+        };
+        if Path::new(backing.trim_end_matches('\n')) == image {
+            return Ok(Some(format!("/dev/{name}")));
+        }
+    }
+    Ok(None)
+}
+
+/// How many times [`attach_loop`] asks for a free loop device before giving up.
 const LOOP_ATTEMPTS: u32 = 1000;
 
 /// A random pause before retry `attempt`: up to 50 µs per earlier attempt, at most 5 ms.

@@ -217,6 +217,13 @@ impl Runtime for HostRuntime {
         if !valid_id(&spec.id) {
             return Err(RuntimeError::InvalidId(spec.id.clone()));
         }
+        if !spec.volumes.is_empty() {
+            // Its sandboxes share the host's filesystem: nothing can be mounted for one.
+            return Err(RuntimeError::Unsupported {
+                backend: "host",
+                what: "volume mounts",
+            });
+        }
         if self.sandboxes().len() >= self.max_sandboxes {
             return Err(RuntimeError::NoFreeSlot {
                 max: u32::try_from(self.max_sandboxes).unwrap_or(u32::MAX),
@@ -441,6 +448,46 @@ impl Runtime for HostRuntime {
 
     fn checkpoints(&self) -> Result<Vec<String>, RuntimeError> {
         Ok(Vec::new())
+    }
+
+    /// A volume is a plain directory `volumes/<id>` owned by the test's own user, with no
+    /// size limit; sandboxes of this runtime cannot mount it (see `create`).
+    fn create_volume(&self, id: &str) -> Result<(), RuntimeError> {
+        let dir = self.volume_dir(id)?;
+        fs::create_dir_all(self.dir.join("volumes")).map_err(io_err("create volume dir"))?;
+        match fs::create_dir(&dir) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Err(RuntimeError::VolumeExists(id.to_owned()))
+            }
+            other => other.map_err(io_err("create volume")),
+        }
+    }
+
+    fn delete_volume(&self, id: &str) -> Result<(), RuntimeError> {
+        match fs::remove_dir_all(self.volume_dir(id)?) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(RuntimeError::VolumeNotFound(id.to_owned()))
+            }
+            other => other.map_err(io_err("delete volume")),
+        }
+    }
+
+    fn open_volume(&self, id: &str) -> Result<std::os::fd::OwnedFd, RuntimeError> {
+        match fs::File::open(self.volume_dir(id)?) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(RuntimeError::VolumeNotFound(id.to_owned()))
+            }
+            other => other.map(Into::into).map_err(io_err("open volume")),
+        }
+    }
+}
+
+impl HostRuntime {
+    fn volume_dir(&self, id: &str) -> Result<PathBuf, RuntimeError> {
+        if !crate::volume::valid_volume_id(id) {
+            return Err(RuntimeError::InvalidVolumeId(id.to_owned()));
+        }
+        Ok(self.dir.join("volumes").join(id))
     }
 }
 

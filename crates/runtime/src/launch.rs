@@ -114,10 +114,66 @@ pub(crate) struct LaunchConfig {
     /// template's loopback or empty resolv.conf must not stay).
     #[serde(default)]
     pub nameserver: Option<std::net::Ipv4Addr>,
+    /// Where the volume mounts sent after the layers (and before the sysfs) are attached,
+    /// in the same order: absolute paths inside the sandbox, created as needed.
+    #[serde(default)]
+    pub volume_paths: Vec<PathBuf>,
+    /// The egress proxy's interception CA (PEM), installed in the sandbox's system trust
+    /// store at every start (see [`EGRESS_CA_FILE`]).
+    #[serde(default)]
+    pub egress_ca_pem: Option<String>,
 }
 
-/// Sends `config` and the mounts (the disk, then the layers topmost first) over the
-/// control socket.
+/// Where the egress interception CA is written inside a sandbox (Debian's directory of
+/// local CAs, so `update-ca-certificates` inside keeps it).
+pub const EGRESS_CA_FILE: &str = "/usr/local/share/ca-certificates/berth-egress-ca.crt";
+/// The system bundle the CA is appended to (OpenSSL's, curl's and Python's default).
+pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Environment that points TLS clients at the bundle holding the egress CA: OpenSSL and
+/// Python's `ssl` (`SSL_CERT_FILE`), `requests` (`REQUESTS_CA_BUNDLE`, else it uses
+/// certifi's), curl (`CURL_CA_BUNDLE`) and Node (`NODE_EXTRA_CA_CERTS`, added to its
+/// built-in roots).
+pub fn egress_ca_env() -> Vec<String> {
+    vec![
+        format!("SSL_CERT_FILE={SYSTEM_CA_BUNDLE}"),
+        format!("REQUESTS_CA_BUNDLE={SYSTEM_CA_BUNDLE}"),
+        format!("CURL_CA_BUNDLE={SYSTEM_CA_BUNDLE}"),
+        format!("NODE_EXTRA_CA_CERTS={EGRESS_CA_FILE}"),
+    ]
+}
+
+/// Writes the CA file and appends the CA to the system bundle unless it is there already
+/// (a resume or restart boots on a disk that has it).
+fn install_egress_ca(pem: &str) -> io::Result<()> {
+    let pem = format!("{}\n", pem.trim());
+    let ca_file = Path::new(EGRESS_CA_FILE);
+    if let Some(dir) = ca_file.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(ca_file, &pem)?;
+    let bundle = Path::new(SYSTEM_CA_BUNDLE);
+    if let Some(dir) = bundle.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let current = match fs::read_to_string(bundle) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    if current.contains(pem.trim()) {
+        return Ok(());
+    }
+    let separator = if current.is_empty() || current.ends_with('\n') {
+        ""
+    } else {
+        "\n"
+    };
+    fs::write(bundle, format!("{current}{separator}{pem}"))
+}
+
+/// Sends `config` and the mounts (the disk, the layers topmost first, the volumes, then
+/// the sysfs if any) over the control socket.
 pub(crate) fn send_config(
     sock: BorrowedFd<'_>,
     config: &LaunchConfig,
@@ -296,6 +352,13 @@ fn become_init(
     } else {
         None
     };
+    let volumes = layers.split_off(layers.len().saturating_sub(config.volume_paths.len()));
+    if volumes.len() != config.volume_paths.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "volume count does not match volume paths",
+        ));
+    }
     let filter = crate::seccomp::build_filter()?;
     // SAFETY: the daemon's child put the root directory at ROOT_FD before exec.
     let root_dir = unsafe { OwnedFd::from_raw_fd(ROOT_FD) };
@@ -314,6 +377,7 @@ fn become_init(
     populate_root(config, root, sysfs)?;
     pivot_into(root)?;
     mask_paths()?;
+
     if let Some(nameserver) = config.nameserver {
         // After pivot_root: a symlinked resolv.conf resolves inside the sandbox.
         ctx(
@@ -321,12 +385,24 @@ fn become_init(
             fs::write("/etc/resolv.conf", format!("nameserver {nameserver}\n")),
         )?;
     }
+    if let Some(pem) = &config.egress_ca_pem {
+        ctx("install the egress CA", install_egress_ca(pem))?;
+    }
     ctx(
         "sethostname",
         nix::unistd::sethostname(&config.hostname).map_err(io::Error::from),
     )?;
     ctx("loopback up", loopback_up())?;
     ctx("wait for cgroups", wait_for_cgroups(sock))?;
+    // After pivot_root, so mount paths resolve inside the sandbox (never through a
+    // symlink), and after the daemon's last byte is read, so an error here reaches it.
+    for (volume, path) in volumes.iter().zip(&config.volume_paths) {
+        ctx(
+            format!("attach volume at {}", path.display()),
+            attach_volume(volume.as_fd(), path),
+        )?;
+    }
+    drop(volumes);
     // SAFETY: plain unshare(2); the daemon has moved us into the sandbox's cgroups.
     if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } < 0 {
         return ctx("unshare cgroup namespace", Err(io::Error::last_os_error()));
@@ -415,14 +491,20 @@ fn mount_overlay(
     let scratch = ctx("fsopen tmpfs", FsContext::open(c"tmpfs"))?;
     ctx("scratch mode", scratch.set_string(c"mode", c"0700"))?;
     let scratch = ctx("scratch tmpfs", scratch.create_mount(MOUNT_ATTR_NODEV))?;
-    ctx("attach scratch", sys::move_mount_onto(scratch.as_fd(), root_dir))?;
+    ctx(
+        "attach scratch",
+        sys::move_mount_onto(scratch.as_fd(), root_dir),
+    )?;
     ctx("enter scratch", sys::fchdir(scratch.as_fd()))?;
     ctx("create d", fs::create_dir("d"))?;
     ctx("attach disk", sys::move_mount_to(disk.as_fd(), c"d"))?;
     let fsc = ctx("fsopen overlay", FsContext::open(c"overlay"))?;
     for (i, layer) in layers.iter().enumerate() {
         let name = CString::new(format!("l{i}")).map_err(io::Error::other)?;
-        ctx("create layer dir", fs::create_dir(OsStr::from_bytes(name.as_bytes())))?;
+        ctx(
+            "create layer dir",
+            fs::create_dir(OsStr::from_bytes(name.as_bytes())),
+        )?;
         ctx("attach layer", sys::move_mount_to(layer.as_fd(), &name))?;
         ctx("overlay lowerdir+", fsc.set_string(c"lowerdir+", &name))?;
     }
@@ -431,7 +513,10 @@ fn mount_overlay(
     ctx("overlay userxattr", fsc.set_flag(c"userxattr"))?;
     let mnt = ctx("overlay create", fsc.create_mount(MOUNT_ATTR_NODEV))?;
     ctx("create r", fs::create_dir("r"))?;
-    ctx("move overlay into place", sys::move_mount_to(mnt.as_fd(), c"r"))?;
+    ctx(
+        "move overlay into place",
+        sys::move_mount_to(mnt.as_fd(), c"r"),
+    )?;
     ctx("enter the overlay", sys::fchdir(mnt.as_fd()))
 }
 
@@ -528,6 +613,30 @@ fn populate_root(config: &LaunchConfig, root: &Path, sysfs: Option<OwnedFd>) -> 
         sys::mount_setattr_flags(&cpath(&exe)?, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV, 0),
     )?;
     Ok(())
+}
+
+/// Attaches the volume mount at absolute `path`, creating missing directories (mode 0755)
+/// on the way; a symlink anywhere on the path is refused, so the mount can never land
+/// outside the place the path names.
+fn attach_volume(volume: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::{mkdirat, Mode};
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut dir: OwnedFd = openat(nix::fcntl::AT_FDCWD, "/", flags, Mode::empty())?;
+    for part in crate::volume::relative_components(path)? {
+        match mkdirat(&dir, part, Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        dir = openat(&dir, part, flags, Mode::empty()).map_err(|e| match e {
+            nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{:?} on the way is a symlink or not a directory", part),
+            ),
+            e => e.into(),
+        })?;
+    }
+    sys::move_mount_onto(volume, dir.as_fd())
 }
 
 /// Creates directory `path` with exactly `mode` (no umask).

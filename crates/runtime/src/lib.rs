@@ -111,11 +111,15 @@ mod record;
 mod seccomp;
 mod slots;
 mod sys;
+mod volume;
 
 pub use host::HostRuntime;
 pub use linux::{
     CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS,
-    UID_RANGE_SIZE,
+    DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
+};
+pub use volume::{
+    validate_mount_path, validate_mount_paths, MountPathError, VolumeMount, VOLUME_OWNER,
 };
 
 use std::path::PathBuf;
@@ -133,6 +137,10 @@ pub struct SandboxSpec {
     pub cpu_count: u32,
     pub memory_mb: u64,
     pub disk_size_mb: u64,
+    /// Volumes mounted read-write at their paths (validated by the caller with
+    /// [`validate_mount_paths`]); kept across pause/resume and carried by checkpoints.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMount>,
 }
 
 /// What the runtime knows about a live sandbox.
@@ -255,6 +263,18 @@ pub enum RuntimeError {
     },
     #[error(transparent)]
     Network(#[from] berth_net::NetError),
+    #[error("invalid volume id {0:?}: expected 1-64 characters of [A-Za-z0-9_-]")]
+    InvalidVolumeId(String),
+    #[error("volume {0} not found")]
+    VolumeNotFound(String),
+    #[error("volume {0} already exists")]
+    VolumeExists(String),
+    #[error("volume mount path {path:?} {reason}")]
+    InvalidMountPath {
+        path: String,
+        #[source]
+        reason: MountPathError,
+    },
 }
 
 impl RuntimeError {
@@ -337,4 +357,13 @@ pub trait Runtime: Send + Sync + 'static {
         let _ = (id, policy);
         Err(berth_net::NetError::Disabled.into())
     }
+    /// Creates empty volume `id` (of the backend's volume size) for sandboxes to mount
+    /// ([`SandboxSpec::volumes`]); it lives until [`Runtime::delete_volume`].
+    fn create_volume(&self, id: &str) -> Result<(), RuntimeError>;
+    /// Deletes volume `id` and its data. The caller makes sure no live sandbox mounts it.
+    fn delete_volume(&self, id: &str) -> Result<(), RuntimeError>;
+    /// The root directory of volume `id`, as an open directory: files are reached only
+    /// by resolving paths beneath it (`openat2` with `RESOLVE_IN_ROOT`). Owners are the
+    /// ids files have inside sandboxes.
+    fn open_volume(&self, id: &str) -> Result<std::os::fd::OwnedFd, RuntimeError>;
 }

@@ -19,6 +19,7 @@ use crate::perms;
 use crate::record::{self, Record};
 use crate::slots::{Claim, SlotRegistry};
 use crate::sys::{self, cpath};
+use crate::volume::VolumeStore;
 use crate::{
     RecoveryReport, ResumedSandbox, Runtime, RuntimeError, SandboxInfo, SandboxSpec, SandboxStats,
 };
@@ -37,6 +38,8 @@ pub use commit::{CommitStats, ExecOptions};
 
 /// Size of each sandbox's uid/gid range (a full 16-bit range, like a normal Linux system).
 pub const UID_RANGE_SIZE: u32 = 65_536;
+/// Size of a new volume unless configured (`LinuxRuntimeConfig::volume_size_mb`).
+pub const DEFAULT_VOLUME_SIZE_MB: u64 = 2048;
 /// Init arguments used by default: envd listening on its E2B port.
 pub const DEFAULT_ENVD_ARGS: [&str; 2] = ["--listen", "0.0.0.0:49983"];
 
@@ -78,6 +81,8 @@ pub struct LinuxRuntimeConfig {
     /// Sandbox networking (egress through the host, E2B network policy); None keeps
     /// every sandbox on its own loopback only. See `network`.
     pub network: Option<berth_net::NetConfig>,
+    /// Size of every new volume (its ext4 image; sparse on the host). See `volume`.
+    pub volume_size_mb: u64,
 }
 
 impl LinuxRuntimeConfig {
@@ -102,6 +107,7 @@ impl LinuxRuntimeConfig {
             cgroup_parent: "berth".into(),
             disk_pool_size: 4,
             network: None,
+            volume_size_mb: DEFAULT_VOLUME_SIZE_MB,
         }
     }
 }
@@ -142,6 +148,9 @@ pub struct LinuxRuntime {
     /// CRIU, located or provisioned on first need (pause, resume, checkpoint).
     criu: Mutex<Option<Criu>>,
     network: Option<berth_net::HostNetwork>,
+    volumes: VolumeStore,
+    /// The egress proxy's interception CA (PEM), trusted by sandboxes started from now on.
+    egress_ca: Mutex<Option<String>>,
 }
 
 /// Directory of a paused sandbox's CRIU images, inside its sandbox directory.
@@ -167,8 +176,15 @@ impl LinuxRuntime {
         // Root's alone, all of it (see `perms`).
         perms::create_dir_all(&config.state_dir.join("sandboxes"), perms::PRIVATE_DIR)
             .map_err(io_err("create state dir"))?;
-        perms::tighten(&config.state_dir, perms::PRIVATE_DIR)
+        perms::tighten(&config.state_dir, perms::TRAVERSE_DIR)
             .map_err(io_err("chmod state dir"))?;
+        perms::create_dir_all(&config.state_dir.join(VOLUME_MOUNTS), perms::TRAVERSE_DIR)
+            .map_err(io_err("create the volume mounts dir"))?;
+        if let Ok(entries) = fs::read_dir(config.state_dir.join(VOLUME_MOUNTS)) {
+            for entry in entries.flatten() {
+                remove_volume_mountpoints(&entry.path());
+            }
+        }
         perms::create_dir_all(&config.state_dir.join("checkpoints"), perms::PRIVATE_DIR)
             .map_err(io_err("create checkpoint dir"))?;
         let tightened = perms::tighten_sandbox_dirs(&config.state_dir)
@@ -203,8 +219,12 @@ impl LinuxRuntime {
             .clone()
             .map(berth_net::HostNetwork::start)
             .transpose()?;
+        let volumes = VolumeStore::new(&config.state_dir, config.volume_size_mb)
+            .map_err(io_err("create volume dir"))?;
         Ok(Self {
             network,
+            volumes,
+            egress_ca: Mutex::new(None),
             config,
             cgroups,
             disks,
@@ -220,6 +240,15 @@ impl LinuxRuntime {
         &self.config
     }
 
+    /// Makes sandboxes started from now on (created, resumed without memory, restored
+    /// without memory) trust `pem`, the egress proxy's interception CA: it is written to
+    /// their system trust store and the environment of their init points Python, Node,
+    /// curl and OpenSSL at it (see `launch::egress_ca_env`). Sandboxes restored from
+    /// memory keep what their disk and processes had.
+    pub fn set_egress_ca(&self, pem: Option<String>) {
+        *self.egress_ca.lock().unwrap_or_else(|e| e.into_inner()) = pem;
+    }
+
     /// The CRIU this runtime checkpoints with: the host's if new enough, else one
     /// provisioned under the state dir on first call (progress goes to the log).
     pub fn criu(&self) -> Result<Criu, RuntimeError> {
@@ -231,6 +260,27 @@ impl LinuxRuntime {
             .map_err(|e| RuntimeError::CriuUnavailable(Box::new(e)))?;
         *criu = Some(found.clone());
         Ok(found)
+    }
+
+    /// A new directory for the host mounts of sandbox `id`'s volumes during a restore:
+    /// `<state>/volume-mounts/<id>`, owned by the sandbox's root (`uid_base`) and 0700.
+    /// CRIU's restore tasks open external mounts by path after they have become that
+    /// uid, so it must be able to reach them, and no other uid may: the state dir and
+    /// `volume-mounts/` are 0711 (traversable, not listable; every other entry is
+    /// 0700/0600), and a volume's content is reachable only through its sandbox's
+    /// directory here. Removed again by `HostRoot`'s drop.
+    pub(super) fn volume_mounts_dir(
+        &self,
+        id: &str,
+        uid_base: u32,
+    ) -> Result<PathBuf, RuntimeError> {
+        let dir = self.config.state_dir.join(VOLUME_MOUNTS).join(id);
+        remove_volume_mountpoints(&dir);
+        perms::create_dir(&dir, perms::PRIVATE_DIR)
+            .map_err(io_err("create the sandbox's volume mounts dir"))?;
+        std::os::unix::fs::chown(&dir, Some(uid_base), Some(uid_base))
+            .map_err(io_err("chown the sandbox's volume mounts dir"))?;
+        Ok(dir)
     }
 
     fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -447,11 +497,10 @@ impl LinuxRuntime {
     ) -> Result<(OwnedFd, i32, OwnedFd), RuntimeError> {
         let uid_base = self.uid_base_of(slot);
         let disk = match origin {
-            DiskOrigin::New => {
-                self.disks
-                    .create(spec.disk_size_mb.max(16), &dir.join("disk.img"), uid_base)
-                    .map_err(io_err("create sandbox disk"))?
-            }
+            DiskOrigin::New => self
+                .disks
+                .create(spec.disk_size_mb.max(16), &dir.join("disk.img"), uid_base)
+                .map_err(io_err("create sandbox disk"))?,
             DiskOrigin::Kept => {
                 disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount kept disk"))?
             }
@@ -479,7 +528,19 @@ impl LinuxRuntime {
             tmpfs_bytes: (spec.memory_mb * 1024 * 1024 / 2).max(1 << 20),
             host_sysfs: false,
             nameserver: None,
+            volume_paths: spec.volumes.iter().map(|v| v.path.clone()).collect(),
+            egress_ca_pem: None,
         };
+        let egress_ca_pem = self
+            .egress_ca
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut launch_config = launch_config;
+        if egress_ca_pem.is_some() {
+            launch_config.init_env.extend(launch::egress_ca_env());
+        }
+        launch_config.egress_ca_pem = egress_ca_pem;
         let netns = self.netns_for_start(&spec.id)?;
         let sysfs = netns
             .as_ref()
@@ -534,7 +595,7 @@ impl LinuxRuntime {
         fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(io_err("write gid_map"))?;
         let userns = fs::File::open(format!("/proc/{pid}/ns/user"))
             .map_err(io_err("open sandbox user namespace"))?;
-        // The disk goes first, then the layers topmost first.
+        // The disk goes first, then the layers topmost first, then the volumes.
         let mut layers = Vec::with_capacity(spec.layers.len() + 1);
         layers.push(disk);
         for layer in spec.layers.iter().rev() {
@@ -545,6 +606,9 @@ impl LinuxRuntime {
             sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd())
                 .map_err(io_err(format!("idmap {}", layer.display())))?;
             layers.push(tree);
+        }
+        for volume in &spec.volumes {
+            layers.push(self.volumes.mount_for(&volume.volume, userns.as_fd())?);
         }
         layers.extend(sysfs);
         // The child waits for this byte before it execs the launcher as namespaced root.
@@ -659,6 +723,7 @@ impl LinuxRuntime {
         if spec.layers.is_empty() {
             return Err(RuntimeError::NoLayers);
         }
+        check_volume_mounts(spec)?;
         self.bring_up(spec, true, |slot, dir| {
             self.attach_network(&spec.id, policy)?;
             self.start(spec, slot, dir, DiskOrigin::New)
@@ -895,6 +960,7 @@ impl Runtime for LinuxRuntime {
             cpu_count: source.cpu_count,
             memory_mb: source.memory_mb,
             disk_size_mb: source.disk_size_mb,
+            volumes: source.volumes,
         };
         if memory {
             self.restore_checkpoint(&self.criu()?, &checkpoint, &spec)
@@ -913,6 +979,18 @@ impl Runtime for LinuxRuntime {
         }
     }
 
+    fn create_volume(&self, id: &str) -> Result<(), RuntimeError> {
+        self.volumes.create(&self.disks, id)
+    }
+
+    fn delete_volume(&self, id: &str) -> Result<(), RuntimeError> {
+        self.volumes.delete(id)
+    }
+
+    fn open_volume(&self, id: &str) -> Result<OwnedFd, RuntimeError> {
+        self.volumes.root(id)
+    }
+
     fn checkpoints(&self) -> Result<Vec<String>, RuntimeError> {
         let entries = match fs::read_dir(self.checkpoint_root()) {
             Ok(entries) => entries,
@@ -925,6 +1003,50 @@ impl Runtime for LinuxRuntime {
             .filter(|name| valid_id(name))
             .collect())
     }
+}
+
+/// Refuses a spec whose volume mounts are not a valid set of paths.
+fn check_volume_mounts(spec: &SandboxSpec) -> Result<(), RuntimeError> {
+    let paths: Vec<String> = spec
+        .volumes
+        .iter()
+        .map(|v| v.path.to_string_lossy().into_owned())
+        .collect();
+    crate::validate_mount_paths(paths.iter().map(String::as_str)).map_err(|(i, reason)| {
+        RuntimeError::InvalidMountPath {
+            path: paths[i].clone(),
+            reason,
+        }
+    })
+}
+
+/// Where restores mount volumes on the host (see [`LinuxRuntime::volume_mounts_dir`]).
+const VOLUME_MOUNTS: &str = "volume-mounts";
+
+/// Removes `dir` (a sandbox's directory in `volume-mounts/`) and its mountpoints, as a
+/// daemon that died during a restore left them. Never walks into a mountpoint: a
+/// mountpoint still mounted or not empty stays, and so does `dir`.
+fn remove_volume_mountpoints(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+/// CRIU's key for the `index`th volume mount of a sandbox (see `volume`).
+fn volume_key(index: usize) -> String {
+    format!("berth-volume-{index}")
+}
+
+/// The volume mounts of `spec` as CRIU external mounts of a dump.
+pub(super) fn volume_dump_externals(spec: &SandboxSpec) -> Vec<(PathBuf, String)> {
+    spec.volumes
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v.path.clone(), volume_key(i)))
+        .collect()
 }
 
 /// SIGKILL to a sandbox's init: a pid namespace dies with its init. An init already gone

@@ -30,7 +30,10 @@ use std::time::SystemTime;
 
 use berth_checkpoint::{Criu, Dump, Restore};
 
-use super::{io_err, kill_init, valid_id, CloneArgs, DiskOrigin, LinuxRuntime, UID_RANGE_SIZE};
+use super::{
+    io_err, kill_init, valid_id, volume_dump_externals, volume_key, CloneArgs, DiskOrigin,
+    LinuxRuntime, UID_RANGE_SIZE,
+};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::record::{self, Record};
@@ -50,8 +53,10 @@ struct PausedMarker {
 impl PausedMarker {
     fn write(&self, dir: &Path) -> io::Result<()> {
         let tmp = dir.join(".paused.json.tmp");
-        let file =
-            crate::perms::write_private(&tmp, &serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
+        let file = crate::perms::write_private(
+            &tmp,
+            &serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
+        )?;
         // The marker says the checkpoint (or kept disk) is the sandbox's state: it must
         // not reach the disk before what it points to, nor be lost after we answered.
         file.sync_all()?;
@@ -101,6 +106,7 @@ impl LinuxRuntime {
             own_mount_namespace: true,
             // The namespace, link and rules stay while the sandbox is paused.
             netns: self.sandbox_netns(id)?,
+            external_mounts: volume_dump_externals(&sandbox.info.spec),
         };
         if let Err(e) = criu.dump(&dump) {
             let _ = fs::remove_dir_all(images);
@@ -195,7 +201,7 @@ impl LinuxRuntime {
             .map_err(io_err("create cgroups"))?;
         let netns = self.netns_for_start(id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
-        let root = HostRoot::mount(&dir, &spec.layers, self.uid_base_of(record.slot))?;
+        let root = HostRoot::mount(self, &dir, &spec, self.uid_base_of(record.slot))?;
         let work = dir.join("restore");
         crate::perms::create_dir_all(&work, crate::perms::PRIVATE_DIR)
             .map_err(io_err("create restore work dir"))?;
@@ -205,6 +211,7 @@ impl LinuxRuntime {
             root: Some(dir.join("root")),
             cgroup_root: None,
             netns,
+            external_mounts: root.volume_externals(),
         });
         let pid = restored.map_err(criu_err(id, "restore"))?;
         let disk = root.release();
@@ -333,20 +340,52 @@ impl LinuxRuntime {
 /// The sandbox's root rebuilt in the host's mount namespace for CRIU: an overlay of the
 /// idmapped layers and the disk, made of descriptors as the launcher makes it (so the
 /// restored sandbox's `mountinfo` names no host path either) and attached on the
-/// sandbox directory's `root`. Dropping it detaches the overlay.
+/// sandbox directory's `root`, and its volumes (idmapped mounts, bound back into the
+/// tree as CRIU external mounts: see [`LinuxRuntime::volume_mounts_dir`] for where).
+/// Dropping it detaches them all.
 pub(super) struct HostRoot {
-    /// The attached root, detached on drop.
-    attached: Option<CString>,
+    /// Attached mountpoints, in attach order.
+    attached: Vec<CString>,
     disk: Option<OwnedFd>,
+    /// (CRIU key, host path) of each volume mount.
+    volumes: Vec<(String, PathBuf)>,
+    /// The directory of the volume mountpoints, removed on drop.
+    volume_dir: Option<PathBuf>,
 }
 
 impl HostRoot {
     pub(super) fn mount(
+        runtime: &LinuxRuntime,
         dir: &Path,
-        layers: &[PathBuf],
+        spec: &crate::SandboxSpec,
         uid_base: u32,
     ) -> Result<Self, RuntimeError> {
+        let layers = &spec.layers;
+        let mut root = Self {
+            attached: Vec::new(),
+            disk: None,
+            volumes: Vec::new(),
+            volume_dir: None,
+        };
         let userns = userns_with_map(uid_base).map_err(io_err("make id-mapping namespace"))?;
+        if !spec.volumes.is_empty() {
+            root.volume_dir = Some(runtime.volume_mounts_dir(&spec.id, uid_base)?);
+        }
+        for (i, volume) in spec.volumes.iter().enumerate() {
+            let mountpoint = root
+                .volume_dir
+                .as_ref()
+                .expect("made above")
+                .join(i.to_string());
+            crate::perms::create_dir(&mountpoint, crate::perms::PRIVATE_DIR)
+                .map_err(io_err("create volume mountpoint"))?;
+            let mount = runtime.volumes.mount_for(&volume.volume, userns.as_fd())?;
+            root.attach(
+                &mount,
+                cpath(&mountpoint).map_err(io_err("volume mountpoint"))?,
+            )?;
+            root.volumes.push((volume_key(i), mountpoint));
+        }
         let overlay = FsContext::open(c"overlay").map_err(io_err("fsopen overlay"))?;
         // Topmost layer first. The detached trees must stay open until the overlay is
         // created: closing the last descriptor of one dissolves it.
@@ -381,16 +420,24 @@ impl HostRoot {
         let root_dir = dir.join("root");
         crate::perms::create_dir_all(&root_dir, crate::perms::PRIVATE_DIR)
             .map_err(io_err("create root mountpoint"))?;
-        let target = cpath(&root_dir).map_err(io_err("root mountpoint"))?;
-        sys::move_mount_to(mount.as_fd(), &target)
-            .map_err(io_err(format!("attach {}", root_dir.display())))?;
-        Ok(Self {
-            attached: Some(target),
-            disk: Some(disk),
-        })
+        root.attach(&mount, cpath(&root_dir).map_err(io_err("root mountpoint"))?)?;
+        root.disk = Some(disk);
+        Ok(root)
     }
 
-    /// Detaches the host mount and returns the daemon's reference to the disk mount.
+    fn attach(&mut self, mount: &OwnedFd, target: CString) -> Result<(), RuntimeError> {
+        sys::move_mount_to(mount.as_fd(), &target)
+            .map_err(io_err(format!("attach {}", target.to_string_lossy())))?;
+        self.attached.push(target);
+        Ok(())
+    }
+
+    /// The volume mounts as CRIU external mounts of a restore.
+    pub(super) fn volume_externals(&self) -> Vec<(String, PathBuf)> {
+        self.volumes.clone()
+    }
+
+    /// Detaches the host mounts and returns the daemon's reference to the disk mount.
     pub(super) fn release(mut self) -> Option<OwnedFd> {
         self.disk.take()
     }
@@ -398,9 +445,15 @@ impl HostRoot {
 
 impl Drop for HostRoot {
     fn drop(&mut self) {
-        if let Some(target) = self.attached.take() {
+        for target in self.attached.iter().rev() {
             // SAFETY: umount2 with a valid NUL-terminated path.
             unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+        if let Some(dir) = self.volume_dir.take() {
+            for (_, mountpoint) in &self.volumes {
+                let _ = fs::remove_dir(mountpoint);
+            }
+            let _ = fs::remove_dir(dir);
         }
     }
 }

@@ -26,6 +26,9 @@ use std::path::Path;
 pub(crate) const PRIVATE_DIR: u32 = 0o700;
 /// Owner-only file.
 pub(crate) const PRIVATE_FILE: u32 = 0o600;
+/// A directory others may traverse but not list: the state dir and `volume-mounts/`
+/// (see `LinuxRuntime::volume_mounts_dir`).
+pub(crate) const TRAVERSE_DIR: u32 = 0o711;
 /// A directory of CRIU images (see the module docs).
 pub(crate) const IMAGES_DIR: u32 = 0o711;
 
@@ -159,8 +162,7 @@ mod tests {
                 .unwrap();
         }
         for dir in ["sandboxes", "sandboxes/i1", "checkpoints/snap/images"] {
-            fs::set_permissions(state.path().join(dir), fs::Permissions::from_mode(0o755))
-                .unwrap();
+            fs::set_permissions(state.path().join(dir), fs::Permissions::from_mode(0o755)).unwrap();
         }
         std::os::unix::fs::symlink("/etc", sandbox.join("link")).unwrap();
         let changed = tighten_sandbox_dirs(state.path()).unwrap();

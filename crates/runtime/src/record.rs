@@ -31,7 +31,10 @@ pub(crate) struct Record {
 impl Record {
     pub(crate) fn write(&self, dir: &Path) -> io::Result<()> {
         let tmp = dir.join(".record.json.tmp");
-        crate::perms::write_private(&tmp, &serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
+        crate::perms::write_private(
+            &tmp,
+            &serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
+        )?;
         fs::rename(&tmp, dir.join(RECORD_FILE))
     }
 
@@ -78,6 +81,7 @@ mod tests {
                 cpu_count: 1,
                 memory_mb: 256,
                 disk_size_mb: 512,
+                volumes: Vec::new(),
             },
             slot: 7,
             created_at: SystemTime::now(),

@@ -144,6 +144,7 @@ fn five_hundred_create_kill_cycles_leak_nothing() {
             cpu_count: 1,
             memory_mb: 256,
             disk_size_mb: 256,
+            volumes: Vec::new(),
         };
         let info = rt.create(&spec).unwrap();
         if i % 50 == 0 {

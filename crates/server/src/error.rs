@@ -28,6 +28,7 @@ pub enum Stage {
     Restore,
     Pause,
     Checkpoint,
+    UpdateNetwork,
     Kill,
     DeleteCheckpoint,
     Recover,
@@ -41,6 +42,7 @@ impl std::fmt::Display for Stage {
             Stage::Restore => "starting the sandbox from a checkpoint",
             Stage::Pause => "pausing the sandbox",
             Stage::Checkpoint => "checkpointing the sandbox",
+            Stage::UpdateNetwork => "updating the sandbox's network policy",
             Stage::Kill => "killing the sandbox",
             Stage::DeleteCheckpoint => "deleting a checkpoint",
             Stage::Recover => "recovering sandboxes",
@@ -84,6 +86,11 @@ pub enum ServiceError {
     TemplateListing(#[source] TemplateError),
     #[error("\"{0}\" is the name of a template; choose another snapshot name")]
     SnapshotNameTaken(String),
+    #[error(
+        "snapshot \"{0}\" mounts its own volumes (those of the sandbox it was taken from); \
+         leave volumeMounts out or repeat them exactly"
+    )]
+    SnapshotVolumeMounts(String),
     #[error("{stage} {sandbox}: {source}")]
     Runtime {
         sandbox: String,
@@ -98,16 +105,71 @@ pub enum ServiceError {
         #[source]
         source: EnvdError,
     },
+    #[error("invalid network policy: {0}")]
+    InvalidNetwork(#[from] berth_net::PolicyError),
     #[error(transparent)]
     WebhookTarget(#[from] WebhookTargetError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("volume {volume}: {source}")]
+    Volume {
+        volume: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error(
+        "volume {volume} is mounted by sandbox(es) {}; kill them first",
+        sandboxes.join(", ")
+    )]
+    VolumeInUse {
+        volume: String,
+        sandboxes: Vec<String>,
+    },
+    #[error("{0}")]
+    Secret(#[from] crate::secrets::SecretError),
     #[error("{what}: a worker task failed: {source}")]
     Task {
         what: &'static str,
         #[source]
         source: tokio::task::JoinError,
     },
+    #[error(transparent)]
+    InvalidName(#[from] crate::templates::NameError),
+    #[error(
+        "template \"{0}\" is not yours to change (it is installed on this host or another team's)"
+    )]
+    TemplateNotOwned(String),
+    #[error("template \"{template}\" has no ready build tagged \"{tag}\" (its first build may still be running)")]
+    TagNotFound { template: String, tag: String },
+    #[error("build \"{build}\" of template \"{template}\" not found")]
+    BuildNotFound { template: String, build: String },
+    #[error(
+        "build {0} is not waiting to start: it was started already, or a newer build superseded it"
+    )]
+    BuildNotWaiting(String),
+    #[error("cannot delete template \"{template}\": {sandboxes} running or paused sandbox(es) and {snapshots} snapshot(s) use it; kill them (and delete the snapshots) first")]
+    TemplateInUse {
+        template: String,
+        sandboxes: u64,
+        snapshots: u64,
+    },
+    #[error("{what} must be between {min} and {max} on this host, got {value}")]
+    ResourceOutOfRange {
+        what: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
+    #[error("building templates (it needs berth up's Linux runtime)")]
+    BuildsUnavailable,
+    #[error("template build: {0}")]
+    Build(#[source] berth_build::BuildError),
+    #[error("upload refused: {0}")]
+    UploadDenied(&'static str),
+    #[error("uploads are limited to {limit} bytes")]
+    UploadTooLarge { limit: u64 },
+    #[error("template \"{0}\" starts from its start command's checkpoint, where volumes cannot be mounted; create without volumeMounts, or build the template without a start command")]
+    StartCommandVolumes(String),
 }
 
 impl ServiceError {
@@ -145,11 +207,36 @@ fn runtime_to_api(err: &ServiceError, source: &RuntimeError) -> ApiError {
         RuntimeError::Unsupported { backend, what } => {
             ApiError::NotImplemented(format!("{what} on berth's {backend} runtime"))
         }
+        RuntimeError::VolumeNotFound(_) => ApiError::NotFound(err.to_string()),
+        RuntimeError::InvalidMountPath { .. } | RuntimeError::InvalidVolumeId(_) => {
+            ApiError::BadRequest(err.to_string())
+        }
+        RuntimeError::VolumeExists(_) => ApiError::Conflict(err.to_string()),
         RuntimeError::NoFreeSlot { .. } | RuntimeError::CriuUnavailable(_) => {
             ApiError::Unavailable(err.to_string())
         }
         other if other.is_capacity() => ApiError::Unavailable(format!(
             "{err} (the host is out of capacity; try again later)"
+        )),
+        _ => ApiError::Internal(err.to_string()),
+    }
+}
+
+/// The HTTP answer for a build engine refusal.
+fn build_to_api(err: &ServiceError, source: &berth_build::BuildError) -> ApiError {
+    use berth_build::BuildError;
+    match source {
+        BuildError::NotFound(_) => ApiError::NotFound(err.to_string()),
+        BuildError::AlreadyExists(_) => ApiError::Conflict(err.to_string()),
+        BuildError::InvalidBuildId(_)
+        | BuildError::InvalidFilesHash(_)
+        | BuildError::InvalidScope(_)
+        | BuildError::BadUpload { .. } => ApiError::BadRequest(err.to_string()),
+        BuildError::Template(berth_template::TemplateError::InvalidId(_)) => {
+            ApiError::BadRequest(err.to_string())
+        }
+        other if other.is_capacity() => ApiError::Unavailable(format!(
+            "{err} (the host is out of space; free some and retry)"
         )),
         _ => ApiError::Internal(err.to_string()),
     }
@@ -165,18 +252,27 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         | ServiceError::AlreadyRunning(_)
         | ServiceError::SnapshotNameTaken(_) => ApiError::Conflict(err.to_string()),
         ServiceError::TemplateNotFound(_) => ApiError::NotFound(err.to_string()),
-        ServiceError::InvalidTemplate { .. } => ApiError::BadRequest(err.to_string()),
+        ServiceError::InvalidTemplate { .. } | ServiceError::SnapshotVolumeMounts(_) => {
+            ApiError::BadRequest(err.to_string())
+        }
+        ServiceError::InvalidNetwork(policy) => ApiError::BadRequest(policy.to_string()),
         ServiceError::TemplateIncomplete { .. } | ServiceError::Envd { .. } => {
             ApiError::Unavailable(err.to_string())
         }
-        ServiceError::Runtime { source, .. } => runtime_to_api(err, source),
+        ServiceError::Runtime { source, .. } | ServiceError::Volume { source, .. } => {
+            runtime_to_api(err, source)
+        }
+        ServiceError::VolumeInUse { .. } => ApiError::Conflict(err.to_string()),
+        ServiceError::Secret(secret) => secret.to_api(),
         ServiceError::WebhookTarget(target) if target.is_bad_url() => {
             ApiError::BadRequest(err.to_string())
         }
         ServiceError::WebhookTarget(_) => ApiError::Internal(err.to_string()),
         ServiceError::Store(store) => match store {
             StoreError::NotFound { .. } => ApiError::NotFound(store.to_string()),
-            StoreError::TeamExists { .. } => ApiError::Conflict(store.to_string()),
+            StoreError::TeamExists { .. }
+            | StoreError::NameTaken { .. }
+            | StoreError::InUse { .. } => ApiError::Conflict(store.to_string()),
             StoreError::InvalidCursor { .. } => ApiError::BadRequest(store.to_string()),
             StoreError::Busy { .. } => ApiError::Unavailable(store.to_string()),
             _ => ApiError::Internal(store.to_string()),
@@ -184,6 +280,22 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         ServiceError::Template { .. }
         | ServiceError::TemplateListing(_)
         | ServiceError::Task { .. } => ApiError::Internal(err.to_string()),
+        ServiceError::InvalidName(_)
+        | ServiceError::BuildNotWaiting(_)
+        | ServiceError::TemplateInUse { .. }
+        | ServiceError::ResourceOutOfRange { .. }
+        | ServiceError::StartCommandVolumes(_) => ApiError::BadRequest(err.to_string()),
+        ServiceError::TemplateNotOwned(_) | ServiceError::UploadDenied(_) => {
+            ApiError::Forbidden(err.to_string())
+        }
+        ServiceError::TagNotFound { .. } | ServiceError::BuildNotFound { .. } => {
+            ApiError::NotFound(err.to_string())
+        }
+        ServiceError::BuildsUnavailable => ApiError::NotImplemented(err.to_string()),
+        ServiceError::UploadTooLarge { limit } => ApiError::PayloadTooLarge {
+            limit: usize::try_from(*limit).unwrap_or(usize::MAX),
+        },
+        ServiceError::Build(build) => build_to_api(err, build),
     };
     if api.status() >= 500 {
         let chain = error_chain(err);

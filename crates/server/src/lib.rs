@@ -24,6 +24,11 @@ mod openapi;
 mod reaper;
 mod resolver;
 mod sandboxes;
+mod secrets;
+mod templates;
+#[cfg(feature = "test-support")]
+pub mod testing;
+mod volumes;
 mod webhook_target;
 mod webhooks;
 
@@ -40,6 +45,8 @@ use tokio::sync::Notify;
 
 pub use error::ServiceError;
 pub use openapi::openapi_document;
+pub use secrets::{RotationReport, SecretVault, SecretsResolver};
+pub use templates::{NameError, TemplateLimits};
 pub use webhook_target::{
     Resolution, SystemResolver, WebhookConfig, WebhookResolver, WebhookTargetError,
 };
@@ -74,9 +81,22 @@ impl Default for SandboxResources {
 pub struct ServerConfig {
     /// Domain of `<port>-<id>.<domain>` sandbox hosts, reported to SDKs as `domain`.
     pub domain: Option<String>,
+    /// Resources of sandboxes of installed templates, and of template builds that ask
+    /// for none.
     pub resources: SandboxResources,
     /// Where webhooks may deliver (see `webhook_target`).
     pub webhooks: WebhookConfig,
+    /// The most a template build may ask for.
+    pub template_limits: TemplateLimits,
+    /// Base of URLs berth hands out for clients to call back (COPY upload links), e.g.
+    /// `https://api.example.com`; None: `http://` + the request's Host.
+    pub public_url: Option<String>,
+    /// Key file of the vault secrets are sealed with (`BERTH_KEK` wins when set);
+    /// `berth up` passes `<state>/secrets/kek`. None keeps a random key in memory only
+    /// (tests): secrets then do not outlive the process.
+    pub secrets_key_file: Option<std::path::PathBuf>,
+    /// Sandboxes kept started per template so a create is a claim (0: no pools).
+    pub pool_size: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +105,8 @@ pub enum ServerError {
     Store(#[from] berth_store::StoreError),
     #[error("recovering sandboxes: {0}")]
     Recovery(#[from] ServiceError),
+    #[error("loading the secrets vault: {0}")]
+    Vault(#[from] berth_vault::VaultError),
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -110,12 +132,32 @@ pub(crate) struct AppState {
     pub sandbox_locks: KeyedLocks<String>,
     /// The proxy's connections into sandboxes, closed when a sandbox pauses or dies.
     pub connections: berth_proxy::SandboxConnections,
+    /// Template builds; None when the runtime cannot run them (build routes answer 501).
+    pub builds: Option<templates::Builds>,
+    /// Held for reading by bring-ups that mount volumes, for writing by volume deletes
+    /// (see `volumes`).
+    pub volume_mounting: tokio::sync::RwLock<()>,
+    /// What secrets are sealed with.
+    pub secrets: Arc<SecretVault>,
+    /// Sandboxes started ahead of demand, per template.
+    pub pools: sandboxes::pool::WarmPools,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
 
 /// (team id, idempotency key).
 pub(crate) type IdempotencyScope = (String, String);
+
+/// Adds a key-encryption key version to the secrets vault at `key_file` (with
+/// `BERTH_KEK`, the operator adds it there first) and reseals every secret version under
+/// it; safe while `berth up` runs (it reloads the keys when it meets the new version).
+pub fn rotate_secrets_kek(
+    store: &Store,
+    key_file: &std::path::Path,
+) -> Result<RotationReport, ServerError> {
+    let mut vault = berth_vault::Vault::load(key_file)?;
+    Ok(secrets::rotate(store, &mut vault)?)
+}
 
 /// A running control plane: state plus its background tasks.
 pub struct Server {
@@ -132,6 +174,23 @@ impl Server {
         templates: TemplateStore,
         config: ServerConfig,
     ) -> Result<Server, ServerError> {
+        Self::start_with_builds(store, runtime, templates, config, None).await
+    }
+
+    /// Like [`Server::start`], with template builds run by `builds` (an engine on the
+    /// same runtime and template store).
+    pub async fn start_with_builds(
+        store: Arc<Store>,
+        runtime: Arc<dyn Runtime>,
+        templates: TemplateStore,
+        config: ServerConfig,
+        builds: Option<berth_build::BuildEngine>,
+    ) -> Result<Server, ServerError> {
+        let vault = match &config.secrets_key_file {
+            Some(path) => berth_vault::Vault::load(path)?,
+            None => berth_vault::Vault::from_keys([(1, rand::random::<[u8; 32]>())].into())?,
+        };
+        let pool_size = config.pool_size;
         let state = Arc::new(AppState {
             webhook_guard: webhook_target::WebhookGuard::new(&config.webhooks),
             store,
@@ -144,14 +203,33 @@ impl Server {
             idempotency_locks: KeyedLocks::default(),
             sandbox_locks: KeyedLocks::default(),
             connections: berth_proxy::SandboxConnections::default(),
+            builds: builds.map(templates::Builds::new),
+            volume_mounting: tokio::sync::RwLock::new(()),
+            secrets: Arc::new(SecretVault::new(vault)),
+            pools: sandboxes::pool::WarmPools::new(pool_size),
         });
         sandboxes::recover(&state).await?;
-        let tasks = vec![
+        templates::recover(&state).await?;
+        let mut tasks = vec![
             tokio::spawn(reaper::run(state.clone())),
             tokio::spawn(webhooks::run(state.clone())),
             tokio::spawn(metrics::run(state.clone())),
         ];
+        tasks.extend(sandboxes::pool::spawn_refill(&state));
         Ok(Server { state, tasks })
+    }
+
+    /// The resolver the egress proxy injects `${e2b.secrets.NAME}` with: `sandbox_at`
+    /// maps a sandbox's address to its id (berth-net's lookup); the secret is its team's.
+    pub fn secrets_resolver(
+        &self,
+        sandbox_at: impl Fn(std::net::IpAddr) -> Option<String> + Send + Sync + 'static,
+    ) -> SecretsResolver {
+        SecretsResolver::new(
+            self.state.store.clone(),
+            self.state.secrets.clone(),
+            sandbox_at,
+        )
     }
 
     /// The API router with the sandbox proxy in front of it: requests addressed to a
@@ -200,6 +278,14 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         let app = self.router_with(extra);
+        use axum::serve::ListenerExt;
+        // Without TCP_NODELAY a small write after another (a stream's frames, a response
+        // head then its body) waits for the client's delayed ACK: ~40 ms per call.
+        let listener = listener.tap_io(|stream| {
+            if let Err(err) = stream.set_nodelay(true) {
+                tracing::warn!(%err, "setting TCP_NODELAY on an accepted connection");
+            }
+        });
         axum::serve(
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
@@ -209,6 +295,8 @@ impl Server {
         for task in &self.tasks {
             task.abort();
         }
+        // Pooled sandboxes are nobody's yet: they do not outlive the server.
+        sandboxes::pool::drain(&self.state, None).await;
         Ok(())
     }
 }

@@ -32,6 +32,7 @@ impl Modify for ApiKeyScheme {
         handlers::get_sandbox,
         handlers::kill_sandbox,
         handlers::set_timeout,
+        handlers::update_network,
         handlers::refresh,
         handlers::connect_v1,
         handlers::connect_v2,
@@ -41,6 +42,15 @@ impl Modify for ApiKeyScheme {
         handlers::create_snapshot,
         handlers::list_snapshots,
         handlers::delete_template,
+        handlers::create_volume,
+        handlers::list_volumes,
+        handlers::get_volume,
+        handlers::delete_volume,
+        handlers::create_secret,
+        handlers::list_secrets,
+        handlers::get_secret,
+        handlers::update_secret,
+        handlers::delete_secret,
         handlers::logs_v1,
         handlers::logs_v2,
         handlers::sandbox_metrics,
@@ -56,6 +66,17 @@ impl Modify for ApiKeyScheme {
         handlers::list_templates_v1,
         handlers::get_template,
         handlers::get_template_alias,
+        handlers::update_template_v1,
+        handlers::update_template_v2,
+        handlers::request_build_v3,
+        handlers::file_upload_link,
+        handlers::start_build_v2,
+        handlers::cancel_build,
+        handlers::build_status_route,
+        handlers::build_logs_route,
+        handlers::assign_tags,
+        handlers::delete_tags,
+        handlers::list_tags,
         handlers::team_events,
         handlers::sandbox_events,
         handlers::create_webhook,
@@ -83,13 +104,30 @@ mod tests {
         assert!(paths.contains_key("/v2/sandboxes"));
         assert!(paths.contains_key("/events/webhooks/{webhookID}"));
         assert!(paths.contains_key("/sandboxes/{sandboxID}/pause"));
-        assert!(!paths.contains_key("/sandboxes/{sandboxID}/network"));
+        for route in [
+            "/v3/templates",
+            "/templates/{templateID}/files/{hash}",
+            "/v2/templates/{templateID}/builds/{buildID}",
+            "/templates/{templateID}/builds/{buildID}/status",
+            "/templates/{templateID}/builds/{buildID}/logs",
+            "/templates/tags",
+            "/templates/{templateID}/tags",
+            "/v2/templates/{templateID}",
+        ] {
+            assert!(paths.contains_key(route), "{route} missing");
+        }
+        let step = &doc["components"]["schemas"]["TemplateStep"]["properties"];
+        assert!(step.get("filesHash").is_some());
+        assert!(paths.contains_key("/sandboxes/{sandboxID}/network"));
+        assert!(paths.contains_key("/volumes/{volumeID}"));
+        assert!(paths.contains_key("/secrets/{secretID}"));
         let sandbox = &doc["components"]["schemas"]["Sandbox"]["properties"];
         assert!(sandbox.get("sandboxID").is_some());
         assert!(sandbox.get("envdAccessToken").is_some());
         // Fields berth refuses are not advertised.
         let new_sandbox = &doc["components"]["schemas"]["NewSandbox"]["properties"];
-        assert!(new_sandbox.get("network").is_none());
+        assert!(new_sandbox.get("network").is_some());
+        assert!(new_sandbox.get("mcp").is_none());
         assert!(new_sandbox.get("autoPause").is_some());
     }
 }

@@ -74,14 +74,16 @@ impl SandboxResolver for StoreResolver {
                     }
                 };
             }
+            let network = sandboxes::network_policy(&sandbox);
             Ok(Route {
                 connector: Arc::new(RuntimeConnector {
                     runtime: self.state.runtime.clone(),
                     sandbox_id: sandbox.id,
                 }),
                 envd_access_token: sandbox.envd_access_token,
-                traffic_access_token: None,
-                allow_public_traffic: true,
+                traffic_access_token: sandbox.traffic_access_token,
+                allow_public_traffic: network.allow_public_traffic,
+                mask_request_host: network.mask_request_host,
             })
         })
     }

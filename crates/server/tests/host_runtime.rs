@@ -4,115 +4,34 @@
 //! create → command → files → kill, pause/resume and their errors, team isolation, the
 //! proxy's 502 for a sandbox that is gone, and the capacity error.
 //!
-//! envd binary: `BERTH_ENVD_BIN`, else `<target>/debug/berth-envd`, built on demand.
-
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+//! The fixture is `berth_server::testing::HostApi` (feature `test-support`).
 
 use berth_envd_proto::connect::{encode_envelope, EnvelopeDecoder};
-use berth_runtime::HostRuntime;
-use berth_server::{Server, ServerConfig};
-use berth_store::Store;
-use berth_template::{TemplateConfig, TemplateStore};
+use berth_server::testing::HostApi;
+use berth_server::ServerConfig;
 use serde_json::{json, Value};
 
-fn envd_binary() -> PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY
-        .get_or_init(|| {
-            if let Some(path) = std::env::var_os("BERTH_ENVD_BIN") {
-                return PathBuf::from(path);
-            }
-            // tests/<name>-<hash> lives in <target>/debug/deps.
-            let exe = std::env::current_exe().expect("test executable path");
-            let debug = exe
-                .parent()
-                .and_then(|deps| deps.parent())
-                .expect("target dir");
-            let status = Command::new(env!("CARGO"))
-                .args(["build", "-q", "-p", "berth-envd", "--bin", "berth-envd"])
-                .status()
-                .expect("run cargo build");
-            assert!(status.success(), "building berth-envd failed");
-            debug.join("berth-envd")
-        })
-        .clone()
-}
-
-/// The user commands run as: whoever runs the tests (envd switches users only as root).
-fn current_user() -> String {
-    use std::os::unix::fs::MetadataExt;
-    let uid = std::fs::metadata("/proc/self")
-        .expect("stat /proc/self")
-        .uid();
-    let passwd = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
-    passwd
-        .lines()
-        .find_map(|line| {
-            let fields: Vec<&str> = line.split(':').collect();
-            (fields.get(2) == Some(&uid.to_string().as_str())).then(|| fields[0].to_string())
-        })
-        .expect("the current uid has a passwd entry")
-}
-
-/// A running control plane on a loopback port, with two teams and their keys.
+/// The control plane and a client for it.
 struct Api {
+    _host: HostApi,
     url: String,
     key_a: String,
     key_b: String,
     http: reqwest::Client,
-    _server: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
 }
 
 async fn start(max_sandboxes: Option<usize>) -> Api {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Store::open(dir.path()).unwrap());
-    let team_a = store.create_team("a").unwrap();
-    let team_b = store.create_team("b").unwrap();
-    let (_, key_a) = store.create_api_key(&team_a.id, "a").unwrap();
-    let (_, key_b) = store.create_api_key(&team_b.id, "b").unwrap();
-    let templates = TemplateStore::open(dir.path()).unwrap();
-    let layer = templates
-        .commit_layer(templates.stage_layer().unwrap())
-        .unwrap();
-    templates
-        .put(
-            "base",
-            vec![layer],
-            TemplateConfig {
-                default_user: current_user(),
-                default_workdir: "/tmp".into(),
-                envs: [("FROM_TEMPLATE".to_string(), "yes".to_string())].into(),
-                start_cmd: None,
-                ready_cmd: None,
-                checkpoint: None,
-            },
-        )
-        .unwrap();
-    let mut runtime = HostRuntime::new(dir.path().join("runtime"), envd_binary()).unwrap();
-    if let Some(max) = max_sandboxes {
-        runtime = runtime.with_max_sandboxes(max);
-    }
-    let server = Server::start(store, Arc::new(runtime), templates, ServerConfig::default())
-        .await
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let handle = tokio::spawn(async move {
-        server
-            .serve(listener, axum::Router::new(), std::future::pending())
-            .await
-            .unwrap();
-    });
+    start_configured(ServerConfig::default(), max_sandboxes).await
+}
+
+async fn start_configured(config: ServerConfig, max_sandboxes: Option<usize>) -> Api {
+    let host = HostApi::start_configured(config, max_sandboxes, |_, _| axum::Router::new()).await;
     Api {
-        url,
-        key_a,
-        key_b,
+        url: host.url.clone(),
+        key_a: host.key_a.clone(),
+        key_b: host.key_b.clone(),
+        _host: host,
         http: reqwest::Client::new(),
-        _server: handle,
-        _dir: dir,
     }
 }
 
@@ -299,7 +218,7 @@ async fn pause_resume_and_their_errors() {
     // A background process whose memory must survive a pause with memory.
     api.run(
         &sandbox,
-        "nohup sleep 600 >/dev/null 2>&1 & echo $! > $HOME/sleeper",
+        "nohup sleep 600 >/dev/null 2>&1 & echo $! > /proc/$PPID/cwd/sleeper",
     )
     .await;
     let post = |path: String, body: Option<Value>| {
@@ -336,7 +255,9 @@ async fn pause_resume_and_their_errors() {
     )
     .await;
     assert_eq!(status, 201, "{body}");
-    let (exit, _) = api.run(&sandbox, "kill -0 $(cat $HOME/sleeper)").await;
+    let (exit, _) = api
+        .run(&sandbox, "kill -0 $(cat /proc/$PPID/cwd/sleeper)")
+        .await;
     assert_eq!(exit, 0, "the background process continued");
     let (status, body) = post(format!("/sandboxes/{sid}/resume"), Some(json!({}))).await;
     assert_eq!(status, 409, "{body}");
@@ -357,7 +278,7 @@ async fn pause_resume_and_their_errors() {
     let (status, body) = post(format!("/sandboxes/{sid}/resume"), Some(json!({}))).await;
     assert_eq!(status, 201, "{body}");
     // Gone, or a zombie not yet reaped by the host's init.
-    let alive = "s=$(cut -d' ' -f3 /proc/$(cat $HOME/sleeper)/stat 2>/dev/null); \
+    let alive = "s=$(cut -d' ' -f3 /proc/$(cat /proc/$PPID/cwd/sleeper)/stat 2>/dev/null); \
                  [ -n \"$s\" ] && [ \"$s\" != Z ] && echo alive || echo gone";
     let (_, stdout) = api
         .run(&sandbox, &format!("{alive}; echo $FROM_CALLER"))
@@ -431,4 +352,187 @@ async fn a_full_host_is_a_clear_503() {
             .contains("slots are in use"),
         "{body}"
     );
+}
+
+/// Seconds since sandbox `sandbox`'s envd (the parent of its commands) started.
+async fn envd_age(api: &Api, sandbox: &Value) -> f64 {
+    let (_, out) = api
+        .run(
+            sandbox,
+            "ticks=$(cut -d' ' -f22 /proc/$PPID/stat); hz=$(getconf CLK_TCK); \
+             up=$(cut -d' ' -f1 /proc/uptime); echo \"$up $ticks $hz\"",
+        )
+        .await;
+    let fields: Vec<f64> = out.split_whitespace().map(|v| v.parse().unwrap()).collect();
+    fields[0] - fields[1] / fields[2]
+}
+
+#[tokio::test]
+async fn a_create_claims_a_warm_sandbox_that_carries_nothing_of_another() {
+    let config = ServerConfig {
+        pool_size: 2,
+        ..ServerConfig::default()
+    };
+    let api = start_configured(config, None).await;
+    // The first create of a template starts its pool.
+    let (status, first) = api
+        .call(
+            &api.key_a,
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base", "envVars": {"ONLY_A": "a-secret"}})),
+        )
+        .await;
+    assert_eq!(status, 201, "{first}");
+    // The host runtime gives each sandbox a directory: its envd's working dir.
+    api.run(&first, "echo from-a > /proc/$PPID/cwd/mark").await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let claimed = api.create(&api.key_b).await;
+    assert!(
+        envd_age(&api, &claimed).await >= 2.0,
+        "the sandbox was started before its create: a pool claim"
+    );
+    let (_, out) = api
+        .run(
+            &claimed,
+            "echo \"[$FROM_CALLER] [$ONLY_A] $E2B_SANDBOX_ID\"; cat /proc/$PPID/cwd/mark 2>&1 || true",
+        )
+        .await;
+    assert!(
+        out.starts_with(&format!("[1] [] {}", id(&claimed))),
+        "{out}"
+    );
+    assert!(!out.contains("from-a"), "another sandbox's files: {out}");
+    assert_ne!(first["sandboxID"], claimed["sandboxID"]);
+    assert_ne!(first["envdAccessToken"], claimed["envdAccessToken"]);
+    // The pooled envd took the claimant's token: the old one, or none, is refused.
+    let mut without = claimed.clone();
+    without["envdAccessToken"] = Value::String(String::new());
+    let denied = api
+        .envd(&without, reqwest::Method::GET, "/envs")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 401);
+    // Pooled sandboxes are nobody's: listings show only what was created.
+    let (_, listed) = api
+        .call(&api.key_b, reqwest::Method::GET, "/v2/sandboxes", None)
+        .await;
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+}
+
+#[tokio::test]
+async fn installed_templates_are_listed_resolved_and_read_only() {
+    use reqwest::Method;
+    let api = start(None).await;
+    for path in ["/templates", "/v2/templates"] {
+        let (status, listed) = api.call(&api.key_a, Method::GET, path, None).await;
+        assert_eq!(status, 200, "{listed}");
+        let base = &listed.as_array().unwrap()[0];
+        assert_eq!(base["templateID"], "base");
+        assert_eq!(base["names"], json!(["base"]));
+        assert_eq!(base["public"], true);
+        assert_eq!(base["buildStatus"], "ready");
+    }
+    let (status, one) = api
+        .call(&api.key_b, Method::GET, "/templates/base", None)
+        .await;
+    assert_eq!(status, 200, "{one}");
+    let builds = one["builds"].as_array().unwrap();
+    assert_eq!(builds.len(), 1);
+    assert_eq!(builds[0]["status"], "ready");
+    let (status, tags) = api
+        .call(&api.key_a, Method::GET, "/templates/base/tags", None)
+        .await;
+    assert_eq!(status, 200, "{tags}");
+    assert_eq!(tags[0]["tag"], "default");
+    assert_eq!(tags[0]["buildID"], builds[0]["buildID"]);
+    let (status, alias) = api
+        .call(&api.key_a, Method::GET, "/templates/aliases/base", None)
+        .await;
+    assert_eq!((status, &alias["templateID"]), (200, &json!("base")));
+    let (status, _) = api
+        .call(&api.key_a, Method::GET, "/templates/aliases/base:v9", None)
+        .await;
+    assert_eq!(status, 404, "a missing tag");
+    let (status, _) = api
+        .call(&api.key_a, Method::GET, "/templates/aliases/Bad Name", None)
+        .await;
+    assert_eq!(status, 400);
+
+    // Read-only: installed templates are nobody's to change.
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            Method::PATCH,
+            "/templates/base",
+            Some(json!({"public": false})),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = api
+        .call(&api.key_a, Method::DELETE, "/templates/base", None)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/templates/tags",
+            Some(json!({"target": "base", "tags": ["mine"]})),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+
+    // This runtime builds nothing: a clear 501, not a fake build.
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/v3/templates",
+            Some(json!({"name": "app"})),
+        )
+        .await;
+    assert_eq!(status, 501, "{body}");
+    let (status, _) = api
+        .call(&api.key_a, Method::GET, "/templates/nope/files/00", None)
+        .await;
+    assert_eq!(status, 400, "a malformed hash");
+
+    // `base:default` is `base`; the sandbox reports the name and build it came from.
+    let (status, sandbox) = api
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base:default"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{sandbox}");
+    let (_, info) = api
+        .call(
+            &api.key_a,
+            Method::GET,
+            &format!("/sandboxes/{}", id(&sandbox)),
+            None,
+        )
+        .await;
+    assert_eq!(info["templateID"], "base");
+    assert_eq!(info["cpuCount"], 2);
+    let (status, one) = api
+        .call(&api.key_a, Method::GET, "/templates/base", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(one["spawnCount"], 1);
+    let (status, body) = api
+        .call(&api.key_a, Method::DELETE, "/templates/base", None)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    api.call(
+        &api.key_a,
+        Method::DELETE,
+        &format!("/sandboxes/{}", id(&sandbox)),
+        None,
+    )
+    .await;
 }

@@ -43,6 +43,12 @@ pub enum StoreError {
     },
     #[error("database: {0}")]
     Sqlite(#[source] rusqlite::Error),
+    #[error("encoding {what} for the database: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error(
         "{table}.{column} of row {row} is corrupt ({source}); repair or delete that row in \
          berth.db (e.g. with sqlite3) and retry"
@@ -59,6 +65,14 @@ pub enum StoreError {
     NotFound { what: &'static str, id: String },
     #[error("team \"{name}\" already exists; choose another name")]
     TeamExists { name: String },
+    #[error("a {what} named \"{name}\" already exists; choose another name")]
+    NameTaken { what: &'static str, name: String },
+    #[error("{what} {id} is in use by {}", users.join(", "))]
+    InUse {
+        what: &'static str,
+        id: String,
+        users: Vec<String>,
+    },
     #[error(
         "invalid page cursor: {reason}; pass the cursor of the previous page back unchanged, \
          or none for the first page"

@@ -15,6 +15,11 @@
 //! - `sandboxes`: [`SandboxRecord`] and its status and lifecycle, listings
 //!   ([`SandboxFilter`] → [`SandboxPage`]), idempotency keys, team metric spans.
 //! - `snapshots`: [`SnapshotRecord`].
+//! - `templates`: [`TemplateRecord`] (a team's, or installed on the host),
+//!   [`TemplateBuildRecord`], [`TemplateTagRecord`].
+//! - `volumes`: [`VolumeRecord`], which sandboxes mount them ([`VolumeMountRecord`]).
+//! - `secrets`: [`SecretRecord`] and its versions, sealed by the caller's vault
+//!   ([`SealedVersion`]: the store never sees a secret's value).
 //! - `events`: [`EventRecord`], [`WebhookRecord`], [`PendingDelivery`].
 //! - `telemetry`: [`LogRecord`], [`MetricSample`].
 //!
@@ -56,9 +61,12 @@ mod events;
 mod keys;
 mod sandboxes;
 mod schema;
+mod secrets;
 mod snapshots;
 mod teams;
 mod telemetry;
+mod templates;
+mod volumes;
 
 pub use db::{Store, DATABASE_FILE};
 pub use error::{Corruption, Result, StoreError};
@@ -67,9 +75,15 @@ pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
 pub use sandboxes::{
     Lifecycle, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus, StateFilter,
 };
+pub use secrets::{SealedVersion, SecretPage, SecretRecord, SECRET_ID_PREFIX};
 pub use snapshots::SnapshotRecord;
 pub use teams::{ApiKeyRecord, Team};
 pub use telemetry::{LogRecord, MetricSample};
+pub use templates::{
+    BuildReason, InstalledTemplate, NewTemplateBuild, TemplateBuildRecord, TemplateBuildStatus,
+    TemplateRecord, TemplateTagRecord, DEFAULT_TAG,
+};
+pub use volumes::{VolumeMountRecord, VolumeRecord};
 
 #[cfg(test)]
 mod tests;

@@ -90,6 +90,13 @@ pub struct SandboxRecord {
     /// Time to live given at create, in seconds (used again on automatic resume).
     pub timeout_secs: i64,
     pub lifecycle: Lifecycle,
+    /// Network policy as the runtime's networking serialises it; `None` = E2B's default
+    /// (internet access, public traffic allowed). Opaque to the store.
+    pub network: Option<serde_json::Value>,
+    /// Token user ports need (`e2b-traffic-access-token`) when public traffic is off.
+    pub traffic_access_token: Option<String>,
+    /// Volumes mounted, in mount order; fixed at create.
+    pub volume_mounts: Vec<crate::VolumeMountRecord>,
 }
 
 /// Filters of a sandbox listing.
@@ -146,7 +153,7 @@ pub struct SandboxPage {
 const SANDBOX_COLUMNS: &str = "id, team_id, template_id, alias, build_id, cpu_count, memory_mb, \
      disk_size_mb, metadata, envd_version, envd_access_token, allow_internet_access, \
      started_at_ms, end_at_ms, status, paused_memory, env_vars, timeout_secs, auto_pause, \
-     auto_pause_memory, auto_resume";
+     auto_pause_memory, auto_resume, network, traffic_access_token, volume_mounts";
 
 /// Live rows: the states [`SandboxStatus::Running`] and [`SandboxStatus::Paused`].
 const LIVE: &str = "status IN ('running', 'paused')";
@@ -186,6 +193,9 @@ fn sandbox_from_row(row: &Row<'_>) -> Result<SandboxRecord> {
             auto_pause_memory: c.get("auto_pause_memory")?,
             auto_resume: c.get("auto_resume")?,
         },
+        network: c.json_opt("network")?,
+        traffic_access_token: c.get("traffic_access_token")?,
+        volume_mounts: c.json("volume_mounts")?,
     })
 }
 
@@ -247,6 +257,22 @@ pub(crate) fn page_query(
 }
 
 impl Store {
+    /// Record live sandbox `id`'s new network policy.
+    pub fn set_network(&self, id: &str, network: &serde_json::Value) -> Result<()> {
+        let changed = execute(
+            &self.conn(),
+            &format!("UPDATE sandboxes SET network = ?2 WHERE id = ?1 AND {LIVE}"),
+            params![id, network.to_string()],
+        )?;
+        if changed == 0 {
+            return Err(StoreError::NotFound {
+                what: "sandbox",
+                id: id.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     pub fn insert_sandbox(&self, sandbox: &SandboxRecord) -> Result<()> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
@@ -255,7 +281,7 @@ impl Store {
             &format!(
                 "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-                 ?18, ?19, ?20, ?21)"
+                 ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
             ),
             params![
                 sandbox.id,
@@ -279,8 +305,23 @@ impl Store {
                 sandbox.lifecycle.auto_pause,
                 sandbox.lifecycle.auto_pause_memory,
                 sandbox.lifecycle.auto_resume,
+                sandbox.network.as_ref().map(|v| v.to_string()),
+                sandbox.traffic_access_token,
+                serde_json::to_string(&sandbox.volume_mounts).map_err(|err| {
+                    StoreError::Encode {
+                        what: "volume mounts",
+                        source: err,
+                    }
+                })?,
             ],
         )?;
+        for (position, mount) in sandbox.volume_mounts.iter().enumerate() {
+            execute(
+                &tx,
+                "INSERT INTO sandbox_volumes (sandbox_id, position, volume_id) VALUES (?1, ?2, ?3)",
+                params![sandbox.id, position as i64, mount.volume_id],
+            )?;
+        }
         for (key, value) in &sandbox.metadata {
             execute(
                 &tx,

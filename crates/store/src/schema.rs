@@ -151,6 +151,94 @@ INSERT INTO sandbox_metadata (sandbox_id, key, value)
     r#"
 ALTER TABLE snapshots RENAME COLUMN path TO checkpoint_id;
 "#,
+    // Sandbox networking: each sandbox's network policy (berth-net's JSON form; NULL =
+    // E2B's default, internet access) and its traffic access token when public traffic
+    // is off; snapshots carry the policy to the sandboxes started from them.
+    r#"
+ALTER TABLE sandboxes ADD COLUMN network TEXT;
+ALTER TABLE sandboxes ADD COLUMN traffic_access_token TEXT;
+ALTER TABLE snapshots ADD COLUMN network TEXT;
+"#,
+    // Volumes and the sandboxes (and snapshots) mounting them; secrets and their sealed
+    // versions (berth-vault envelopes).
+    r#"
+CREATE TABLE volumes (
+    id TEXT PRIMARY KEY,
+    team_id TEXT NOT NULL REFERENCES teams(id),
+    name TEXT NOT NULL,
+    token TEXT NOT NULL UNIQUE,
+    created_at_ms INTEGER NOT NULL,
+    UNIQUE (team_id, name)
+);
+ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE snapshots ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';
+CREATE TABLE sandbox_volumes (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes(id),
+    position INTEGER NOT NULL,
+    volume_id TEXT NOT NULL,
+    PRIMARY KEY (sandbox_id, position)
+);
+CREATE INDEX sandbox_volumes_volume ON sandbox_volumes(volume_id);
+CREATE TABLE secrets (
+    id TEXT PRIMARY KEY,
+    team_id TEXT NOT NULL REFERENCES teams(id),
+    name TEXT NOT NULL,
+    current_version INTEGER NOT NULL,
+    metadata TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    UNIQUE (team_id, name)
+);
+CREATE INDEX secrets_team_created ON secrets(team_id, created_at_ms, id);
+CREATE TABLE secret_versions (
+    secret_id TEXT NOT NULL REFERENCES secrets(id) ON DELETE CASCADE,
+    version INTEGER NOT NULL,
+    kek_version INTEGER NOT NULL,
+    wrapped_key BLOB NOT NULL,
+    ciphertext BLOB NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (secret_id, version)
+);
+"#,
+    // Templates belong to teams (team_id NULL: installed on the host, e.g. `base`), with
+    // their builds (each names the template store manifest it wrote) and tags.
+    r#"
+CREATE TABLE templates (
+    id TEXT PRIMARY KEY,
+    team_id TEXT REFERENCES teams(id),
+    alias TEXT NOT NULL,
+    public INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    last_spawned_at_ms INTEGER,
+    spawn_count INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX templates_team_alias ON templates(coalesce(team_id, ''), alias);
+CREATE INDEX templates_team_created ON templates(team_id, created_at_ms, id);
+CREATE TABLE template_builds (
+    id TEXT PRIMARY KEY,
+    template_id TEXT NOT NULL REFERENCES templates(id),
+    status TEXT NOT NULL,
+    reason TEXT,
+    tags TEXT NOT NULL,
+    manifest_id TEXT NOT NULL,
+    cpu_count INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_size_mb INTEGER NOT NULL,
+    envd_version TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    finished_at_ms INTEGER
+);
+CREATE INDEX template_builds_template_created ON template_builds(template_id, created_at_ms, id);
+CREATE TABLE template_tags (
+    template_id TEXT NOT NULL REFERENCES templates(id),
+    tag TEXT NOT NULL,
+    build_id TEXT NOT NULL REFERENCES template_builds(id),
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (template_id, tag)
+);
+"#,
 ];
 
 /// The schema version this berth writes.

@@ -35,11 +35,16 @@ pub struct SnapshotRecord {
     /// Processes continue from the snapshot's memory; false: only its files are used
     /// (new sandboxes boot afresh on them).
     pub memory: bool,
+    /// The source's network policy (see `SandboxRecord::network`), inherited by
+    /// sandboxes started from the snapshot.
+    pub network: Option<serde_json::Value>,
+    /// The source's volume mounts, which sandboxes started from the snapshot mount too.
+    pub volume_mounts: Vec<crate::VolumeMountRecord>,
 }
 
 const SNAPSHOT_COLUMNS: &str = "id, team_id, name, source_sandbox_id, template_id, build_id, \
      cpu_count, memory_mb, disk_size_mb, env_vars, envd_access_token, checkpoint_id, size_bytes, \
-     created_at_ms, memory";
+     created_at_ms, memory, network, volume_mounts";
 
 fn snapshot_from_row(row: &Row<'_>) -> Result<SnapshotRecord> {
     let c = Columns::new(row, "snapshots", &["id"])?;
@@ -59,6 +64,8 @@ fn snapshot_from_row(row: &Row<'_>) -> Result<SnapshotRecord> {
         size_bytes: c.get::<i64>("size_bytes")? as u64,
         created_at: c.time("created_at_ms")?,
         memory: c.get("memory")?,
+        network: c.json_opt("network")?,
+        volume_mounts: c.json("volume_mounts")?,
     })
 }
 
@@ -99,7 +106,7 @@ impl Store {
             &tx,
             &format!(
                 "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES \
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
             ),
             params![
                 snapshot.id,
@@ -117,6 +124,13 @@ impl Store {
                 snapshot.size_bytes as i64,
                 to_ms(snapshot.created_at),
                 snapshot.memory,
+                snapshot.network.as_ref().map(|v| v.to_string()),
+                serde_json::to_string(&snapshot.volume_mounts).map_err(|err| {
+                    StoreError::Encode {
+                        what: "volume mounts",
+                        source: err,
+                    }
+                })?,
             ],
         )?;
         tx.commit()?;

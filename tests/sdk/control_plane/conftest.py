@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 import httpx
 import pytest
 
+from internet import FakeInternet
+
 if TYPE_CHECKING:
     from e2b import Sandbox
 
@@ -95,6 +97,32 @@ def poll(predicate: Callable[[], bool], timeout: float = 60.0, interval: float =
         time.sleep(interval)
 
 
+
+def sandbox_network_env() -> dict[str, str]:
+    """Network flags for one `berth up` under test: a sandbox pool of its own (two
+    daemons on one host need distinct pools; the daemon checks the pool against the
+    host's routes) and an egress ceiling admitting only the benchmarking range tests
+    place their fake internet hosts in (ENVIRONMENT.md's network rule)."""
+    import ipaddress
+    import random
+    import subprocess as _subprocess
+
+    routes = _subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
+    taken = []
+    for word in routes.split():
+        try:
+            taken.append(ipaddress.ip_network(word, strict=False))
+        except ValueError:
+            pass
+    for _ in range(100):
+        pool = ipaddress.ip_network(f"10.{random.randrange(128, 250)}.{random.randrange(0, 16) * 16}.0/20")
+        if not any(pool.overlaps(net) for net in taken if net.prefixlen > 0):
+            break
+    return {
+        "BERTH_SANDBOX_CIDR": str(pool),
+        "BERTH_EGRESS_ALLOW": os.environ.get("BERTH_EGRESS_ALLOW", "198.18.0.0/15"),
+    }
+
 @dataclass
 class Berth:
     """A running `berth up` and what it printed."""
@@ -105,6 +133,8 @@ class Berth:
     log_path: Path
     process: Optional[subprocess.Popen] = None
     env: dict[str, str] = field(default_factory=dict)
+    # Kept across restarts: a restarted daemon must find its sandboxes' pool again.
+    network_env: dict[str, str] = field(default_factory=lambda: sandbox_network_env())
     _reader: Optional[threading.Thread] = None
 
     @property
@@ -150,6 +180,9 @@ class Berth:
                 "RUST_LOG": os.environ.get("RUST_LOG", "info"),
                 # The CRIU `berth provision` set up for the machine, not one per test run.
                 "BERTH_CRIU_STATE_DIR": os.environ.get("BERTH_CRIU_STATE_DIR", "/var/lib/berth"),
+                **self.network_env,
+                # Small volumes, so the volume-full test fills one quickly.
+                "BERTH_VOLUME_SIZE_MB": os.environ.get("BERTH_VOLUME_SIZE_MB", "128"),
             },
         )
         process = self.process
@@ -271,9 +304,20 @@ def remove_state_dir(state_dir: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def berth(request: pytest.FixtureRequest) -> Iterator[Berth]:
+def internet() -> Iterator[FakeInternet]:
+    """The session's fake internet (see internet.py); `berth up` resolves through its
+    DNS server and its egress ceiling admits exactly its hosts."""
     if os.geteuid() != 0:
         pytest.exit("berth up runs sandboxes: run the suite as root", returncode=2)
+    hosts = FakeInternet(block=200)
+    try:
+        yield hosts
+    finally:
+        hosts.stop()
+
+
+@pytest.fixture(scope="session")
+def berth(request: pytest.FixtureRequest, internet: FakeInternet) -> Iterator[Berth]:
     binary = berth_binary()
     state_dir = Path(tempfile.mkdtemp(prefix="berth-cp-state-"))
     templates = Path(os.environ.get("BERTH_TEMPLATES_DIR", "/var/lib/berth/templates"))
@@ -285,6 +329,13 @@ def berth(request: pytest.FixtureRequest) -> Iterator[Berth]:
         state_dir=state_dir,
         listen=f"127.0.0.1:{free_loopback_port()}",
         log_path=log_dir / "berth-up.log",
+        network_env={
+            **sandbox_network_env(),
+            "BERTH_EGRESS_ALLOW": internet.ceiling,
+            "BERTH_DNS_UPSTREAM": f"{internet.dns_ip}:53",
+            # The egress proxy verifies rule domains' servers: the fake internet's CA.
+            "BERTH_EGRESS_EXTRA_ROOTS": str(internet.ca_file),
+        },
     )
     try:
         instance.start()

@@ -145,12 +145,7 @@ def test_invalid_sandbox_ids_are_rejected(berth: Berth) -> None:
 
 
 def test_private_traffic_needs_the_traffic_token(berth: Berth) -> None:
-    try:
-        sandbox = Sandbox.create(timeout=300, network={"allow_public_traffic": False})
-    except Exception as error:  # a clear 501 from the server means "not there yet"
-        if "501" in str(error) or "not implemented" in str(error).lower():
-            pytest.skip(f"berth does not implement network config yet: {error}")
-        raise
+    sandbox = Sandbox.create(timeout=300, network={"allow_public_traffic": False})
     try:
         token = sandbox.traffic_access_token
         assert token, "no trafficAccessToken for a sandbox without public traffic"

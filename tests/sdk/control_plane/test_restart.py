@@ -112,3 +112,25 @@ def test_paused_sandboxes_and_snapshots_survive_a_restart(berth: Berth, api: htt
             except Exception:
                 pass
         api.delete(f"/templates/{name}")
+
+
+@pytest.mark.restarts_berth
+def test_network_policy_survives_a_restart(berth: Berth, internet) -> None:
+    """The policy lives in the runtime's network record and the row: after a restart the
+    sandbox is reattached under the same rules, and the egress path works again."""
+    from test_network import curl, with_ca
+
+    allowed, denied = internet.web_ips
+    sandbox = with_ca(
+        Sandbox.create(timeout=600, network={"deny_out": ["0.0.0.0/0"], "allow_out": [allowed]}), internet
+    )
+    try:
+        assert curl(sandbox, f"http://{allowed}/")[0] == 0
+        berth.restart()
+        again = Sandbox.connect(sandbox.sandbox_id)
+        assert curl(again, f"http://{allowed}/")[0] == 0
+        assert curl(again, f"http://{denied}/")[0] != 0
+        info = Sandbox.get_info(sandbox.sandbox_id)
+        assert info.network is not None and info.network.get("deny_out") == ["0.0.0.0/0"]
+    finally:
+        Sandbox.kill(sandbox.sandbox_id)

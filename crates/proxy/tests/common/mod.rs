@@ -118,6 +118,7 @@ impl SandboxResolver for Resolver {
                 envd_access_token: known.envd_access_token.map(str::to_owned),
                 traffic_access_token: known.traffic_access_token.map(str::to_owned),
                 allow_public_traffic: known.allow_public_traffic,
+                mask_request_host: None,
             })
         })
     }

@@ -236,6 +236,7 @@ impl TestRuntime {
             cpu_count: 1,
             memory_mb: 256,
             disk_size_mb: 256,
+            volumes: Vec::new(),
         }
     }
 

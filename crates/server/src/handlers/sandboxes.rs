@@ -23,6 +23,8 @@ use super::validate_timeout;
 use crate::auth::Caller;
 use crate::error::HttpError;
 use crate::extract::{ApiJson, ApiQuery, OptionalJson};
+use berth_net::{E2bNetworkConfig, NetworkPolicy};
+
 use crate::sandboxes::{self, CreateRequest, Resumed};
 use crate::{events, SharedState};
 
@@ -42,7 +44,7 @@ pub(super) fn sandbox_response(state: &SharedState, record: &SandboxRecord) -> S
         client_id: CLIENT_ID.into(),
         envd_version: record.envd_version.clone(),
         envd_access_token: record.envd_access_token.clone(),
-        traffic_access_token: None,
+        traffic_access_token: record.traffic_access_token.clone(),
         domain: state.config.domain.clone(),
     }
 }
@@ -61,6 +63,7 @@ fn listed(record: &SandboxRecord) -> ListedSandbox {
         metadata: record.metadata.clone(),
         state: api_state(record),
         envd_version: record.envd_version.clone(),
+        volume_mounts: crate::volumes::api_mounts(record),
     }
 }
 
@@ -144,25 +147,34 @@ fn requested_lifecycle(body: &NewSandbox) -> Result<Lifecycle, HttpError> {
 
 /// Refuse request fields for features berth does not have yet, naming them.
 fn refuse_unsupported(body: &NewSandbox) -> Result<(), HttpError> {
-    if body.allow_internet_access == Some(false) {
-        return Err(ApiError::NotImplemented(
-            "allow_internet_access=false (egress network policy)".into(),
-        )
-        .into());
-    }
-    if body.network.as_ref().is_some_and(|v| !is_empty_json(v)) {
-        return Err(ApiError::NotImplemented("network (egress network policy)".into()).into());
-    }
     if body.mcp.as_ref().is_some_and(|v| !is_empty_json(v)) {
         return Err(ApiError::NotImplemented("mcp (MCP gateway)".into()).into());
     }
     if body.iam.as_ref().is_some_and(|v| !is_empty_json(v)) {
         return Err(ApiError::NotImplemented("iam (workload tokens)".into()).into());
     }
-    if body.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::NotImplemented("volumeMounts (volumes)".into()).into());
-    }
     Ok(())
+}
+
+/// The network policy a create asks for: `None` when it names none (E2B's default:
+/// internet access, public traffic).
+fn requested_network(body: &NewSandbox) -> Result<Option<NetworkPolicy>, ApiError> {
+    let network = match &body.network {
+        Some(value) if !is_empty_json(value) => Some(network_config("network", value)?),
+        _ => None,
+    };
+    if network.is_none() && body.allow_internet_access.is_none() {
+        return Ok(None);
+    }
+    let policy = NetworkPolicy::from_e2b_create(body.allow_internet_access, network.as_ref())
+        .map_err(|err| ApiError::BadRequest(err.to_string()))?;
+    Ok(Some(policy))
+}
+
+/// E2B's network config object in field `field` of a request.
+fn network_config(field: &str, value: &serde_json::Value) -> Result<E2bNetworkConfig, ApiError> {
+    serde_json::from_value(value.clone())
+        .map_err(|err| ApiError::BadRequest(format!("{field}: {err}")))
 }
 
 fn is_empty_json(value: &serde_json::Value) -> bool {
@@ -186,6 +198,7 @@ async fn create(
         return Err(ApiError::BadRequest("templateID is required".into()).into());
     }
     refuse_unsupported(&body)?;
+    let network = requested_network(&body)?;
     let lifecycle = requested_lifecycle(&body)?;
     let timeout_secs = validate_timeout(body.timeout.unwrap_or(default_timeout))?;
     let idempotency_key = headers
@@ -220,7 +233,13 @@ async fn create(
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
         allow_internet_access: body.allow_internet_access,
+        network,
         lifecycle,
+        volume_mounts: crate::volumes::resolve_mounts(
+            &state,
+            &caller.team.id,
+            body.volume_mounts.as_deref().unwrap_or_default(),
+        )?,
     };
     let record = sandboxes::create(&state, request).await?;
     if let Some(key) = &idempotency_key {
@@ -463,6 +482,11 @@ pub async fn get_sandbox(
     Path(id): Path<String>,
 ) -> Result<Json<SandboxDetail>, HttpError> {
     let record = live(&state, &caller, &id)?;
+    let network = sandboxes::network_policy(&record).to_e2b();
+    let network = (
+        network.0,
+        serde_json::to_value(network.1).unwrap_or_default(),
+    );
     Ok(Json(SandboxDetail {
         template_id: record.template_id.clone(),
         alias: record.alias.clone(),
@@ -472,13 +496,15 @@ pub async fn get_sandbox(
         end_at: record.end_at,
         envd_version: record.envd_version.clone(),
         envd_access_token: record.envd_access_token.clone(),
-        allow_internet_access: record.allow_internet_access,
+        allow_internet_access: Some(network.0),
+        network: Some(network.1),
         domain: state.config.domain.clone(),
         cpu_count: record.cpu_count,
         memory_mb: record.memory_mb,
         disk_size_mb: record.disk_size_mb,
         metadata: record.metadata.clone(),
         state: api_state(&record),
+        volume_mounts: crate::volumes::api_mounts(&record),
     }))
 }
 
@@ -708,6 +734,33 @@ pub async fn resume_sandbox(
             Err(ApiError::Conflict(format!("sandbox {id} is already running")).into())
         }
     }
+}
+
+/// Replace a running sandbox's egress rules (an omitted field is cleared); existing
+/// connections to destinations now denied are cut.
+#[utoipa::path(put, path = "/sandboxes/{sandboxID}/network", tag = "sandboxes",
+    params(("sandboxID" = String, Path, description = "Sandbox id")),
+    request_body(content = Object, description = "E2B's SandboxNetworkUpdateConfig"),
+    responses(
+        (status = 204, description = "The new rules are in force"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such sandbox"),
+        (status = 409, body = berth_api::Error, description = "The sandbox is paused"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn update_network(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<serde_json::Value>,
+) -> Result<StatusCode, HttpError> {
+    if !body.is_object() {
+        return Err(ApiError::BadRequest("the body must be a JSON object".into()).into());
+    }
+    let update = network_config("body", &body)?;
+    live(&state, &caller, &id)?;
+    sandboxes::update_network(&state, &id, &update).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Query of `GET /sandboxes/{id}/logs`.
@@ -976,12 +1029,12 @@ mod tests {
     fn unsupported_features_are_named() {
         let body = NewSandbox {
             template_id: "base".into(),
-            network: Some(serde_json::json!({"denyOut": ["0.0.0.0/0"]})),
+            mcp: Some(serde_json::json!({"server": {}})),
             ..Default::default()
         };
         let err = refuse_unsupported(&body).unwrap_err();
         assert_eq!(err.0.status(), 501);
-        assert!(err.to_string().contains("network"));
+        assert!(err.to_string().contains("mcp"));
         let defaults = NewSandbox {
             template_id: "base".into(),
             auto_pause: Some(false),
@@ -990,6 +1043,33 @@ mod tests {
             ..Default::default()
         };
         assert!(refuse_unsupported(&defaults).is_ok());
+    }
+
+    #[test]
+    fn network_requests_become_policies_or_name_the_bad_field() {
+        let none = NewSandbox {
+            template_id: "base".into(),
+            ..Default::default()
+        };
+        assert!(requested_network(&none).unwrap().is_none());
+        let closed = NewSandbox {
+            allow_internet_access: Some(false),
+            ..none.clone()
+        };
+        let policy = requested_network(&closed).unwrap().unwrap();
+        assert!(!policy.allow_internet_access);
+        let domains_without_deny_all = NewSandbox {
+            network: Some(serde_json::json!({"allowOut": ["example.test"]})),
+            ..none.clone()
+        };
+        let err = requested_network(&domains_without_deny_all).unwrap_err();
+        assert_eq!(err.status(), 400);
+        let wrong_type = NewSandbox {
+            network: Some(serde_json::json!({"denyOut": "0.0.0.0/0"})),
+            ..none
+        };
+        let err = requested_network(&wrong_type).unwrap_err();
+        assert!(err.to_string().starts_with("network:"), "{err}");
     }
 
     #[test]

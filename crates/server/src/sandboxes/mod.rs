@@ -12,13 +12,16 @@
 //! The runtime owns its on-disk layout: this module names checkpoints by id only.
 
 mod checkpoints;
+mod from_template;
 mod pipeline;
+pub(crate) mod pool;
 mod recovery;
 
 use std::sync::Arc;
 
 use berth_api::{LogLevel, StringMap};
-use berth_runtime::{RuntimeError, SandboxSpec};
+use berth_net::{E2bNetworkConfig, NetworkPolicy};
+use berth_runtime::RuntimeError;
 use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
 
@@ -39,7 +42,11 @@ pub struct CreateRequest {
     pub metadata: StringMap,
     pub env_vars: StringMap,
     pub allow_internet_access: Option<bool>,
+    /// The policy the create names; `None`: E2B's default (internet, public traffic).
+    pub network: Option<NetworkPolicy>,
     pub lifecycle: Lifecycle,
+    /// Volumes of the team to mount, resolved and validated (`crate::volumes`).
+    pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// A new sandbox id: `i` + 20 characters of `[a-z0-9]`.
@@ -135,21 +142,39 @@ pub async fn create(
     if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
-    let template = load_template(state, &request.template).await?;
-    let id = new_sandbox_id();
-    let resources = state.config.resources;
-    let spec = SandboxSpec {
-        id: id.clone(),
-        template: template.id.clone(),
-        layers: template.layers.clone(),
-        cpu_count: resources.cpu_count,
-        memory_mb: resources.memory_mb,
-        disk_size_mb: resources.disk_size_mb,
+    let template =
+        crate::templates::for_sandbox(state, &request.team_id, &request.template).await?;
+    let mut id = new_sandbox_id();
+    // No volume this sandbox mounts is deleted before its row records the mount.
+    let _volumes = match request.volume_mounts.is_empty() {
+        true => None,
+        false => Some(state.volume_mounting.read().await),
+    };
+    let traffic_access_token = request
+        .network
+        .as_ref()
+        .is_some_and(|policy| !policy.allow_public_traffic)
+        .then(new_token);
+    // A fresh boot without volumes can take a warm sandbox of the same layers and size.
+    let boot = match from_template::boot(&id, &template, &request)? {
+        Boot::Fresh { spec, network } if spec.volumes.is_empty() => {
+            match state.pools.claim(&pool::PoolKey::of(&spec)) {
+                Some(prepared) => {
+                    id = prepared.info.id.clone();
+                    Boot::Claimed {
+                        info: Box::new(prepared.info),
+                        network,
+                    }
+                }
+                None => Boot::Fresh { spec, network },
+            }
+        }
+        boot => boot,
     };
     let plan = BringUp {
         id,
         init: Init {
-            template_id: template.id.clone(),
+            manifest_id: template.manifest.id.clone(),
             env_vars: request.env_vars,
             access_token: request.secure.then(new_token),
             presented_token: None,
@@ -157,17 +182,22 @@ pub async fn create(
         },
         row: Row::Insert(Box::new(NewRow {
             team_id: request.team_id,
-            template_id: template.id.clone(),
-            alias: Some(template.id.clone()),
-            build_id: build_id(&template.layer_ids),
+            template_id: template.template_id.clone(),
+            alias: Some(template.alias.clone()),
+            build_id: template.build_id.clone(),
             metadata: request.metadata,
             allow_internet_access: request.allow_internet_access,
             timeout_secs: request.timeout_secs,
             lifecycle: request.lifecycle,
+            network: request.network,
+            traffic_access_token,
+            volume_mounts: request.volume_mounts,
         })),
-        log_line: format!("sandbox created from template {}", template.id),
+        log_line: from_template::log_line(&template),
     };
-    pipeline::bring_up(state, Boot::Fresh(spec), plan).await
+    let record = pipeline::bring_up(state, boot, plan).await?;
+    crate::templates::record_spawn(state, &template.template_id);
+    Ok(record)
 }
 
 /// Pause running sandbox `id` (with its memory, or only its disk). Emits `paused`.
@@ -234,7 +264,11 @@ pub async fn resume(
     let plan = BringUp {
         id: id.to_string(),
         init: Init {
-            template_id: record.template_id.clone(),
+            manifest_id: crate::templates::manifest_of(
+                state,
+                &record.template_id,
+                &record.build_id,
+            )?,
             env_vars: record.env_vars.clone(),
             access_token: record.envd_access_token.clone(),
             presented_token: None,
@@ -249,6 +283,49 @@ pub async fn resume(
     pipeline::bring_up(state, Boot::Resume { keep_memory }, plan)
         .await
         .map(Resumed::Resumed)
+}
+
+/// The network policy sandbox `record` runs under (E2B's default when it names none).
+pub fn network_policy(record: &SandboxRecord) -> NetworkPolicy {
+    record
+        .network
+        .as_ref()
+        .and_then(|value| serde_json::from_value(value.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Replace running sandbox `id`'s egress rules with `update` (E2B's PUT semantics:
+/// an omitted field is cleared; public traffic and the host mask stay). `check` may
+/// refuse the resulting policy (e.g. a feature not available). The runtime enforces it
+/// first, then the row records it.
+pub async fn update_network(
+    state: &AppState,
+    id: &str,
+    update: &E2bNetworkConfig,
+) -> Result<(), ServiceError> {
+    let _guard = state.sandbox_locks.lock(id.to_string()).await;
+    let record = live(state, id)?;
+    if let SandboxStatus::Paused { .. } = record.status {
+        return Err(ServiceError::Paused(id.to_string()));
+    }
+    let policy = network_policy(&record).from_e2b_update(update)?;
+    let runtime = state.runtime.clone();
+    let (owned, enforced) = (id.to_string(), policy.clone());
+    blocking(id, Stage::UpdateNetwork, move || {
+        runtime.set_network_policy(&owned, &enforced)
+    })
+    .await?;
+    state
+        .store
+        .set_network(id, &serde_json::to_value(&policy).unwrap_or_default())?;
+    log(state, id, LogLevel::Info, "network policy replaced");
+    events::record(
+        state,
+        &record,
+        events::UPDATED,
+        Some(serde_json::json!({ "network": policy.to_e2b().1 })),
+    );
+    Ok(())
 }
 
 /// Remove sandbox `id` from the runtime; one already gone is fine.

@@ -15,6 +15,7 @@
 //! half-resumed sandbox is worse than a gone one.
 
 use berth_api::{LogLevel, StringMap};
+use berth_net::NetworkPolicy;
 use berth_runtime::{SandboxInfo, SandboxSpec};
 use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use time::OffsetDateTime;
@@ -26,19 +27,35 @@ use crate::{events, AppState, SharedState, ENVD_VERSION};
 
 /// How the runtime brings the sandbox's root, disk and processes up.
 pub(super) enum Boot {
-    /// A new sandbox on a template's layers.
-    Fresh(SandboxSpec),
+    /// A new sandbox on a template's layers, under `network` (`None`: the default
+    /// policy, or none at all where the runtime has no networking).
+    Fresh {
+        spec: SandboxSpec,
+        network: Option<NetworkPolicy>,
+    },
     /// The paused sandbox itself: its processes from memory, or (`keep_memory` false or
     /// none kept) a fresh init on its kept disk.
     Resume { keep_memory: bool },
     /// A new sandbox from a checkpoint: from its memory, or a fresh init on its disk.
-    Restore { checkpoint_id: String, memory: bool },
+    /// With `network`, that policy replaces the checkpoint's right after the restore (a
+    /// template's start-command checkpoint carries its build sandbox's).
+    Restore {
+        checkpoint_id: String,
+        memory: bool,
+        network: Option<NetworkPolicy>,
+    },
+    /// A sandbox taken from a warm pool (started, envd never initialised), given
+    /// `network` when the create asks for one.
+    Claimed {
+        info: Box<SandboxInfo>,
+        network: Option<NetworkPolicy>,
+    },
 }
 
 impl Boot {
     fn stage(&self) -> Stage {
         match self {
-            Boot::Fresh(_) => Stage::Create,
+            Boot::Fresh { .. } | Boot::Claimed { .. } => Stage::Create,
             Boot::Resume { .. } => Stage::Resume,
             Boot::Restore { .. } => Stage::Restore,
         }
@@ -48,8 +65,9 @@ impl Boot {
 /// What envd is told once it answers: the template's defaults, the sandbox's env vars
 /// and identity, its access token.
 pub(super) struct Init {
-    /// Whose defaults (user, workdir, env) the envd starts with.
-    pub template_id: String,
+    /// The template store manifest whose defaults (user, workdir, env) the envd
+    /// starts with.
+    pub manifest_id: String,
     pub env_vars: StringMap,
     pub access_token: Option<String>,
     /// The token an envd restored from memory already holds: it only takes a new
@@ -71,6 +89,10 @@ pub(super) struct NewRow {
     pub allow_internet_access: Option<bool>,
     pub timeout_secs: i64,
     pub lifecycle: Lifecycle,
+    /// The policy the runtime enforces (recorded for the API; `None`: the default).
+    pub network: Option<NetworkPolicy>,
+    pub traffic_access_token: Option<String>,
+    pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
 }
 
 /// The row stage: a new row, or the paused row back to running.
@@ -134,10 +156,16 @@ async fn start_in_runtime(state: &AppState, id: &str, boot: Boot) -> Result<Star
     let runtime = state.runtime.clone();
     let owned = id.to_string();
     let started = blocking(id, stage, move || match boot {
-        Boot::Fresh(spec) => runtime.create(&spec).map(|info| Started {
-            info,
-            memory_restored: false,
-        }),
+        Boot::Fresh { spec, network } => {
+            let created = match &network {
+                Some(policy) => runtime.create_with_network(&spec, policy),
+                None => runtime.create(&spec),
+            };
+            created.map(|info| Started {
+                info,
+                memory_restored: false,
+            })
+        }
         Boot::Resume { keep_memory } => {
             runtime.resume(&owned, keep_memory).map(|resumed| Started {
                 info: resumed.info,
@@ -147,12 +175,31 @@ async fn start_in_runtime(state: &AppState, id: &str, boot: Boot) -> Result<Star
         Boot::Restore {
             checkpoint_id,
             memory,
+            network,
         } => runtime
             .restore(&checkpoint_id, &owned, memory)
-            .map(|info| Started {
-                info,
-                memory_restored: memory,
+            .and_then(|info| {
+                if let Some(policy) = &network {
+                    if let Err(err) = runtime.set_network_policy(&owned, policy) {
+                        // Nothing may run under a policy the caller did not ask for.
+                        let _ = runtime.kill(&owned);
+                        return Err(err);
+                    }
+                }
+                Ok(Started {
+                    info,
+                    memory_restored: memory,
+                })
             }),
+        Boot::Claimed { info, network } => {
+            if let Some(policy) = &network {
+                runtime.set_network_policy(&owned, policy)?;
+            }
+            Ok(Started {
+                info: *info,
+                memory_restored: false,
+            })
+        }
     })
     .await?;
     Ok(started)
@@ -178,7 +225,7 @@ async fn initialise(
     if memory_restored && !init.after_memory_restore {
         return Ok(());
     }
-    let template = load_template(state, &init.template_id).await?;
+    let template = load_template(state, &init.manifest_id).await?;
     let request = init_request(&template, &init.env_vars, id, init.access_token.clone());
     let presented = init.presented_token.as_deref().filter(|_| memory_restored);
     envd::init(&state.runtime, id, &request, presented)
@@ -239,6 +286,12 @@ fn record(
                 env_vars: plan.init.env_vars.clone(),
                 timeout_secs: row.timeout_secs,
                 lifecycle: row.lifecycle,
+                network: row
+                    .network
+                    .as_ref()
+                    .and_then(|policy| serde_json::to_value(policy).ok()),
+                traffic_access_token: row.traffic_access_token.clone(),
+                volume_mounts: row.volume_mounts.clone(),
             };
             state.store.insert_sandbox(&record)?;
             Ok(record)

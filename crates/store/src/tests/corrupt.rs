@@ -197,6 +197,8 @@ fn corrupt_snapshot_env_vars_are_an_error() {
             size_bytes: 1,
             created_at: at(1),
             memory: true,
+            network: None,
+            volume_mounts: Vec::new(),
         })
         .unwrap();
     raw(&dir)

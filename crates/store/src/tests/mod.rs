@@ -4,9 +4,12 @@ mod corrupt;
 mod events;
 mod sandboxes;
 mod schema;
+mod secrets;
 mod snapshots;
 mod teams;
 mod telemetry;
+mod templates;
+mod volumes;
 
 use time::OffsetDateTime;
 
@@ -48,6 +51,9 @@ fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
         env_vars: Default::default(),
         timeout_secs: 300,
         lifecycle: Default::default(),
+        network: None,
+        traffic_access_token: None,
+        volume_mounts: Vec::new(),
     }
 }
 

@@ -17,6 +17,8 @@ fn snapshot(id: &str, team: &str, name: &str, at_ms: i64) -> SnapshotRecord {
         size_bytes: 42,
         created_at: at(at_ms),
         memory: true,
+        network: Some(serde_json::json!({"allowInternetAccess": false})),
+        volume_mounts: Vec::new(),
     }
 }
 

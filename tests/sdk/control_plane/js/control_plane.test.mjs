@@ -29,6 +29,9 @@ const { Sandbox, CommandExitError } = await import(pathToFileURL(sdkEntry).href)
 
 let berth
 let stateDir
+// The fake internet of scripts/fake-internet.sh: HTTP hosts 198.18.201.1 and .2 in a
+// network namespace of their own; berth up's egress ceiling admits only them.
+const internet = { name: `cpjs${process.pid % 100000}`, block: 201 }
 let logPath
 const created = []
 
@@ -58,7 +61,17 @@ async function until(predicate, what, timeoutMs = 60_000) {
   }
 }
 
+function fakeInternet(verb, ...args) {
+  return new Promise((resolveRun, reject) => {
+    const child = spawn('bash', [join(repoRoot, 'scripts', 'fake-internet.sh'), verb, internet.name, ...args], {
+      stdio: ['ignore', 'ignore', 'inherit'],
+    })
+    child.on('exit', (code) => (code === 0 ? resolveRun() : reject(new Error(`fake-internet.sh ${verb}: ${code}`))))
+  })
+}
+
 before(async () => {
+  await fakeInternet('up', String(internet.block), '2')
   const binary = berthBinary()
   assert.ok(existsSync(binary), `berth binary not found at ${binary}`)
   stateDir = mkdtempSync(join(tmpdir(), 'berth-cp-js-'))
@@ -69,7 +82,14 @@ before(async () => {
   const listen = `127.0.0.1:${await freePort()}`
   berth = spawn(binary, ['up', '--listen', listen, '--state-dir', stateDir], {
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? 'info' },
+    env: {
+      ...process.env,
+      RUST_LOG: process.env.RUST_LOG ?? 'info',
+      // A sandbox pool of its own (daemons on one host need distinct pools) and an
+      // egress ceiling admitting only the range tests put their fake internet in.
+      BERTH_SANDBOX_CIDR: `10.${128 + Math.floor(Math.random() * 120)}.${16 * Math.floor(Math.random() * 16)}.0/20`,
+      BERTH_EGRESS_ALLOW: `198.18.${internet.block}.0/24`,
+    },
   })
   berth.stderr.pipe(log)
   let exited = null
@@ -92,6 +112,7 @@ before(async () => {
 })
 
 after(async () => {
+  await fakeInternet('down').catch(() => {})
   for (const sandbox of created) {
     await sandbox.kill().catch(() => {})
   }
@@ -202,4 +223,28 @@ test('pause, connect resumes with memory, fork and snapshot', async () => {
   const child = await createSandbox({ template: snapshot.snapshotId, timeoutMs: 120_000 })
   assert.equal(await ask(child), secret)
   assert.equal((await child.commands.run('echo $E2B_SANDBOX_ID')).stdout.trim(), child.sandboxId)
+})
+
+test('network policy at create and updated live', async () => {
+  const [allowed, other] = [1, 2].map((i) => `198.18.${internet.block}.${i}`)
+  const sbx = await Sandbox.create({ network: { denyOut: ['0.0.0.0/0'], allowOut: [allowed] } })
+  created.push(sbx)
+  const reach = async (ip) => {
+    try {
+      await sbx.commands.run(`curl -fsS -m 5 -o /dev/null http://${ip}/`, { user: 'root' })
+      return true
+    } catch (error) {
+      if (error instanceof CommandExitError) return false
+      throw error
+    }
+  }
+  assert.equal(await reach(allowed), true)
+  assert.equal(await reach(other), false)
+  const info = await Sandbox.getInfo(sbx.sandboxId)
+  assert.deepEqual(info.network?.denyOut, ['0.0.0.0/0'])
+  await sbx.updateNetwork({})
+  assert.equal(await reach(other), true, 'an update without rules clears them')
+  await sbx.updateNetwork({ denyOut: [`${allowed}/32`] })
+  assert.equal(await reach(allowed), false)
+  assert.equal(await reach(other), true)
 })

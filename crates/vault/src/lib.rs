@@ -1,15 +1,26 @@
-//! Envelope encryption: each record gets a random 256-bit data key (AES-256-GCM); the data
-//! key is itself encrypted ("wrapped") with a versioned key-encryption key (KEK).
+//! berth-vault: envelope encryption for everything secret berth keeps (MCP connection
+//! keys, the control plane's secrets).
+//!
+//! Owns: key-encryption keys (KEKs), their versions and rotation, and sealing/opening
+//! records. Does not own: where records are stored (callers keep [`SealedRecord`]s in
+//! their own tables), nor what is in them.
+//!
+//! Design. Each record gets a random 256-bit data key (AES-256-GCM); the data key is
+//! itself encrypted ("wrapped") with a versioned KEK. The record's context (e.g.
+//! `secret/<id>/<version>`) is bound as associated data to both layers, so a record
+//! copied to another row does not open.
 //!
 //! KEKs come from `BERTH_KEK` (`<version>:<base64 32 bytes>` entries separated by commas;
-//! a bare base64 value is version 1) or else from `<state_dir>/mcp/kek` (one
-//! `<version>:<base64>` per line, created with a fresh version 1 on first use, mode 0600).
-//! The highest version encrypts; older versions only decrypt until rotation re-encrypts
-//! every record under the newest one.
+//! a bare base64 value is version 1) or else from a key file (one `<version>:<base64>`
+//! per line, created with a fresh version 1 on first use, mode 0600, written with fsync +
+//! rename). The highest version seals; older versions only open. Rotation is
+//! [`Vault::add_version`] followed by [`Vault::reseal`] of every record under the newest
+//! version by the record's owner; a process that finds a record sealed under a version
+//! it has not loaded (another process rotated) calls [`Vault::reload`] and retries.
 //!
-//! Self-contained: it knows nothing of MCP or of where records are stored (the caller keeps
-//! [`SealedRecord`]s wherever it likes) and has its own [`VaultError`], so it can move into
-//! a crate of its own when server-side secrets use it too.
+//! No error, `Debug` output or log line carries key material or plaintext.
+
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -71,6 +82,8 @@ pub struct SealedRecord {
 #[derive(Debug, Clone)]
 enum KekSource {
     Env,
+    /// Keys handed to [`Vault::from_keys`], kept in memory only.
+    Given,
     File(PathBuf),
 }
 
@@ -115,15 +128,14 @@ impl Vault {
         })
     }
 
-    /// From explicit keys.
-    #[cfg(test)]
+    /// From explicit keys (tests, embedding).
     pub fn from_keys(keks: BTreeMap<u32, [u8; KEY_LEN]>) -> Result<Self, VaultError> {
         if keks.is_empty() {
             return Err(VaultError::NoKey);
         }
         Ok(Self {
             keks,
-            source: KekSource::Env,
+            source: KekSource::Given,
         })
     }
 
@@ -135,18 +147,47 @@ impl Vault {
             .expect("a vault always holds a key")
     }
 
-    /// Adds a new random KEK version to the key file and makes it current. With keys from
-    /// `BERTH_KEK` the operator adds the version to the variable instead.
+    /// Adds a new random KEK version to the key file (or, for [`Vault::from_keys`], in
+    /// memory) and makes it current. With keys from `BERTH_KEK` the operator adds the
+    /// version to the variable instead.
     pub fn add_version(&mut self) -> Result<u32, VaultError> {
-        let KekSource::File(path) = &self.source else {
-            return Err(VaultError::KeysFromEnvironment);
-        };
         let version = self.current_version() + 1;
         let mut keks = self.keks.clone();
         keks.insert(version, random_key());
-        write_key_file(path, &keks)?;
+        match &self.source {
+            KekSource::File(path) => write_key_file(path, &keks)?,
+            KekSource::Given => {}
+            KekSource::Env => return Err(VaultError::KeysFromEnvironment),
+        }
         self.keks = keks;
         Ok(version)
+    }
+
+    /// Loads the keys again from where they came from (the key file another process
+    /// may have rotated, or `BERTH_KEK`). Keys from [`Vault::from_keys`] stay as they are.
+    pub fn reload(&mut self) -> Result<(), VaultError> {
+        match &self.source {
+            KekSource::File(path) => *self = Self::load_file(&path.clone())?,
+            KekSource::Env => {
+                if let Ok(value) = std::env::var(KEK_ENV) {
+                    self.keks = parse_keks(&value, ',')?;
+                }
+            }
+            KekSource::Given => {}
+        }
+        Ok(())
+    }
+
+    /// True when `record` is sealed under an older KEK version than the current one.
+    pub fn is_stale(&self, record: &SealedRecord) -> bool {
+        record.kek_version < self.current_version()
+    }
+
+    /// `record` opened and sealed again under the current KEK version with a fresh data
+    /// key (rotation).
+    pub fn reseal(&self, context: &str, record: &SealedRecord) -> Result<SealedRecord, VaultError> {
+        let plaintext = self.open(context, record)?;
+        self.seal(context, &plaintext)
     }
 
     /// Encrypts `plaintext` under a fresh data key; `context` (e.g. the record's table and
@@ -341,6 +382,28 @@ mod tests {
         assert_eq!(reloaded.current_version(), 2);
         assert_eq!(reloaded.open("r", &old).unwrap(), b"value");
         assert_eq!(reloaded.open("r", &new).unwrap(), b"value");
+    }
+
+    #[test]
+    fn reseal_moves_a_record_to_the_newest_version_and_reload_sees_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("kek");
+        let reader = Vault::load_file(&key_file).unwrap();
+        let mut rotator = Vault::load_file(&key_file).unwrap();
+        let old = reader.seal("secret/s1/1", b"value").unwrap();
+        rotator.add_version().unwrap();
+        assert!(rotator.is_stale(&old));
+        let new = rotator.reseal("secret/s1/1", &old).unwrap();
+        assert_eq!(new.kek_version, 2);
+        assert!(!rotator.is_stale(&new));
+        // The other process has not seen version 2 yet, until it reloads.
+        let mut reader = reader;
+        assert!(matches!(
+            reader.open("secret/s1/1", &new),
+            Err(VaultError::VersionNotLoaded(2))
+        ));
+        reader.reload().unwrap();
+        assert_eq!(reader.open("secret/s1/1", &new).unwrap(), b"value");
     }
 
     #[test]
