@@ -348,14 +348,14 @@ fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
 /// What `berth up` prints about the API key: on the first run and to a terminal, a new
 /// key of the default team (shown this once; keys are stored hashed); otherwise where to
 /// get one, so no key ends up in a log or a pipe.
-fn key_line(store: &Store, state_dir: &Path, first_run: bool) -> Result<String> {
+fn key_line(store: &Store, state_dir: &Path, first_run: bool, to_terminal: bool) -> Result<String> {
     let create = format!("berth keys create --state-dir {}", state_dir.display());
     if !first_run {
         return Ok(format!(
             "# E2B_API_KEY was printed on first run; make another with: {create}"
         ));
     }
-    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+    if !to_terminal {
         return Ok(format!(
             "# no E2B_API_KEY printed: stdout is not a terminal (keys never go to logs); make one with: {create}"
         ));
@@ -628,7 +628,8 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         }));
         println!("E2B_API_URL={url}");
         println!("E2B_SANDBOX_URL={url}");
-        println!("{}", key_line(&store, &state_dir, first_run)?);
+        let to_terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
+        println!("{}", key_line(&store, &state_dir, first_run, to_terminal)?);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let serving = tokio::spawn(server.serve(listener, mcp_routes, async move {
             let _ = stop_rx.await;
@@ -653,6 +654,27 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_key_is_printed_only_to_a_terminal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_store(dir.path()).unwrap();
+        let (team, first_run) = ensure_default_team(&store).unwrap();
+        assert!(first_run);
+        let piped = key_line(&store, dir.path(), true, false).unwrap();
+        assert!(
+            piped.starts_with("# no E2B_API_KEY printed") && piped.contains("berth keys create"),
+            "{piped}"
+        );
+        assert!(!piped.contains("e2b_"), "{piped}");
+        assert!(store.list_api_keys(&team.id).unwrap().is_empty());
+        let shown = key_line(&store, dir.path(), true, true).unwrap();
+        let raw = shown.strip_prefix("E2B_API_KEY=").expect("a key line");
+        assert!(raw.starts_with("e2b_"), "{shown}");
+        assert_eq!(store.list_api_keys(&team.id).unwrap().len(), 1);
+        let later = key_line(&store, dir.path(), false, true).unwrap();
+        assert!(later.starts_with('#') && !later.contains("e2b_"), "{later}");
+    }
 
     #[test]
     fn criu_is_looked_for_where_it_already_is() {

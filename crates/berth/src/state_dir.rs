@@ -13,17 +13,19 @@
 //!   directory lets other users reach nothing;
 //! - `sandboxes/` is 0700 (the runtime tightens what is inside);
 //! - `templates/` and its direct subdirectories, and each layer's directory, are 0700,
-//!   its manifests 0600, its checkpoints owner-only throughout; a layer's `rootfs` is
-//!   the template's filesystem and keeps its modes;
+//!   its manifests 0600, its checkpoints owner-only throughout (CRIU images as the
+//!   runtime keeps them: see `berth_runtime::tighten_private_tree`); a layer's `rootfs`
+//!   is the template's filesystem and keeps its modes;
 //! - `criu/` is 0700 (its contents are a CRIU installation, left as installed);
 //! - directories of berth's own state (builds, mcp, net, checkpoints, disk pools, the
-//!   trash, uid claims) are owner-only throughout, without crossing mounts;
+//!   trash, uid claims, volumes, secrets' key, the egress CA) are owner-only throughout,
+//!   without crossing mounts, CRIU images as above;
 //! - any other directory is made 0700 (what is inside is then unreachable) and any file
 //!   0600.
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -34,10 +36,13 @@ const PRIVATE_TREES: &[&str] = &[
     "checkpoints",
     "disk-pool",
     "disk-templates",
+    "egress-ca",
     "mcp",
     "net",
+    "secrets",
     "trash",
     "uid-slots",
+    "volumes",
 ];
 
 /// Brings the state dir's entries to their modes (see the module docs) and logs what
@@ -76,7 +81,7 @@ fn tighten_state(state_dir: &Path) -> io::Result<usize> {
             // root uids (see berth-runtime's `volume_mounts_dir`).
             "volume-mounts" => usize::from(set_mode(&path, 0o711)?),
             "templates" => tighten_templates(&path)?,
-            name if PRIVATE_TREES.contains(&name) => tighten_tree(&path)?,
+            name if PRIVATE_TREES.contains(&name) => berth_runtime::tighten_private_tree(&path)?,
             _ => usize::from(set_mode(&path, 0o700)?),
         };
     }
@@ -97,7 +102,7 @@ fn tighten_templates(templates: &Path) -> io::Result<usize> {
         }
         changed += usize::from(set_mode(&path, 0o700)?);
         match path.file_name().and_then(|n| n.to_str()) {
-            Some("checkpoints") => changed += tighten_tree(&path)?,
+            Some("checkpoints") => changed += berth_runtime::tighten_private_tree(&path)?,
             // Layer directories hold `rootfs` (template content, untouched) and berth's
             // bookkeeping next to it.
             Some("layers") | Some("staging") => {
@@ -124,28 +129,6 @@ fn tighten_templates(templates: &Path) -> io::Result<usize> {
                     }
                 }
             }
-        }
-    }
-    Ok(changed)
-}
-
-/// Owner-only modes for everything below `dir` on `dir`'s filesystem.
-fn tighten_tree(dir: &Path) -> io::Result<usize> {
-    let device = fs::symlink_metadata(dir)?.dev();
-    let mut changed = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = fs::symlink_metadata(&path)?;
-        if meta.file_type().is_symlink() || meta.dev() != device {
-            continue;
-        }
-        if meta.is_dir() {
-            changed += usize::from(set_mode(&path, 0o700)?);
-            for entry in fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        } else {
-            changed += usize::from(set_mode(&path, 0o600)?);
         }
     }
     Ok(changed)
@@ -190,6 +173,8 @@ mod tests {
             "templates/manifests/base.json",
             "templates/layers/abc/rootfs/usr/bin/tool",
             "templates/checkpoints/t-1/images/pages-1.img",
+            "templates/checkpoints/t-1/images/inventory.img",
+            "templates/checkpoints/t-1/checkpoint.json",
             "mcp/mcp.sqlite3",
             "criu/prefix/usr/sbin/criu",
         ] {
@@ -217,8 +202,18 @@ mod tests {
         assert_eq!(mode(&s.join("templates/layers/abc")), 0o700);
         assert_eq!(mode(&s.join("templates/manifests/base.json")), 0o600);
         assert_eq!(
-            mode(&s.join("templates/checkpoints/t-1/images/pages-1.img")),
+            mode(&s.join("templates/checkpoints/t-1/checkpoint.json")),
             0o600
+        );
+        assert_eq!(
+            mode(&s.join("templates/checkpoints/t-1/images")),
+            0o711,
+            "CRIU's restore tasks open images from it"
+        );
+        assert_eq!(
+            mode(&s.join("templates/checkpoints/t-1/images/pages-1.img")),
+            0o755,
+            "CRIU images keep their modes (the owner-only t-1 keeps them from others)"
         );
         assert_eq!(
             mode(&s.join("templates/layers/abc/rootfs/usr/bin/tool")),

@@ -261,8 +261,9 @@ impl Shared {
         let mount = mount_image(image)?;
         for dir in [c"upper", c"work"] {
             // The upper's mode is the sandbox's `/`: exactly 0755, whatever the umask.
-            // SAFETY: valid dir fd and NUL-terminated name (both calls).
+            // SAFETY: valid dir fd and NUL-terminated name.
             check(unsafe { libc::mkdirat(mount.as_raw_fd(), dir.as_ptr(), 0o755) }.into())?;
+            // SAFETY: as above.
             check(unsafe { libc::fchmodat(mount.as_raw_fd(), dir.as_ptr(), 0o755, 0) }.into())?;
         }
         Ok(mount)

@@ -118,6 +118,7 @@ pub use linux::{
     CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS,
     DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
 };
+pub use perms::tighten_tree as tighten_private_tree;
 pub use volume::{
     validate_mount_path, validate_mount_paths, MountPathError, VolumeMount, VOLUME_OWNER,
 };

@@ -94,8 +94,9 @@ const CRIU_INVENTORY: &str = "inventory.img";
 
 /// Owner-only modes for everything below `dir` (not crossing mounts, not following
 /// symlinks), except that directories of CRIU images keep their files' modes and get
-/// [`IMAGES_DIR`]. Returns how many paths changed.
-fn tighten_tree(dir: &Path) -> io::Result<usize> {
+/// [`IMAGES_DIR`] (restores need both; what keeps them from other users is the
+/// owner-only directory they sit in). Returns how many paths changed.
+pub fn tighten_tree(dir: &Path) -> io::Result<usize> {
     let mut changed = 0;
     let device = fs::symlink_metadata(dir)?.dev();
     let mut stack = vec![dir.to_path_buf()];
