@@ -624,6 +624,7 @@ impl LinuxRuntime {
         self.cgroups
             .attach(&spec.id, pid)
             .map_err(io_err("attach init to cgroups"))?;
+        shield_from_oom_killer(pid);
         let mut buf = vec![0u8; 4096];
         // SAFETY: writing one byte from a valid buffer to our socket.
         if unsafe { libc::write(sock.as_raw_fd(), b"c".as_ptr().cast(), 1) } != 1 {
@@ -1018,6 +1019,27 @@ fn check_volume_mounts(spec: &SandboxSpec) -> Result<(), RuntimeError> {
             reason,
         }
     })
+}
+
+/// The init's `oom_score_adj`: never chosen by the OOM killer.
+const INIT_OOM_SCORE_ADJ: &str = "-1000";
+
+/// envd must outlive what runs inside: when the sandbox's memory runs out, the cgroup's
+/// OOM killer takes a workload process, never the init (envd also gives its children a
+/// raised score). Set from the host, since lowering a score takes CAP_SYS_RESOURCE;
+/// CRIU carries it through checkpoints. Without that capability (some containers) the
+/// init keeps the default score, which is logged once: envd's children's raised score
+/// then still makes them the OOM killer's choice unless they lower it themselves.
+fn shield_from_oom_killer(pid: i32) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if let Err(error) = fs::write(format!("/proc/{pid}/oom_score_adj"), INIT_OOM_SCORE_ADJ) {
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                %error,
+                "cannot shield sandbox inits from the OOM killer (berth lacks CAP_SYS_RESOURCE); a workload that lowers its own OOM score can get envd killed"
+            );
+        }
+    }
 }
 
 /// Where restores mount volumes on the host (see [`LinuxRuntime::volume_mounts_dir`]).
