@@ -75,10 +75,13 @@ const MASKED_FILES: &[&str] = &[
     "/proc/sysrq-trigger",
     "/proc/kallsyms",
 ];
-/// The empty directory bound read-only over [`MASKED_DIRS`] (in /run's tmpfs, so masks
-/// add no tmpfs of their own for a checkpoint to archive).
-const MASK_SOURCE: &str = "/run/berth/empty";
-/// Directories hidden behind a read-only bind of an empty directory.
+/// The options of the empty read-only tmpfs mounted over each of [`MASKED_DIRS`]. A
+/// tmpfs of its own, not a bind of a directory inside the sandbox: a bind's source is
+/// a path CRIU resolves again at restore, which root inside could replace (with a
+/// symlink, say) and so make every later restore fail; an empty tmpfs is archived with
+/// the checkpoint and recreated from it.
+const MASK_TMPFS: &str = "mode=0555,size=4k,nr_inodes=1";
+/// Directories hidden behind an empty read-only tmpfs.
 const MASKED_DIRS: &[&str] = &[
     "/proc/acpi",
     "/proc/asound",
@@ -557,7 +560,6 @@ fn populate_root(config: &LaunchConfig, root: &Path, sysfs: Option<OwnedFd>) -> 
     )?;
     make_dir(&run.join("shm"), 0o1777)?;
     fs::create_dir(run.join("berth"))?;
-    make_dir(&run.join(MASK_SOURCE.trim_start_matches("/run/")), 0o555)?;
 
     let dev = root.join("dev");
     ensure_dir(&dev)?;
@@ -673,14 +675,12 @@ fn mask_paths() -> io::Result<()> {
         bind(Path::new("/dev/null"), path)?;
     }
     for path in MASKED_DIRS.iter().map(Path::new).filter(|p| p.exists()) {
-        bind(Path::new(MASK_SOURCE), path)?;
-        ctx(
-            path.display(),
-            sys::mount_setattr_flags(
-                &cpath(path)?,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-                0,
-            ),
+        mount(
+            Some(Path::new("tmpfs")),
+            path,
+            Some("tmpfs"),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            Some(MASK_TMPFS),
         )?;
     }
     for path in READONLY_PATHS.iter().map(Path::new).filter(|p| p.exists()) {
