@@ -40,12 +40,6 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let is_init = std::process::id() == 1;
-    if is_init {
-        // Nothing inside may attach to PID 1 or read its memory: a non-dumpable process
-        // can be ptraced only with CAP_SYS_PTRACE, which envd's children do not keep.
-        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
-            .context("making envd not dumpable")?;
-    }
     // Both listeners exist before any child can be spawned or any signal arrive.
     let reaper = Reaper::start(is_init).context("listening for SIGCHLD")?;
     let mut sigterm = signal(SignalKind::terminate()).context("listening for SIGTERM")?;

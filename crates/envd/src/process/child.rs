@@ -3,8 +3,7 @@
 //!
 //! Children are forked from a multi-threaded process, so everything between fork and
 //! exec is a raw syscall (async-signal-safe, no allocation): new session, controlling
-//! terminal, a raised OOM score, no CAP_SYS_PTRACE in the bounding set,
-//! supplementary groups, gid, uid, and marking every inherited descriptor
+//! terminal, a raised OOM score, supplementary groups, gid, uid, and marking every inherited descriptor
 //! above stderr close-on-exec (`close_range(CLOSE_RANGE_CLOEXEC)`, which keeps std's
 //! exec-error pipe working until the exec itself).
 
@@ -24,8 +23,6 @@ use crate::reaper::Reaper;
 /// their badness, so the OOM killer picks any of them before envd (whose own memory is
 /// far less than half the limit).
 const WORKLOAD_OOM_SCORE_ADJ: &[u8] = b"500";
-/// `CAP_SYS_PTRACE` (linux/capability.h; the libc crate does not export it).
-const CAP_SYS_PTRACE: libc::c_ulong = 19;
 
 /// What to run and how.
 #[derive(Debug, Clone)]
@@ -116,12 +113,10 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> io::Result<SpawnedChild> {
                 return Err(io::Error::last_os_error());
             }
             // As a sandbox's init, envd is shielded from the OOM killer (the host set
-            // -1000 where it may) and not ptraceable (not dumpable). Its children get a
-            // raised OOM score, so a memory hog or a fork bomb is what the OOM killer
-            // takes even where the host could not shield envd, and lose CAP_SYS_PTRACE
-            // for good, so even root inside cannot attach to PID 1. Raising a score and
-            // dropping from the bounding set are allowed to root; where they fail
-            // (envd as an unprivileged host process) there is nothing to protect.
+            // -1000 where it may). Its children get a raised OOM score, so a memory hog
+            // or a fork bomb is what the OOM killer takes even where the host could not
+            // shield envd. Raising a score is always allowed; where it fails (envd as a
+            // host process without /proc) there is nothing to protect.
             let fd = libc::open(
                 c"/proc/self/oom_score_adj".as_ptr(),
                 libc::O_WRONLY | libc::O_CLOEXEC,
@@ -134,7 +129,6 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> io::Result<SpawnedChild> {
                 );
                 libc::close(fd);
             }
-            libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0);
             if controlling_terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
                 return Err(io::Error::last_os_error());
             }
