@@ -106,7 +106,7 @@ class Daemon:
         )
         self.env: dict[str, str] = {}
         assert self.proc.stdout is not None
-        while not {"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"} <= self.env.keys():
+        while not {"E2B_API_URL", "E2B_SANDBOX_URL"} <= self.env.keys():
             line = self.proc.stdout.readline()
             if not line:
                 self.stop()
@@ -115,6 +115,11 @@ class Daemon:
             if line.startswith("E2B_") and "=" in line:
                 key, value = line.strip().split("=", 1)
                 self.env[key] = value
+        # berth up prints its first key only to a terminal: make one for the benchmark.
+        created = subprocess.run(
+            [berth, "keys", "create", "--state-dir", str(self.state)], capture_output=True, text=True, check=True
+        )
+        self.env["E2B_API_KEY"] = created.stdout.strip().splitlines()[-1].split("=")[-1]
         # Keep draining its stdout so it never blocks on a full pipe.
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()
 

@@ -63,7 +63,8 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 class BerthUp:
     """`berth up ARGS…`; raises (after stopping it and removing its state) when it does
-    not print its three E2B_* lines."""
+    not print its two E2B_*_URL lines. stdout is a pipe, so berth up prints no key: the
+    first one is made with `berth keys create`."""
 
     def __init__(self, binary: str, *args: str):
         self.binary = binary
@@ -93,16 +94,18 @@ class BerthUp:
                 match = E2B_LINE.match(raw.decode(errors="replace"))
                 if match:
                     self.env[match.group(1)] = match.group(2)
-                    if len(self.env) == 3:
+                    if {"E2B_API_URL", "E2B_SANDBOX_URL"} <= self.env.keys():
                         ready.set()
             ready.set()
 
         threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(STARTUP_TIMEOUT_S) or len(self.env) != 3:
+        if not ready.wait(STARTUP_TIMEOUT_S) or len(self.env) != 2:
             self.stop()
             tail = self.log_path.read_text(errors="replace")[-4000:]
             self.remove_state()
             raise AssertionError(f"berth up did not start:\n{tail}")
+        self.env["E2B_API_KEY"] = self.create_key("default")
+        self.extra_keys.remove(self.env["E2B_API_KEY"])
 
     @property
     def api_url(self) -> str:

@@ -174,7 +174,8 @@ class Berth:
 
     def start(self) -> None:
         found: dict[str, str] = {}
-        required = {"E2B_API_URL", "E2B_SANDBOX_URL"} | ({"E2B_API_KEY"} if "E2B_API_KEY" not in self.env else set())
+        # stdout is a pipe, so `berth up` prints no key: one is made below.
+        required = {"E2B_API_URL", "E2B_SANDBOX_URL"}
         ready = threading.Event()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
@@ -210,7 +211,10 @@ class Berth:
         if not ready.wait(STARTUP_TIMEOUT_S) or not required <= found.keys():
             self.stop()
             pytest.exit(f"berth up did not start (exit {process.poll()}):\n{self.log_tail()}", returncode=2)
+        assert "E2B_API_KEY" not in found, "berth up printed an API key into a pipe"
         self.env = {**self.env, **found}
+        if "E2B_API_KEY" not in self.env:
+            self.env["E2B_API_KEY"] = self.create_key("default")
 
         def healthy() -> bool:
             try:

@@ -23,6 +23,8 @@ use berth_store::Store;
 use berth_template::{BuildProgress, TemplateStore};
 use clap::{Args, Parser, Subcommand};
 
+mod state_dir;
+
 /// Name of the team and key made on first run.
 const DEFAULT_TEAM: &str = "default";
 /// How long `berth up` waits for open connections after a shutdown signal.
@@ -141,6 +143,15 @@ struct UpArgs {
     /// lets several berth instances share one provisioned CRIU.
     #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
     criu_state_dir: Option<PathBuf>,
+    /// Ranges webhooks may deliver to although berth refuses them by default (loopback,
+    /// private, link-local, the host's own addresses): deliberate internal receivers.
+    /// Comma-separated CIDRs.
+    #[arg(
+        long = "webhook-allow",
+        env = "BERTH_WEBHOOK_ALLOW",
+        value_delimiter = ','
+    )]
+    webhook_allow: Vec<ipnet::IpNet>,
     #[command(flatten)]
     builds: builds::BuildArgs,
     /// Address pool of sandboxes (one address each); must not overlap the host's routes.
@@ -202,6 +213,10 @@ enum KeysCommand {
 }
 
 fn main() -> Result<()> {
+    // Everything berth writes under its state directory (database, records, disks,
+    // checkpoints, keys, logs) is readable by root alone unless a mode is set on purpose
+    // (the few directories sandboxes traverse, template content, sandboxes' own files).
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -210,6 +225,7 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    state_dir::secure(&cli.state_dir)?;
     match cli.command {
         Command::Up(args) => up(&cli.state_dir, args),
         Command::Keys { command } => keys(&cli.state_dir, command),
@@ -313,22 +329,43 @@ fn open_store(state_dir: &Path) -> Result<Store> {
     Store::open(state_dir).with_context(|| format!("opening state in {}", state_dir.display()))
 }
 
-/// The default team, created on first use. Returns the team and, when the team was
-/// just created, its first key (raw, to be shown once).
-fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, Option<String>)> {
+/// The default team, created on first use. Returns the team and whether this call
+/// created it.
+fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
     if let Some(team) = store.default_team()? {
-        return Ok((team, None));
+        return Ok((team, false));
     }
-    let team = match store.create_team(DEFAULT_TEAM) {
-        Ok(team) => team,
+    match store.create_team(DEFAULT_TEAM) {
+        Ok(team) => Ok((team, true)),
         // Another berth process made it between our check and our insert.
-        Err(berth_store::StoreError::TeamExists { .. }) => store
-            .team_by_name(DEFAULT_TEAM)?
-            .context("default team vanished")?,
-        Err(err) => return Err(err.into()),
-    };
+        Err(berth_store::StoreError::TeamExists { .. }) => Ok((
+            store
+                .team_by_name(DEFAULT_TEAM)?
+                .context("default team vanished")?,
+            false,
+        )),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// What `berth up` prints about the API key: on the first run and to a terminal, a new
+/// key of the default team (shown this once; keys are stored hashed); otherwise where to
+/// get one, so no key ends up in a log or a pipe.
+fn key_line(store: &Store, state_dir: &Path, first_run: bool, to_terminal: bool) -> Result<String> {
+    let create = format!("berth keys create --state-dir {}", state_dir.display());
+    if !first_run {
+        return Ok(format!(
+            "# E2B_API_KEY was printed on first run; make another with: {create}"
+        ));
+    }
+    if !to_terminal {
+        return Ok(format!(
+            "# no E2B_API_KEY printed: stdout is not a terminal (keys never go to logs); make one with: {create}"
+        ));
+    }
+    let (team, _) = ensure_default_team(store)?;
     let (_, raw) = store.create_api_key(&team.id, "default")?;
-    Ok((team, Some(raw)))
+    Ok(format!("E2B_API_KEY={raw}"))
 }
 
 fn keys(state_dir: &Path, command: KeysCommand) -> Result<()> {
@@ -474,7 +511,7 @@ fn criu_state_dir(state_dir: &Path, given: Option<PathBuf>) -> PathBuf {
 fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
     let state_dir = state_dir.to_path_buf();
     let store = Arc::new(open_store(&state_dir)?);
-    let (_, first_key) = ensure_default_team(&store)?;
+    let (_, first_run) = ensure_default_team(&store)?;
     let templates = TemplateStore::open(&state_dir).context("opening the template store")?;
     if !args.skip_base {
         provision_base(&templates)?;
@@ -552,21 +589,29 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             }
             None => None,
         };
-        let domain = args
-            .domain
-            .clone()
-            .unwrap_or_else(|| default_domain(listener.local_addr().map(|a| a.port()).unwrap_or(80)));
+        let domain = args.domain.clone().unwrap_or_else(|| {
+            default_domain(listener.local_addr().map(|a| a.port()).unwrap_or(80))
+        });
         let config = ServerConfig {
             domain: Some(domain.clone()),
+            webhooks: berth_server::WebhookConfig {
+                allow: args.webhook_allow.clone(),
+                ..Default::default()
+            },
             template_limits: args.builds.limits(),
             secrets_key_file: Some(secrets_key_file(&state_dir)),
             pool_size: args.pool_size,
             ..Default::default()
         };
-        let server =
-            Server::start_with_builds(store.clone(), runtime, templates, config, Some(build_engine))
-                .await
-                .context("starting the control plane")?;
+        let server = Server::start_with_builds(
+            store.clone(),
+            runtime,
+            templates,
+            config,
+            Some(build_engine),
+        )
+        .await
+        .context("starting the control plane")?;
         let url = client_url(listener.local_addr()?);
         let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
         mcp_config.toolset = args.mcp_toolset;
@@ -574,23 +619,21 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         if !listen_ip.is_unspecified() && !listen_ip.is_loopback() {
             mcp_config.allowed_hosts.push(listen_ip.to_string());
         }
-        mcp_config
-            .allowed_hosts
-            .extend(args.domain.iter().cloned().chain(args.mcp_allowed_hosts.clone()));
+        mcp_config.allowed_hosts.extend(
+            args.domain
+                .iter()
+                .cloned()
+                .chain(args.mcp_allowed_hosts.clone()),
+        );
         let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
         let sweeping = tokio_util::sync::CancellationToken::new();
         let _sweeper = mcp.spawn_sweeper(sweeping.clone());
         let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity {
-            store,
+            store: store.clone(),
             api_url: url.clone(),
         }));
-        let key_line = match first_key {
-            Some(key) => format!("E2B_API_KEY={key}"),
-            None => format!(
-                "# E2B_API_KEY was printed on first run; make another with: berth keys create --state-dir {}",
-                state_dir.display()
-            ),
-        };
+        let to_terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
+        let key_line = key_line(&store, &state_dir, first_run, to_terminal)?;
         // One write: a reader that stops after the lines it wants (a script taking the
         // first three) must not see the rest fail on its closed pipe.
         print!("E2B_API_URL={url}\nE2B_SANDBOX_URL={url}\n{key_line}\nE2B_DOMAIN={domain}\n");
@@ -659,6 +702,27 @@ mod tests {
     fn the_default_domain_carries_the_listeners_port() {
         assert_eq!(default_domain(80), "localhost");
         assert_eq!(default_domain(3000), "localhost:3000");
+    }
+
+    #[test]
+    fn the_first_key_is_printed_only_to_a_terminal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_store(dir.path()).unwrap();
+        let (team, first_run) = ensure_default_team(&store).unwrap();
+        assert!(first_run);
+        let piped = key_line(&store, dir.path(), true, false).unwrap();
+        assert!(
+            piped.starts_with("# no E2B_API_KEY printed") && piped.contains("berth keys create"),
+            "{piped}"
+        );
+        assert!(!piped.contains("e2b_"), "{piped}");
+        assert!(store.list_api_keys(&team.id).unwrap().is_empty());
+        let shown = key_line(&store, dir.path(), true, true).unwrap();
+        let raw = shown.strip_prefix("E2B_API_KEY=").expect("a key line");
+        assert!(raw.starts_with("e2b_"), "{shown}");
+        assert_eq!(store.list_api_keys(&team.id).unwrap().len(), 1);
+        let later = key_line(&store, dir.path(), false, true).unwrap();
+        assert!(later.starts_with('#') && !later.contains("e2b_"), "{later}");
     }
 
     #[test]

@@ -29,7 +29,7 @@ struct Up {
     child: Option<Child>,
     state: PathBuf,
     url: String,
-    /// The E2B_API_KEY line, or the comment printed instead on a restart.
+    /// What is printed about the key: on a pipe, always a comment saying where to get one.
     key_line: String,
 }
 
@@ -51,6 +51,9 @@ impl Up {
                 "--skip-base",
                 "--listen",
                 "127.0.0.1:0",
+                // The tenancy probe's webhook points at loopback, refused by default.
+                "--webhook-allow",
+                "127.0.0.1/32",
                 "--state-dir",
             ])
             .arg(state)
@@ -194,11 +197,14 @@ fn last_line(output: &str) -> String {
 fn up_keys_auth_and_tenancy() {
     let state = tempfile::tempdir().unwrap();
     let mut up = Up::start(state.path());
-    let key = up
-        .key_line
-        .strip_prefix("E2B_API_KEY=")
-        .expect("first run prints the key")
-        .to_string();
+    // stdout is a pipe: the first run prints where to get a key, never a key.
+    assert!(
+        up.key_line.starts_with("# no E2B_API_KEY printed")
+            && up.key_line.contains("berth keys create"),
+        "{}",
+        up.key_line
+    );
+    let key = last_line(&up.keys(&["create", "--team", "default"]));
     assert!(key.starts_with("e2b_") && key[4..].chars().all(|c| c.is_ascii_hexdigit()));
 
     // Health and the OpenAPI document need no key; everything else does.
@@ -236,6 +242,12 @@ fn up_keys_auth_and_tenancy() {
         404
     );
     assert!(up.keys(&["list"]).contains(&other_key_id));
+
+    // Webhooks never reach internal addresses the operator did not allow.
+    let metadata = r#"{"name":"m","url":"http://169.254.169.254/latest","events":["sandbox.lifecycle.killed"],"signatureSecret":"s"}"#;
+    let (status, refused) = up.request("POST", "/events/webhooks", Some(&key), Some(metadata));
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.contains("--webhook-allow"), "{refused}");
 
     // Webhooks are per team.
     let hook = r#"{"name":"h","url":"http://127.0.0.1:9/hook","events":["sandbox.lifecycle.killed"],"signatureSecret":"s"}"#;
@@ -278,6 +290,12 @@ fn up_keys_auth_and_tenancy() {
         json(&body)["message"].as_str().unwrap().contains("name"),
         "the message names the field: {body}"
     );
+    let (status, body) = up.request("POST", "/v2/templates", Some(&key), Some("{}"));
+    assert_eq!(status, 501, "what berth lacks is named, never faked");
+    assert!(json(&body)["message"]
+        .as_str()
+        .unwrap()
+        .contains("legacy template build API"));
 
     // Revoking by the CLI takes effect on the running server.
     up.keys(&["revoke", &other_key_id]);

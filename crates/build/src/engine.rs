@@ -169,8 +169,11 @@ impl BuildEngine {
     ) -> Result<(BuildEngine, Vec<BuildStatus>), BuildError> {
         let runs = config.state_dir.join("builds").join("runs");
         let cache = config.state_dir.join("builds").join("cache");
+        // Build logs and cached step results: root's alone.
         for dir in [&runs, &cache] {
-            fs::create_dir_all(dir).map_err(|e| BuildError::io("create", dir, e))?;
+            std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+                .create(dir)
+                .map_err(|e| BuildError::io("create", dir, e))?;
         }
         let files = FileStore::open(&config.state_dir)?;
         for sandbox in runtime.list() {

@@ -30,7 +30,9 @@ impl FileStore {
     /// Opens `<state_dir>/builds/files`, removing temporary files of dead writers.
     pub fn open(state_dir: &Path) -> Result<FileStore, BuildError> {
         let root = state_dir.join("builds").join("files");
-        fs::create_dir_all(&root).map_err(|e| BuildError::io("create", &root, e))?;
+        std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&root)
+            .map_err(|e| BuildError::io("create", &root, e))?;
         let store = FileStore { root };
         store.remove_dead_temporaries();
         Ok(store)

@@ -534,7 +534,23 @@ fn log_errors(log: &Path) -> String {
 }
 
 impl Launch {
+    /// CRIU runs with umask 022 whatever the caller's: its restored tasks open some
+    /// images after entering the tree's user namespace, as an unprivileged host uid, so
+    /// image files must be readable by others; callers keep them from other users with
+    /// the images directory's owner and mode. (CRIU restores each task's own umask.)
     fn command(&self) -> Command {
+        let mut cmd = self.base_command();
+        // SAFETY: between fork and exec the hook only calls umask(2), which cannot fail.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::umask(0o022);
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    fn base_command(&self) -> Command {
         match self {
             Launch::Host(program) => Command::new(program),
             Launch::Private { prefix } => {

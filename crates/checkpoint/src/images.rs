@@ -16,6 +16,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use prost::Message;
@@ -93,7 +94,9 @@ pub fn prepare_restore_images(
     rewrite: &ImageRewrite,
 ) -> Result<(), ImageError> {
     let src = fs::canonicalize(src).map_err(io_err(format!("resolve {}", src.display())))?;
-    fs::create_dir(dst).map_err(io_err(format!("create {}", dst.display())))?;
+    std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700)
+        .create(dst)
+        .map_err(io_err(format!("create {}", dst.display())))?;
     let mut saw_userns = false;
     for entry in fs::read_dir(&src).map_err(io_err(format!("list {}", src.display())))? {
         let entry = entry.map_err(io_err(format!("list {}", src.display())))?;
@@ -178,7 +181,18 @@ fn rewrite_image(
         out.extend_from_slice(&edited);
         at += 4 + len;
     }
-    fs::write(to, out).map_err(io_err(format!("write {}", to.display())))
+    // CRIU's own mode for images (its restore tasks read them as the tree's root; the
+    // caller keeps the directory from other users), whatever our umask.
+    let write = || -> io::Result<()> {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(to)?;
+        file.set_permissions(fs::Permissions::from_mode(0o644))?;
+        io::Write::write_all(&mut file, &out)
+    };
+    write().map_err(io_err(format!("write {}", to.display())))
 }
 
 #[cfg(test)]

@@ -126,26 +126,9 @@ pub fn normalize_hostname(host: &str) -> Option<String> {
     valid_labels.then(|| host.to_ascii_lowercase())
 }
 
-/// Address ranges no sandbox may reach whatever its policy says: the host's own and
-/// private networks, link-local (cloud metadata), multicast, reserved.
-/// 198.18.0.0/15 is deliberately absent: it is the benchmarking range tests use as their
-/// fake internet.
-pub const BUILTIN_DENIED: &[&str] = &[
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
-    "::/128",
-    "::1/128",
-    "fc00::/7",
-    "fe80::/10",
-    "ff00::/8",
-];
+/// Address ranges no sandbox may reach whatever its policy says (berth's one list, kept
+/// in `berth-net` with the sandbox rule set that enforces the same ranges).
+pub use berth_net::BUILTIN_DENIED;
 
 /// The operator's upper bound, shared by every sandbox's policy: addresses that are
 /// never dialed (built-in ranges plus `--egress-deny`), and optionally the only

@@ -55,7 +55,8 @@ impl Mcp {
     /// Opens (creating if needed) the state under `<state_dir>/mcp/`.
     pub fn open(config: McpConfig) -> Result<Self, McpError> {
         let dir = config.mcp_dir();
-        std::fs::create_dir_all(&dir)
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&dir)
             .map_err(|error| McpError::io("creating the MCP state directory", error))?;
         let store = Arc::new(Store::open(&dir.join("mcp.sqlite3"))?);
         let secrets = Arc::new(Secrets::new(store.clone(), Vault::load(&dir.join("kek"))?));

@@ -93,8 +93,25 @@ impl std::fmt::Debug for Store {
 impl Store {
     pub fn open(path: &Path) -> Result<Self, McpError> {
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|error| McpError::io("creating the MCP state directory", error))?;
+            std::os::unix::fs::DirBuilderExt::mode(
+                std::fs::DirBuilder::new().recursive(true),
+                0o700,
+            )
+            .create(parent)
+            .map_err(|error| McpError::io("creating the MCP state directory", error))?;
+        }
+        // Connections' sealed keys and session state: owner-only (SQLite gives its WAL
+        // and SHM files the database's mode).
+        match std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new().write(true).create_new(true),
+            0o600,
+        )
+        .open(path)
+        {
+            Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(McpError::io("creating the MCP database", error))
+            }
+            _ => {}
         }
         let connection = Connection::open(path)?;
         connection.busy_timeout(std::time::Duration::from_secs(5))?;

@@ -232,8 +232,11 @@ impl HostNetwork {
         let mut pool = AddressPool::new(config.sandbox_cidr)?;
         let tag = daemon_tag(&config.state_dir);
         let dir = config.state_dir.join("net");
+        // Addresses, policies and namespace pins: root's alone.
         for sub in ["sandboxes", "netns"] {
-            fs::create_dir_all(dir.join(sub)).map_err(state(dir.join(sub)))?;
+            std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+                .create(dir.join(sub))
+                .map_err(state(dir.join(sub)))?;
         }
         let mut nl = Netlink::route().map_err(netlink("open rtnetlink"))?;
         let links = nl.links().map_err(netlink("list links"))?;

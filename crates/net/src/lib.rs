@@ -76,7 +76,30 @@ pub mod testing;
 
 pub use error::NetError;
 pub use host::{daemon_tag, HostNetwork, ReconcileReport, SandboxNet};
-pub use policy::{Ceiling, E2bNetworkConfig, EffectivePolicy, NetworkPolicy, PolicyError};
+pub use policy::{
+    Ceiling, E2bNetworkConfig, EffectivePolicy, NetworkPolicy, PolicyError, BUILTIN_DENIED,
+};
+
+/// Every address of the caller's network namespace (IPv4 from rtnetlink, IPv6 from
+/// `/proc/net/if_inet6`): what "the host's own addresses" means for destinations berth
+/// must not connect to on a client's behalf (webhook receivers, sandbox egress).
+pub fn host_addresses() -> Result<Vec<std::net::IpAddr>, NetError> {
+    let mut nl = netlink::Netlink::route().map_err(error::netlink("open rtnetlink"))?;
+    let mut found: Vec<std::net::IpAddr> = nl
+        .addresses()
+        .map_err(error::netlink("list addresses"))?
+        .into_iter()
+        .map(|(_, addr)| addr.into())
+        .collect();
+    let path = "/proc/net/if_inet6";
+    match std::fs::read_to_string(path) {
+        Ok(text) => found.extend(policy::parse_if_inet6(&text).map(std::net::IpAddr::from)),
+        // A kernel without IPv6 has no such file and no IPv6 addresses.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(error::state(path)(e)),
+    }
+    Ok(found)
+}
 
 use std::path::PathBuf;
 

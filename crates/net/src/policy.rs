@@ -553,30 +553,52 @@ impl NetworkPolicy {
     }
 }
 
-/// Ranges no sandbox reaches whatever its policy or the ceiling say: unspecified and
-/// "this network" (0/8), RFC 1918, CGNAT (100.64/10), loopback, link-local and cloud
-/// metadata (169.254/16), multicast (224/4), reserved and broadcast (240/4). The pool and
-/// the host's own addresses are added per daemon (see `nft`).
-pub fn builtin_denied() -> Vec<Ipv4Net> {
-    [
-        "0.0.0.0/8",
-        "10.0.0.0/8",
-        "100.64.0.0/10",
-        "127.0.0.0/8",
-        "169.254.0.0/16",
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "224.0.0.0/4",
-        "240.0.0.0/4",
-    ]
-    .iter()
-    .map(|n| Ipv4Net::from_str(n).expect("built-in CIDR"))
-    .collect()
+/// Address ranges berth never connects anything to, whatever a policy, the ceiling or a
+/// URL says: unspecified and "this network" (0/8), RFC 1918, CGNAT (100.64/10),
+/// loopback, link-local and cloud metadata (169.254/16), multicast (224/4), reserved and
+/// broadcast (240/4), and their IPv6 counterparts (unspecified, loopback, ULA,
+/// link-local, multicast). The one list: sandbox egress in nftables
+/// ([`builtin_denied`]; every IPv6 packet of a sandbox is dropped anyway), the egress
+/// proxy's ceiling (`berth-egress`) and webhook delivery (`berth-server`); the pool and
+/// the host's own addresses are added where they are known (see `nft`,
+/// [`host_addresses`](crate::host_addresses)). 198.18.0.0/15 is deliberately absent: it
+/// is the benchmarking range tests use as their fake internet.
+pub const BUILTIN_DENIED: &[&str] = &[
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "::/128",
+    "::1/128",
+    "fc00::/7",
+    "fe80::/10",
+    "ff00::/8",
+];
+
+/// The addresses listed in `/proc/net/if_inet6` (one per line: 32 hex digits, then
+/// index, prefix length, scope, flags, name).
+pub(crate) fn parse_if_inet6(text: &str) -> impl Iterator<Item = std::net::Ipv6Addr> + '_ {
+    text.lines().filter_map(|line| {
+        let hex = line.split_whitespace().next()?;
+        (hex.len() == 32)
+            .then(|| u128::from_str_radix(hex, 16).ok())
+            .flatten()
+            .map(std::net::Ipv6Addr::from)
+    })
 }
 
-/// The IPv6 ranges named as built-in denies (documentation only: every IPv6 packet of a
-/// sandbox is dropped): loopback, link-local, ULA, multicast.
-pub const BUILTIN_DENIED_V6: [&str; 4] = ["::1/128", "fe80::/10", "fc00::/7", "ff00::/8"];
+/// The IPv4 part of [`BUILTIN_DENIED`], for the sandbox rule set.
+pub fn builtin_denied() -> Vec<Ipv4Net> {
+    BUILTIN_DENIED
+        .iter()
+        .filter_map(|n| Ipv4Net::from_str(n).ok())
+        .collect()
+}
 
 /// The operator's upper bound on every sandbox's egress (`--egress-allow`,
 /// `--egress-deny`). An empty allow list means "the public internet"; any entry makes it
@@ -900,6 +922,33 @@ mod tests {
         assert!(!eff.no_egress());
         assert!(eff.allows_ip(ip("198.18.0.1")));
         assert!(!eff.allows_ip(ip("198.18.0.2")));
+    }
+
+    #[test]
+    fn if_inet6_lines_become_addresses() {
+        let text = "00000000000000000000000000000001 01 80 10 80       lo\n\
+                    fe800000000000000000000000000001 02 40 20 80     eth0\n\
+                    garbage\n";
+        let found: Vec<_> = parse_if_inet6(text).collect();
+        assert_eq!(
+            found,
+            vec![
+                "::1".parse::<std::net::Ipv6Addr>().unwrap(),
+                "fe80::1".parse().unwrap()
+            ]
+        );
+    }
+
+    #[test]
+    fn the_builtin_list_covers_both_families() {
+        let v4 = builtin_denied();
+        assert!(v4
+            .iter()
+            .any(|n| n.contains(&Ipv4Addr::new(169, 254, 169, 254))));
+        assert!(v4
+            .iter()
+            .all(|n| !n.contains(&Ipv4Addr::new(198, 18, 0, 1))));
+        assert!(BUILTIN_DENIED.contains(&"::1/128") && BUILTIN_DENIED.contains(&"::/128"));
     }
 
     #[test]

@@ -278,9 +278,9 @@ impl Unpacker<'_> {
                     // A file or symlink where the tar later puts children: the later
                     // entry wins, as a directory.
                     remove_existing(&path)?;
-                    fs::create_dir(&path).map_err(|e| OciError::io("create", &path, e))?;
+                    create_implied_dir(&path)?;
                 }
-                Err(_) => fs::create_dir(&path).map_err(|e| OciError::io("create", &path, e))?,
+                Err(_) => create_implied_dir(&path)?,
             }
         }
         Ok(path)
@@ -450,6 +450,14 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Allocated bytes of `path` (for tests of sparseness).
+/// A directory the archive implies but does not list: 0755, as image builders make
+/// them, whatever berth's (owner-only) umask.
+fn create_implied_dir(path: &Path) -> Result<(), OciError> {
+    fs::create_dir(path).map_err(|e| OciError::io("create", path, e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755))
+        .map_err(|e| OciError::io("chmod", path, e))
+}
+
 #[cfg(test)]
 fn allocated(path: &Path) -> u64 {
     std::os::unix::fs::MetadataExt::blocks(&fs::metadata(path).unwrap()) * 512

@@ -90,6 +90,27 @@ async fn upload_is_streamed_in_lock_step() {
     assert_eq!(total, (CHUNKS * CHUNK as u64).to_string());
 }
 
+#[tokio::test]
+async fn an_answer_sent_before_the_upload_ends_reaches_the_client() {
+    const CHUNK: usize = 1 << 20;
+    let harness = common::start().await;
+    let chunk = Bytes::from(vec![7u8; CHUNK]);
+    // Far more than the socket buffers hold, so the sandbox stops reading long before
+    // the client stops sending.
+    let frames = futures::stream::iter(
+        (0..256).map(move |_| Ok::<_, berth_proxy::BoxError>(Frame::data(chunk.clone()))),
+    );
+    let mut client = http1_client(harness.front).await;
+    let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::POST, "/full")
+        .header("content-length", (256 * CHUNK).to_string())
+        .body(StreamBody::new(frames).boxed_unsync())
+        .unwrap();
+    let response = bounded(client.send_request(request)).await.unwrap();
+    let (status, body) = json_of(response).await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{body}");
+    assert_eq!(body["code"], 507, "{body}");
+}
+
 fn tokio_stream_from<T>(mut receiver: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> {
     futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
 }

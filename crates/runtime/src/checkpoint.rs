@@ -68,6 +68,7 @@ use super::{
 };
 use crate::cgroup::CgroupLimits;
 use crate::disk;
+use crate::perms;
 use crate::sys;
 use crate::{RuntimeError, SandboxInfo, SandboxSpec};
 
@@ -170,7 +171,9 @@ impl LinuxRuntime {
     ) -> Result<CheckpointInfo, RuntimeError> {
         let id = sandbox.info.id.as_str();
         let images = tmp.join(IMAGES_DIR);
-        fs::create_dir_all(&images).map_err(io_err(format!("create {}", images.display())))?;
+        perms::create_dir(tmp, perms::PRIVATE_DIR)
+            .and_then(|()| perms::create_dir(&images, perms::IMAGES_DIR))
+            .map_err(io_err(format!("create {}", images.display())))?;
         let hook = tmp.join(HOOK_FILE);
         write_hook(
             &hook,
@@ -216,14 +219,13 @@ impl LinuxRuntime {
         };
         // The metadata file is a few hundred bytes: one block, counted up front.
         meta.info.size_bytes = allocated_bytes(tmp).map_err(io_err("measure checkpoint"))? + 4096;
-        let mut file = File::create(tmp.join(META_FILE)).map_err(io_err("write metadata"))?;
-        file.write_all(
+        perms::write_private(
+            &tmp.join(META_FILE),
             &serde_json::to_vec_pretty(&meta)
                 .map_err(io::Error::other)
                 .map_err(io_err("encode metadata"))?,
         )
         .map_err(io_err("write metadata"))?;
-        drop(file);
         // One syncfs instead of an fsync per file: a dump has dozens of images and each
         // fsync is a journal commit (~16 ms here); syncfs commits once for all of them.
         let dir = File::open(tmp).map_err(io_err("open checkpoint dir"))?;
@@ -337,9 +339,6 @@ impl LinuxRuntime {
             let (pidfd, pid, disk) = self.start(spec, slot, dir, DiskOrigin::Kept)?;
             return Ok((pidfd, pid, Some(disk)));
         };
-        for sub in ["disk", "root"] {
-            fs::create_dir(dir.join(sub)).map_err(io_err(format!("create {sub} mountpoint")))?;
-        }
         let images = dir.join("restore-images");
         prepare_restore_images(
             &checkpoint.join(IMAGES_DIR),
@@ -353,12 +352,13 @@ impl LinuxRuntime {
             id: spec.id.clone(),
             source: Box::new(source),
         })?;
+        perms::images_dir(&images).map_err(io_err("open the restore images to CRIU's tasks"))?;
         // Its own new namespace and address (attached by the caller), joined by CRIU.
         let netns = self.netns_for_start(&spec.id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
         let root = HostRoot::mount(self, dir, spec, uid_base)?;
         let work = dir.join("restore");
-        fs::create_dir(&work).map_err(io_err("create restore work dir"))?;
+        perms::create_dir(&work, perms::PRIVATE_DIR).map_err(io_err("create restore work dir"))?;
         let roots = self.cgroups.criu_roots(&spec.id);
         let per_controller: Vec<(&str, &str)> = roots
             .iter()

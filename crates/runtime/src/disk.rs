@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use crate::perms;
 use crate::sys::{check, cpath, FsContext, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID};
 
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
@@ -99,16 +100,16 @@ impl DiskStore {
     /// `pool_target` ready disks are kept per size in use (0 turns the pool off).
     pub(crate) fn new(state_dir: &Path, pool_target: usize) -> io::Result<Self> {
         let templates_dir = state_dir.join("disk-templates");
-        fs::create_dir_all(&templates_dir)?;
+        perms::create_dir_all(&templates_dir, perms::PRIVATE_DIR)?;
         let pool_root = state_dir.join("disk-pool");
-        fs::create_dir_all(&pool_root)?;
+        perms::create_dir_all(&pool_root, perms::PRIVATE_DIR)?;
         remove_dead_pools(&pool_root);
         let pool_dir = pool_root.join(format!(
             "{}.{}",
             std::process::id(),
             INSTANCE.fetch_add(1, Ordering::Relaxed)
         ));
-        fs::create_dir_all(&pool_dir)?;
+        perms::create_dir_all(&pool_dir, perms::PRIVATE_DIR)?;
         let shared = Arc::new(Shared {
             templates_dir,
             pool_dir,
@@ -232,7 +233,7 @@ impl Shared {
             return Ok(image);
         }
         let tmp = self.templates_dir.join(format!(".ext4-{size_mb}M.img.tmp"));
-        File::create(&tmp)?.set_len(size_mb * 1024 * 1024)?;
+        perms::create_private(&tmp)?.set_len(size_mb * 1024 * 1024)?;
         let output = Command::new("mkfs.ext4")
             .args(["-q", "-F", "-b", "4096", "-m", "0"])
             .args(["-O", "^has_journal,^resize_inode"])
@@ -259,8 +260,11 @@ impl Shared {
         copy_sparse(&template, image)?;
         let mount = mount_image(image)?;
         for dir in [c"upper", c"work"] {
+            // The upper's mode is the sandbox's `/`: exactly 0755, whatever the umask.
             // SAFETY: valid dir fd and NUL-terminated name.
             check(unsafe { libc::mkdirat(mount.as_raw_fd(), dir.as_ptr(), 0o755) }.into())?;
+            // SAFETY: as above.
+            check(unsafe { libc::fchmodat(mount.as_raw_fd(), dir.as_ptr(), 0o755, 0) }.into())?;
         }
         Ok(mount)
     }
@@ -305,7 +309,7 @@ pub(crate) struct Janitor {
 impl Janitor {
     pub(crate) fn new(state_dir: &Path) -> io::Result<Self> {
         let trash_dir = state_dir.join("trash");
-        fs::create_dir_all(&trash_dir)?;
+        perms::create_dir_all(&trash_dir, perms::PRIVATE_DIR)?;
         let (sender, receiver) = std::sync::mpsc::channel::<Disposal>();
         let thread = std::thread::Builder::new()
             .name("berth-janitor".into())

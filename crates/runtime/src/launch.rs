@@ -8,7 +8,12 @@
 //!
 //! 1. receive the launch config and the idmapped template layer mounts (SCM_RIGHTS);
 //! 2. mount the overlay root (inside the user namespace, so `userxattr`, and so writes
-//!    through it are charged to namespaced root, which cannot bypass the disk limit);
+//!    through it are charged to namespaced root, which cannot bypass the disk limit),
+//!    built from descriptors only: the detached layer and disk mounts are never
+//!    attached anywhere, so the launcher needs no access to the state directory (root's
+//!    alone) and the overlay's options in the sandbox's `mountinfo` name no host path;
+//!    it is attached on the sandbox's root directory, which the cloned child opened at
+//!    [`ROOT_FD`] while it still had the daemon's credentials;
 //! 3. populate `/proc`, `/sys` (read-only), a minimal `/dev`, `/tmp`, `/run`, and bind the
 //!    init binary read-only at `/run/berth/<name>`;
 //! 4. `pivot_root`, then mask `/proc` paths and make `/proc/sys` and friends read-only;
@@ -36,6 +41,9 @@ use crate::sys::{
 
 /// Where the control socket sits in the launcher.
 pub(crate) const CONTROL_FD: RawFd = 3;
+/// Where the launcher finds the directory to attach the sandbox's root on (opened by the
+/// cloned child before it became namespaced root: the state directory is root's alone).
+pub(crate) const ROOT_FD: RawFd = 4;
 /// Largest config message accepted.
 const MAX_CONFIG: usize = 64 * 1024;
 
@@ -67,10 +75,13 @@ const MASKED_FILES: &[&str] = &[
     "/proc/sysrq-trigger",
     "/proc/kallsyms",
 ];
-/// The empty directory bound read-only over [`MASKED_DIRS`] (in /run's tmpfs, so masks
-/// add no tmpfs of their own for a checkpoint to archive).
-const MASK_SOURCE: &str = "/run/berth/empty";
-/// Directories hidden behind a read-only bind of an empty directory.
+/// The options of the empty read-only tmpfs mounted over each of [`MASKED_DIRS`]. A
+/// tmpfs of its own, not a bind of a directory inside the sandbox: a bind's source is
+/// a path CRIU resolves again at restore, which root inside could replace (with a
+/// symlink, say) and so make every later restore fail; an empty tmpfs is archived with
+/// the checkpoint and recreated from it.
+const MASK_TMPFS: &str = "mode=0555,size=4k,nr_inodes=1";
+/// Directories hidden behind an empty read-only tmpfs.
 const MASKED_DIRS: &[&str] = &[
     "/proc/acpi",
     "/proc/asound",
@@ -87,15 +98,8 @@ const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct LaunchConfig {
     pub hostname: String,
-    /// Host path where the overlay root is mounted (in the sandbox's mount namespace).
-    pub root: PathBuf,
-    pub upper: PathBuf,
-    pub work: PathBuf,
-    /// Empty directory to attach the sandbox's disk (upper and work) at.
-    pub disk_mountpoint: PathBuf,
-    /// Empty directories to attach the idmapped layers at (topmost first): overlayfs only
-    /// takes layers from the mounter's own mount namespace.
-    pub layer_mountpoints: Vec<PathBuf>,
+    /// How many template layers follow the disk among the mounts sent.
+    pub layers: usize,
     /// Host path of the init binary (berth-envd).
     pub init_binary: PathBuf,
     pub init_args: Vec<String>,
@@ -237,6 +241,10 @@ pub fn run_if_launcher() {
 
 /// Entry point of the `berth-launch` binary.
 pub fn launcher_main() -> ! {
+    // The daemon's umask keeps its state root's alone; the sandbox's processes (and the
+    // directories mounted over here) get the usual one.
+    // SAFETY: umask(2) cannot fail.
+    unsafe { libc::umask(0o022) };
     let args: Vec<String> = std::env::args().collect();
     let result = match args.get(1).map(String::as_str) {
         Some("init") => init_main(),
@@ -355,6 +363,8 @@ fn become_init(
         ));
     }
     let filter = crate::seccomp::build_filter()?;
+    // SAFETY: the daemon's child put the root directory at ROOT_FD before exec.
+    let root_dir = unsafe { OwnedFd::from_raw_fd(ROOT_FD) };
     mount(
         None,
         Path::new("/"),
@@ -362,9 +372,11 @@ fn become_init(
         libc::MS_REC | libc::MS_PRIVATE,
         None,
     )?;
-    mount_overlay(config, &layers)?;
+    mount_overlay(config, &layers, root_dir.as_fd())?;
     drop(layers);
-    let root = config.root.as_path();
+    drop(root_dir);
+    // The working directory is the overlay's root now.
+    let root = Path::new(".");
     populate_root(config, root, sysfs)?;
     pivot_into(root)?;
     mask_paths()?;
@@ -455,44 +467,60 @@ fn exec(
     ))
 }
 
-/// `mounts` is the sandbox's disk followed by the layers, topmost first.
-fn mount_overlay(config: &LaunchConfig, mounts: &[OwnedFd]) -> io::Result<()> {
+/// `mounts` is the sandbox's disk followed by the layers, topmost first. overlayfs takes
+/// layers only from the mounter's own mount namespace, so they are attached first, on
+/// a scratch tmpfs laid on `root_dir` (the launcher never walks the state directory),
+/// and named relative to it: the overlay's options (shown in the sandbox's
+/// `mountinfo`) are `lowerdir+=l0,…,upperdir=d/upper,workdir=d/work`, no host path.
+/// The overlay is attached on the scratch's `r` and becomes the working directory;
+/// the scratch goes with the old root at `pivot_root`.
+fn mount_overlay(
+    config: &LaunchConfig,
+    mounts: &[OwnedFd],
+    root_dir: BorrowedFd<'_>,
+) -> io::Result<()> {
     let Some((disk, layers)) = mounts.split_first() else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "no disk mount received",
         ));
     };
-    if layers.len() != config.layer_mountpoints.len() {
+    if layers.len() != config.layers {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "layer count does not match mountpoints",
+            "layer count does not match the config",
         ));
     }
+    let scratch = ctx("fsopen tmpfs", FsContext::open(c"tmpfs"))?;
+    ctx("scratch mode", scratch.set_string(c"mode", c"0700"))?;
+    let scratch = ctx("scratch tmpfs", scratch.create_mount(MOUNT_ATTR_NODEV))?;
     ctx(
-        "attach disk",
-        sys::move_mount_to(disk.as_fd(), &cpath(&config.disk_mountpoint)?),
+        "attach scratch",
+        sys::move_mount_onto(scratch.as_fd(), root_dir),
     )?;
+    ctx("enter scratch", sys::fchdir(scratch.as_fd()))?;
+    ctx("create d", fs::create_dir("d"))?;
+    ctx("attach disk", sys::move_mount_to(disk.as_fd(), c"d"))?;
     let fsc = ctx("fsopen overlay", FsContext::open(c"overlay"))?;
-    for (layer, mountpoint) in layers.iter().zip(&config.layer_mountpoints) {
-        let path = cpath(mountpoint)?;
-        ctx("attach layer", sys::move_mount_to(layer.as_fd(), &path))?;
-        ctx("overlay lowerdir+", fsc.set_string(c"lowerdir+", &path))?;
+    for (i, layer) in layers.iter().enumerate() {
+        let name = CString::new(format!("l{i}")).map_err(io::Error::other)?;
+        ctx(
+            "create layer dir",
+            fs::create_dir(OsStr::from_bytes(name.as_bytes())),
+        )?;
+        ctx("attach layer", sys::move_mount_to(layer.as_fd(), &name))?;
+        ctx("overlay lowerdir+", fsc.set_string(c"lowerdir+", &name))?;
     }
-    ctx(
-        "overlay upperdir",
-        fsc.set_string(c"upperdir", &cpath(&config.upper)?),
-    )?;
-    ctx(
-        "overlay workdir",
-        fsc.set_string(c"workdir", &cpath(&config.work)?),
-    )?;
+    ctx("overlay upperdir", fsc.set_string(c"upperdir", c"d/upper"))?;
+    ctx("overlay workdir", fsc.set_string(c"workdir", c"d/work"))?;
     ctx("overlay userxattr", fsc.set_flag(c"userxattr"))?;
     let mnt = ctx("overlay create", fsc.create_mount(MOUNT_ATTR_NODEV))?;
+    ctx("create r", fs::create_dir("r"))?;
     ctx(
         "move overlay into place",
-        sys::move_mount_to(mnt.as_fd(), &cpath(&config.root)?),
-    )
+        sys::move_mount_to(mnt.as_fd(), c"r"),
+    )?;
+    ctx("enter the overlay", sys::fchdir(mnt.as_fd()))
 }
 
 fn populate_root(config: &LaunchConfig, root: &Path, sysfs: Option<OwnedFd>) -> io::Result<()> {
@@ -532,7 +560,6 @@ fn populate_root(config: &LaunchConfig, root: &Path, sysfs: Option<OwnedFd>) -> 
     )?;
     make_dir(&run.join("shm"), 0o1777)?;
     fs::create_dir(run.join("berth"))?;
-    make_dir(&run.join(MASK_SOURCE.trim_start_matches("/run/")), 0o555)?;
 
     let dev = root.join("dev");
     ensure_dir(&dev)?;
@@ -648,14 +675,12 @@ fn mask_paths() -> io::Result<()> {
         bind(Path::new("/dev/null"), path)?;
     }
     for path in MASKED_DIRS.iter().map(Path::new).filter(|p| p.exists()) {
-        bind(Path::new(MASK_SOURCE), path)?;
-        ctx(
-            path.display(),
-            sys::mount_setattr_flags(
-                &cpath(path)?,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-                0,
-            ),
+        mount(
+            Some(Path::new("tmpfs")),
+            path,
+            Some("tmpfs"),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            Some(MASK_TMPFS),
         )?;
     }
     for path in READONLY_PATHS.iter().map(Path::new).filter(|p| p.exists()) {

@@ -36,8 +36,12 @@
 //! **Root filesystem.** Template layers stay owned by host uid 0 as debootstrap made
 //! them; the daemon clones each (`open_tree(OPEN_TREE_CLONE)`) and idmaps it to the
 //! sandbox's range (`mount_setattr(MOUNT_ATTR_IDMAP)`), passes the detached mounts over
-//! SCM_RIGHTS, and the launcher attaches them in its own mount namespace and mounts the
-//! overlay there, with `userxattr`. Mounting inside the user namespace is deliberate: the
+//! SCM_RIGHTS, and the launcher attaches them in its own mount namespace on a scratch
+//! tmpfs laid over the sandbox's `root` directory (opened by the cloned child before it
+//! dropped the daemon's credentials: the state directory is root's alone) and mounts the
+//! overlay there, with `userxattr`, naming layers relative to the scratch so the
+//! overlay's options in the sandbox's `mountinfo` hold no host path. Mounting inside the
+//! user namespace is deliberate: the
 //! overlay then writes its upper layer with namespaced root's credentials, which hold no
 //! host capability (no CAP_SYS_RESOURCE to dig into reserved blocks, no way to change
 //! project ids). Then a fresh `/proc` (kcore, keys, timer_list, sched_debug, … masked;
@@ -102,6 +106,7 @@ mod disk;
 mod host;
 pub mod launch;
 mod linux;
+mod perms;
 mod record;
 mod seccomp;
 mod slots;
@@ -113,6 +118,7 @@ pub use linux::{
     CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS,
     DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
 };
+pub use perms::tighten_tree as tighten_private_tree;
 pub use volume::{
     validate_mount_path, validate_mount_paths, MountPathError, VolumeMount, VOLUME_OWNER,
 };

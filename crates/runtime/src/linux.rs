@@ -14,7 +14,8 @@ use std::time::SystemTime;
 
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::disk::{self, DiskStore, Janitor};
-use crate::launch::{self, LaunchConfig, CONTROL_FD};
+use crate::launch::{self, LaunchConfig, CONTROL_FD, ROOT_FD};
+use crate::perms;
 use crate::record::{self, Record};
 use crate::slots::{Claim, SlotRegistry};
 use crate::sys::{self, cpath};
@@ -45,13 +46,12 @@ pub const DEFAULT_ENVD_ARGS: [&str; 2] = ["--listen", "0.0.0.0:49983"];
 /// How a [`LinuxRuntime`] is set up.
 #[derive(Debug, Clone)]
 pub struct LinuxRuntimeConfig {
-    /// Records, per-sandbox disks and formatted disk images live here. It and its parents
-    /// must be searchable by all (o+x): the launcher runs as the sandbox's root, an
-    /// unprivileged host uid, when it mounts the overlay from paths in here.
+    /// Records, per-sandbox disks and formatted disk images live here, root's alone (see
+    /// `perms`): nothing of a sandbox walks it.
     pub state_dir: PathBuf,
     /// Host path of the (static) `berth-envd` binary, bind-mounted read-only into each
-    /// sandbox and run as its init. Like `state_dir`, its directories must be searchable
-    /// by all.
+    /// sandbox and run as its init. Its directories must be searchable by all: the
+    /// launcher binds it as the sandbox's root, an unprivileged host uid.
     pub envd_binary: PathBuf,
     /// Arguments passed to the init.
     pub envd_args: Vec<String>,
@@ -173,12 +173,28 @@ impl LinuxRuntime {
     /// Prepares the state directory and cgroup parents. Call [`Runtime::recover`] next to
     /// pick up sandboxes of an earlier daemon.
     pub fn new(config: LinuxRuntimeConfig) -> Result<Self, RuntimeError> {
-        fs::create_dir_all(config.state_dir.join("sandboxes"))
+        // Root's alone, all of it (see `perms`).
+        perms::create_dir_all(&config.state_dir.join("sandboxes"), perms::PRIVATE_DIR)
             .map_err(io_err("create state dir"))?;
-        // Sandbox roots (host uids in berth's range) must be able to traverse to their disks.
-        for dir in [config.state_dir.clone(), config.state_dir.join("sandboxes")] {
-            fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
-                .map_err(io_err("chmod state dir"))?;
+        perms::tighten(&config.state_dir, perms::TRAVERSE_DIR)
+            .map_err(io_err("chmod state dir"))?;
+        perms::create_dir_all(&config.state_dir.join(VOLUME_MOUNTS), perms::TRAVERSE_DIR)
+            .map_err(io_err("create the volume mounts dir"))?;
+        if let Ok(entries) = fs::read_dir(config.state_dir.join(VOLUME_MOUNTS)) {
+            for entry in entries.flatten() {
+                remove_volume_mountpoints(&entry.path());
+            }
+        }
+        perms::create_dir_all(&config.state_dir.join("checkpoints"), perms::PRIVATE_DIR)
+            .map_err(io_err("create checkpoint dir"))?;
+        let tightened = perms::tighten_sandbox_dirs(&config.state_dir)
+            .map_err(io_err("tighten permissions of sandbox state"))?;
+        if tightened > 0 {
+            tracing::warn!(
+                state = %config.state_dir.display(),
+                paths = tightened,
+                "made sandbox records, disks and checkpoints readable by root only (an older berth left them readable by other users)"
+            );
         }
         let cgroups = Cgroups::detect(&config.cgroup_mount, &config.cgroup_parent)
             .map_err(io_err("set up cgroups"))?;
@@ -244,6 +260,27 @@ impl LinuxRuntime {
             .map_err(|e| RuntimeError::CriuUnavailable(Box::new(e)))?;
         *criu = Some(found.clone());
         Ok(found)
+    }
+
+    /// A new directory for the host mounts of sandbox `id`'s volumes during a restore:
+    /// `<state>/volume-mounts/<id>`, owned by the sandbox's root (`uid_base`) and 0700.
+    /// CRIU's restore tasks open external mounts by path after they have become that
+    /// uid, so it must be able to reach them, and no other uid may: the state dir and
+    /// `volume-mounts/` are 0711 (traversable, not listable; every other entry is
+    /// 0700/0600), and a volume's content is reachable only through its sandbox's
+    /// directory here. Removed again by `HostRoot`'s drop.
+    pub(super) fn volume_mounts_dir(
+        &self,
+        id: &str,
+        uid_base: u32,
+    ) -> Result<PathBuf, RuntimeError> {
+        let dir = self.config.state_dir.join(VOLUME_MOUNTS).join(id);
+        remove_volume_mountpoints(&dir);
+        perms::create_dir(&dir, perms::PRIVATE_DIR)
+            .map_err(io_err("create the sandbox's volume mounts dir"))?;
+        std::os::unix::fs::chown(&dir, Some(uid_base), Some(uid_base))
+            .map_err(io_err("chown the sandbox's volume mounts dir"))?;
+        Ok(dir)
     }
 
     fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -335,7 +372,7 @@ impl LinuxRuntime {
         start: impl FnOnce(u32, &Path) -> Result<(OwnedFd, i32, Option<OwnedFd>), RuntimeError>,
     ) -> Result<SandboxInfo, RuntimeError> {
         let dir = self.sandbox_dir(&spec.id);
-        fs::create_dir(&dir).map_err(|e| match e.kind() {
+        perms::create_dir(&dir, perms::PRIVATE_DIR).map_err(|e| match e.kind() {
             io::ErrorKind::AlreadyExists => RuntimeError::AlreadyExists(spec.id.clone()),
             _ => io_err("create sandbox dir")(e),
         })?;
@@ -459,16 +496,12 @@ impl LinuxRuntime {
         origin: DiskOrigin,
     ) -> Result<(OwnedFd, i32, OwnedFd), RuntimeError> {
         let uid_base = self.uid_base_of(slot);
-        let mount = dir.join("disk");
         let disk = match origin {
-            DiskOrigin::New => {
-                fs::create_dir(&mount).map_err(io_err("create disk mountpoint"))?;
-                self.disks
-                    .create(spec.disk_size_mb.max(16), &dir.join("disk.img"), uid_base)
-                    .map_err(io_err("create sandbox disk"))?
-            }
+            DiskOrigin::New => self
+                .disks
+                .create(spec.disk_size_mb.max(16), &dir.join("disk.img"), uid_base)
+                .map_err(io_err("create sandbox disk"))?,
             DiskOrigin::Kept => {
-                fs::create_dir_all(&mount).map_err(io_err("create disk mountpoint"))?;
                 disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount kept disk"))?
             }
         };
@@ -481,20 +514,11 @@ impl LinuxRuntime {
             .create(&spec.id, limits)
             .map_err(io_err("create cgroups"))?;
         let root = dir.join("root");
-        fs::create_dir_all(&root).map_err(io_err("create root mountpoint"))?;
-        let layer_mountpoints: Vec<PathBuf> = (0..spec.layers.len())
-            .map(|i| dir.join("layers").join(i.to_string()))
-            .collect();
-        for mountpoint in &layer_mountpoints {
-            fs::create_dir_all(mountpoint).map_err(io_err("create layer mountpoint"))?;
-        }
+        perms::create_dir_all(&root, perms::PRIVATE_DIR)
+            .map_err(io_err("create root mountpoint"))?;
         let launch_config = LaunchConfig {
             hostname: spec.id.clone(),
-            root,
-            upper: mount.join("upper"),
-            work: mount.join("work"),
-            disk_mountpoint: mount,
-            layer_mountpoints,
+            layers: spec.layers.len(),
             init_binary: self.config.envd_binary.clone(),
             init_args: self.config.envd_args.clone(),
             init_env: vec![
@@ -530,7 +554,8 @@ impl LinuxRuntime {
         };
         let (parent_sock, child_sock) = socketpair().map_err(io_err("socketpair"))?;
         let launcher = cpath(&self.config.launcher_binary).map_err(io_err("launcher path"))?;
-        let (pidfd, pid) = clone_launcher(&launcher, child_sock, netns.as_ref())
+        let root = cpath(&root).map_err(io_err("root path"))?;
+        let (pidfd, pid) = clone_launcher(&launcher, &root, child_sock, netns.as_ref())
             .map_err(io_err("clone sandbox init"))?;
         let result = disk
             .try_clone()
@@ -599,12 +624,29 @@ impl LinuxRuntime {
         self.cgroups
             .attach(&spec.id, pid)
             .map_err(io_err("attach init to cgroups"))?;
-        // SAFETY: writing one byte from a valid buffer to our socket.
-        let confirmed = unsafe { libc::write(sock.as_raw_fd(), b"c".as_ptr().cast(), 1) } == 1;
-        // A launcher that failed before reading the byte has closed its end: its reason
-        // is still in the socket, so it is read either way.
-        let confirm_error = (!confirmed).then(io::Error::last_os_error);
+        shield_from_oom_killer(pid);
         let mut buf = vec![0u8; 4096];
+        // SAFETY: writing one byte from a valid buffer to our socket.
+        if unsafe { libc::write(sock.as_raw_fd(), b"c".as_ptr().cast(), 1) } != 1 {
+            let err = io::Error::last_os_error();
+            // The launcher failed before it waited for this byte: its reason is queued.
+            // SAFETY: reading into our own buffer without blocking.
+            let n = unsafe {
+                libc::recv(
+                    sock.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                return Err(RuntimeError::StartFailed {
+                    id: spec.id.clone(),
+                    reason: String::from_utf8_lossy(&buf[..n as usize]).into_owned(),
+                });
+            }
+            return Err(io_err("confirm cgroups")(err));
+        }
         let n = loop {
             // SAFETY: reading into our own buffer; the socket has a receive timeout.
             let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
@@ -614,13 +656,12 @@ impl LinuxRuntime {
                 break n;
             }
         };
-        match (n, confirm_error) {
-            (n, _) if n > 0 => Err(RuntimeError::StartFailed {
+        match n {
+            0 => Ok(()),
+            n if n > 0 => Err(RuntimeError::StartFailed {
                 id: spec.id.clone(),
                 reason: String::from_utf8_lossy(&buf[..n as usize]).into_owned(),
             }),
-            (_, Some(err)) => Err(io_err("confirm cgroups")(err)),
-            (0, None) => Ok(()),
             _ => Err(io_err("wait for sandbox init")(io::Error::last_os_error())),
         }
     }
@@ -897,7 +938,8 @@ impl Runtime for LinuxRuntime {
 
     fn checkpoint(&self, id: &str, checkpoint_id: &str) -> Result<CheckpointInfo, RuntimeError> {
         let dest = self.checkpoint_dir(checkpoint_id)?;
-        fs::create_dir_all(self.checkpoint_root()).map_err(io_err("create checkpoint dir"))?;
+        perms::create_dir_all(&self.checkpoint_root(), perms::PRIVATE_DIR)
+            .map_err(io_err("create checkpoint dir"))?;
         let criu = self.criu()?;
         self.checkpoint_into(&criu, id, &dest)
     }
@@ -978,6 +1020,42 @@ fn check_volume_mounts(spec: &SandboxSpec) -> Result<(), RuntimeError> {
             reason,
         }
     })
+}
+
+/// The init's `oom_score_adj`: never chosen by the OOM killer.
+const INIT_OOM_SCORE_ADJ: &str = "-1000";
+
+/// envd must outlive what runs inside: when the sandbox's memory runs out, the cgroup's
+/// OOM killer takes a workload process, never the init (envd also gives its children a
+/// raised score). Set from the host, since lowering a score takes CAP_SYS_RESOURCE;
+/// CRIU carries it through checkpoints. Without that capability (some containers) the
+/// init keeps the default score, which is logged once: envd's children's raised score
+/// then still makes them the OOM killer's choice unless they lower it themselves.
+fn shield_from_oom_killer(pid: i32) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if let Err(error) = fs::write(format!("/proc/{pid}/oom_score_adj"), INIT_OOM_SCORE_ADJ) {
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                %error,
+                "cannot shield sandbox inits from the OOM killer (berth lacks CAP_SYS_RESOURCE); a workload that lowers its own OOM score can get envd killed"
+            );
+        }
+    }
+}
+
+/// Where restores mount volumes on the host (see [`LinuxRuntime::volume_mounts_dir`]).
+const VOLUME_MOUNTS: &str = "volume-mounts";
+
+/// Removes `dir` (a sandbox's directory in `volume-mounts/`) and its mountpoints, as a
+/// daemon that died during a restore left them. Never walks into a mountpoint: a
+/// mountpoint still mounted or not empty stays, and so does `dir`.
+fn remove_volume_mountpoints(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+    let _ = fs::remove_dir(dir);
 }
 
 /// CRIU's key for the `index`th volume mount of a sandbox (see `volume`).
@@ -1061,18 +1139,19 @@ struct CloneArgs {
 /// socket to fd 3 and exec `berth-launch init`.
 fn clone_launcher(
     launcher: &CString,
+    root: &CString,
     child_sock: OwnedFd,
     netns: Option<&OwnedFd>,
 ) -> io::Result<(OwnedFd, i32)> {
     let Some(netns) = netns else {
-        return clone_launcher_here(launcher, child_sock, libc::CLONE_NEWNET);
+        return clone_launcher_here(launcher, root, child_sock, libc::CLONE_NEWNET);
     };
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
                 // setns changes only this thread, which ends after the clone.
                 sys::setns(netns.as_fd(), libc::CLONE_NEWNET)?;
-                clone_launcher_here(launcher, child_sock, 0)
+                clone_launcher_here(launcher, root, child_sock, 0)
             })
             .join()
             .map_err(|_| io::Error::other("clone thread panicked"))?
@@ -1082,6 +1161,7 @@ fn clone_launcher(
 /// The clone itself, from the calling thread, with `extra_flags` added.
 fn clone_launcher_here(
     launcher: &CString,
+    root: &CString,
     child_sock: OwnedFd,
     extra_flags: libc::c_int,
 ) -> io::Result<(OwnedFd, i32)> {
@@ -1112,7 +1192,7 @@ fn clone_launcher_here(
     };
     if ret == 0 {
         // SAFETY: we are the freshly cloned child; all pointers were prepared before clone.
-        unsafe { child_exec(sock, launcher.as_ptr(), &argv, &envp) }
+        unsafe { child_exec(sock, root.as_ptr(), launcher.as_ptr(), &argv, &envp) }
     }
     sys::check(ret)?;
     drop(child_sock);
@@ -1121,12 +1201,16 @@ fn clone_launcher_here(
     Ok((pidfd, ret as i32))
 }
 
-/// Runs in the cloned child: async-signal-safe raw syscalls only, no allocation.
+/// Runs in the cloned child: async-signal-safe raw syscalls only, no allocation. Opens
+/// the sandbox's `root` directory at `ROOT_FD` while it still has the daemon's
+/// credentials (the state directory is root's alone; the launcher runs as the sandbox's
+/// root, an unprivileged host uid).
 ///
 /// # Safety
 /// Must only be called in the child right after `clone3`, with valid C string pointers.
 unsafe fn child_exec(
     sock: RawFd,
+    root: *const libc::c_char,
     path: *const libc::c_char,
     argv: &[*const libc::c_char; 3],
     envp: &[*const libc::c_char; 1],
@@ -1142,17 +1226,34 @@ unsafe fn child_exec(
         if libc::syscall(libc::SYS_read, sock, &mut go as *mut u8, 1) != 1 {
             fail(1);
         }
+        // The control socket first, so the root directory's descriptor cannot land on
+        // CONTROL_FD (the original socket descriptor is close-on-exec).
+        if sock == CONTROL_FD {
+            libc::syscall(libc::SYS_fcntl, sock, libc::F_SETFD, 0);
+        } else if libc::syscall(libc::SYS_dup3, sock, CONTROL_FD, 0) < 0 {
+            fail(3);
+        }
+        // Still the daemon's credentials here: the root directory is reachable.
+        let root_fd = libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            root,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        );
+        if root_fd < 0 {
+            fail(4);
+        }
+        if root_fd == ROOT_FD as libc::c_long {
+            libc::syscall(libc::SYS_fcntl, root_fd, libc::F_SETFD, 0);
+        } else if libc::syscall(libc::SYS_dup3, root_fd, ROOT_FD, 0) < 0 {
+            fail(5);
+        }
         // Raw setres[ug]id: libc's wrappers would signal the parent's other threads.
         if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
             || libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
             || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0
         {
             fail(2);
-        }
-        if sock == CONTROL_FD {
-            libc::syscall(libc::SYS_fcntl, sock, libc::F_SETFD, 0);
-        } else if libc::syscall(libc::SYS_dup3, sock, CONTROL_FD, 0) < 0 {
-            fail(3);
         }
         libc::syscall(libc::SYS_execve, path, argv.as_ptr(), envp.as_ptr());
     }

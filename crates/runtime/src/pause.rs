@@ -22,7 +22,7 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -53,8 +53,10 @@ struct PausedMarker {
 impl PausedMarker {
     fn write(&self, dir: &Path) -> io::Result<()> {
         let tmp = dir.join(".paused.json.tmp");
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(&serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
+        let file = crate::perms::write_private(
+            &tmp,
+            &serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
+        )?;
         // The marker says the checkpoint (or kept disk) is the sandbox's state: it must
         // not reach the disk before what it points to, nor be lost after we answered.
         file.sync_all()?;
@@ -95,7 +97,8 @@ impl LinuxRuntime {
         let sandbox = self.get(id)?;
         // CRIU cannot seize frozen tasks.
         let _ = self.cgroups.set_frozen(id, false);
-        fs::create_dir(images).map_err(io_err(format!("create {}", images.display())))?;
+        crate::perms::create_dir(images, crate::perms::IMAGES_DIR)
+            .map_err(io_err(format!("create {}", images.display())))?;
         let dump = Dump {
             pid: sandbox.info.init_pid,
             images: images.to_path_buf(),
@@ -200,7 +203,8 @@ impl LinuxRuntime {
         Self::check_restore_netns(&images, netns.as_ref())?;
         let root = HostRoot::mount(self, &dir, &spec, self.uid_base_of(record.slot))?;
         let work = dir.join("restore");
-        fs::create_dir_all(&work).map_err(io_err("create restore work dir"))?;
+        crate::perms::create_dir_all(&work, crate::perms::PRIVATE_DIR)
+            .map_err(io_err("create restore work dir"))?;
         let restored = criu.restore(&Restore {
             images: images.clone(),
             work: work.clone(),
@@ -333,9 +337,11 @@ impl LinuxRuntime {
     }
 }
 
-/// The sandbox's root rebuilt in the host's mount namespace for CRIU: idmapped layers,
-/// the disk and the overlay, attached under the sandbox directory, and its volumes
-/// (idmapped mounts at `volumes/<i>`, bound back into the tree as CRIU external mounts).
+/// The sandbox's root rebuilt in the host's mount namespace for CRIU: an overlay of the
+/// idmapped layers and the disk, made of descriptors as the launcher makes it (so the
+/// restored sandbox's `mountinfo` names no host path either) and attached on the
+/// sandbox directory's `root`, and its volumes (idmapped mounts, bound back into the
+/// tree as CRIU external mounts: see [`LinuxRuntime::volume_mounts_dir`] for where).
 /// Dropping it detaches them all.
 pub(super) struct HostRoot {
     /// Attached mountpoints, in attach order.
@@ -343,6 +349,8 @@ pub(super) struct HostRoot {
     disk: Option<OwnedFd>,
     /// (CRIU key, host path) of each volume mount.
     volumes: Vec<(String, PathBuf)>,
+    /// The directory of the volume mountpoints, removed on drop.
+    volume_dir: Option<PathBuf>,
 }
 
 impl HostRoot {
@@ -357,11 +365,20 @@ impl HostRoot {
             attached: Vec::new(),
             disk: None,
             volumes: Vec::new(),
+            volume_dir: None,
         };
         let userns = userns_with_map(uid_base).map_err(io_err("make id-mapping namespace"))?;
+        if !spec.volumes.is_empty() {
+            root.volume_dir = Some(runtime.volume_mounts_dir(&spec.id, uid_base)?);
+        }
         for (i, volume) in spec.volumes.iter().enumerate() {
-            let mountpoint = dir.join("volumes").join(i.to_string());
-            fs::create_dir_all(&mountpoint).map_err(io_err("create volume mountpoint"))?;
+            let mountpoint = root
+                .volume_dir
+                .as_ref()
+                .expect("made above")
+                .join(i.to_string());
+            crate::perms::create_dir(&mountpoint, crate::perms::PRIVATE_DIR)
+                .map_err(io_err("create volume mountpoint"))?;
             let mount = runtime.volumes.mount_for(&volume.volume, userns.as_fd())?;
             root.attach(
                 &mount,
@@ -370,31 +387,28 @@ impl HostRoot {
             root.volumes.push((volume_key(i), mountpoint));
         }
         let overlay = FsContext::open(c"overlay").map_err(io_err("fsopen overlay"))?;
-        // Topmost layer first, on the same mountpoints the launcher used.
-        for (i, layer) in layers.iter().rev().enumerate() {
-            let mountpoint = dir.join("layers").join(i.to_string());
-            fs::create_dir_all(&mountpoint).map_err(io_err("create layer mountpoint"))?;
-            let mountpoint = cpath(&mountpoint).map_err(io_err("layer mountpoint"))?;
+        // Topmost layer first. The detached trees must stay open until the overlay is
+        // created: closing the last descriptor of one dissolves it.
+        let mut trees = Vec::with_capacity(layers.len());
+        for layer in layers.iter().rev() {
             let path = cpath(layer).map_err(io_err("layer path"))?;
             let tree =
                 sys::open_tree_clone(libc::AT_FDCWD, &path, libc::AT_RECURSIVE as libc::c_uint)
                     .map_err(io_err(format!("open_tree {}", layer.display())))?;
             sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd())
                 .map_err(io_err(format!("idmap {}", layer.display())))?;
-            root.attach(&tree, mountpoint.clone())?;
             overlay
-                .set_string(c"lowerdir+", &mountpoint)
+                .set_fd(c"lowerdir+", tree.as_fd())
                 .map_err(io_err("overlay lowerdir+"))?;
+            trees.push(tree);
         }
         let disk = disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount disk"))?;
-        let disk_dir = dir.join("disk");
-        root.attach(&disk, cpath(&disk_dir).map_err(io_err("disk mountpoint"))?)?;
-        root.disk = Some(disk);
-        for (key, sub) in [(c"upperdir", "upper"), (c"workdir", "work")] {
-            let path = cpath(&disk_dir.join(sub)).map_err(io_err("overlay dir"))?;
+        for (key, sub) in [(c"upperdir", c"upper"), (c"workdir", c"work")] {
+            let sub_dir = sys::open_dir_path(disk.as_fd(), sub)
+                .map_err(io_err(format!("open the disk's {}", sub.to_string_lossy())))?;
             overlay
-                .set_string(key, &path)
-                .map_err(io_err(format!("overlay {sub}")))?;
+                .set_fd(key, sub_dir.as_fd())
+                .map_err(io_err(format!("overlay {}", key.to_string_lossy())))?;
         }
         overlay
             .set_flag(c"userxattr")
@@ -402,10 +416,12 @@ impl HostRoot {
         let mount = overlay
             .create_mount(MOUNT_ATTR_NODEV)
             .map_err(io_err("mount overlay"))?;
-        root.attach(
-            &mount,
-            cpath(&dir.join("root")).map_err(io_err("root mountpoint"))?,
-        )?;
+        drop(trees);
+        let root_dir = dir.join("root");
+        crate::perms::create_dir_all(&root_dir, crate::perms::PRIVATE_DIR)
+            .map_err(io_err("create root mountpoint"))?;
+        root.attach(&mount, cpath(&root_dir).map_err(io_err("root mountpoint"))?)?;
+        root.disk = Some(disk);
         Ok(root)
     }
 
@@ -432,6 +448,12 @@ impl Drop for HostRoot {
         for target in self.attached.iter().rev() {
             // SAFETY: umount2 with a valid NUL-terminated path.
             unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+        if let Some(dir) = self.volume_dir.take() {
+            for (_, mountpoint) in &self.volumes {
+                let _ = fs::remove_dir(mountpoint);
+            }
+            let _ = fs::remove_dir(dir);
         }
     }
 }

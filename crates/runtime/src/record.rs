@@ -7,7 +7,7 @@
 //! ~16 ms per call on this machine's disk, several times the whole create budget.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 use std::time::SystemTime;
 
@@ -31,9 +31,10 @@ pub(crate) struct Record {
 impl Record {
     pub(crate) fn write(&self, dir: &Path) -> io::Result<()> {
         let tmp = dir.join(".record.json.tmp");
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(&serde_json::to_vec_pretty(self).map_err(io::Error::other)?)?;
-        drop(file);
+        crate::perms::write_private(
+            &tmp,
+            &serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
+        )?;
         fs::rename(&tmp, dir.join(RECORD_FILE))
     }
 

@@ -4,7 +4,7 @@
 //! kexec, mount API, namespace creation and joining, keyrings, bpf, perf, clock setting,
 //! handle-based opens, userfaultfd, io_uring, swap, reboot, NUMA policy, ptrace-like memory
 //! access of other processes), plus a few more (TIOCSTI, vsock, the newest mount
-//! syscalls). Foreign architectures and the x32 ABI are refused outright. Namespaced
+//! syscalls, ptrace of PID 1). Foreign architectures and the x32 ABI are refused outright. Namespaced
 //! root keeps what `sudo` needs (setuid family, capabilities within the bounding set).
 
 use std::io;
@@ -176,6 +176,16 @@ pub(crate) fn build_filter() -> io::Result<Vec<libc::sock_filter>> {
         jump(BPF_JEQ_K, libc::SYS_ioctl as u32, 0, 3),
         stmt(BPF_LD_W_ABS, DATA_ARG1_LOW),
         jump(BPF_JEQ_K, TIOCSTI, 0, 1),
+        stmt(BPF_RET_K, errno(libc::EPERM)),
+        stmt(BPF_LD_W_ABS, DATA_NR),
+    ]);
+    // ptrace(request, 1, ...): nothing inside attaches to, stops or pokes envd (PID 1;
+    // no process inside can make a pid namespace of its own, so 1 is always envd).
+    // Tracing any other process of the sandbox works as usual.
+    prog.extend([
+        jump(BPF_JEQ_K, libc::SYS_ptrace as u32, 0, 3),
+        stmt(BPF_LD_W_ABS, DATA_ARG1_LOW),
+        jump(BPF_JEQ_K, 1, 0, 1),
         stmt(BPF_RET_K, errno(libc::EPERM)),
         stmt(BPF_LD_W_ABS, DATA_NR),
     ]);

@@ -12,8 +12,9 @@
 //! fsynced: after a crash, recovery claims the ranges of the sandboxes it keeps again.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Who holds a range.
@@ -61,7 +62,8 @@ pub(crate) enum Claim {
 
 impl SlotRegistry {
     pub(crate) fn new(dir: &Path, state_dir: &Path) -> io::Result<Self> {
-        fs::create_dir_all(dir)?;
+        // Claims name state dirs and sandboxes: root's alone.
+        crate::perms::create_dir_all(dir, crate::perms::PRIVATE_DIR)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             state_dir: fs::canonicalize(state_dir)?,
@@ -73,6 +75,7 @@ impl SlotRegistry {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(crate::perms::PRIVATE_FILE)
             .open(self.dir.join(".lock"))?;
         // SAFETY: flock on an fd we own; blocks until the other holder is done (short).
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -107,8 +110,7 @@ impl SlotRegistry {
             }
         }
         let tmp = self.dir.join(format!(".{uid_base}.tmp"));
-        let mut file = File::create(&tmp)?;
-        file.write_all(&serde_json::to_vec(&ours).map_err(io::Error::other)?)?;
+        crate::perms::write_private(&tmp, &serde_json::to_vec(&ours).map_err(io::Error::other)?)?;
         fs::rename(&tmp, self.path(uid_base))?;
         Ok(Claim::Taken)
     }

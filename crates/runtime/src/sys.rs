@@ -42,6 +42,7 @@ const FSOPEN_CLOEXEC: libc::c_uint = 1;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
 const FSCONFIG_SET_FLAG: libc::c_uint = 0;
 const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_SET_FD: libc::c_uint = 5;
 const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 
 /// `open_tree(dirfd, path, OPEN_TREE_CLONE | flags)`: a detached copy of a mount tree.
@@ -112,6 +113,41 @@ pub(crate) fn move_mount_to(mount: BorrowedFd<'_>, target: &CStr) -> io::Result<
     Ok(())
 }
 
+/// Attaches the detached mount `mount` on the directory `target` refers to.
+pub(crate) fn move_mount_onto(mount: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid fds and empty NUL-terminated paths.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// An `O_PATH` descriptor of directory `name` in `dir` (no symlink followed).
+pub(crate) fn open_dir_path(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: valid dirfd and NUL-terminated name.
+    owned(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    } as libc::c_long)
+}
+
+/// `fchdir(dir)`.
+pub(crate) fn fchdir(dir: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid fd.
+    check(unsafe { libc::fchdir(dir.as_raw_fd()) }.into())?;
+    Ok(())
+}
+
 /// A filesystem context being configured through `fsopen`/`fsconfig`.
 pub(crate) struct FsContext(OwnedFd);
 
@@ -149,6 +185,11 @@ impl FsContext {
 
     pub(crate) fn set_string(&self, key: &CStr, value: &CStr) -> io::Result<()> {
         self.config(FSCONFIG_SET_STRING, Some(key), value.as_ptr().cast(), 0)
+    }
+
+    /// A parameter given as a descriptor (overlayfs layers: no path, so none is shown).
+    pub(crate) fn set_fd(&self, key: &CStr, fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.config(FSCONFIG_SET_FD, Some(key), std::ptr::null(), fd.as_raw_fd())
     }
 
     /// Creates the superblock and returns a detached mount of it.
@@ -263,21 +304,5 @@ pub(crate) fn syncfs_mount(mount: BorrowedFd<'_>) -> io::Result<()> {
     } as libc::c_long)?;
     // SAFETY: syncfs on an fd we own.
     check(unsafe { libc::syncfs(root.as_raw_fd()) } as libc::c_long)?;
-    Ok(())
-}
-
-/// Attaches the detached mount `mount` onto the directory `target` (an fd, e.g. O_PATH).
-pub(crate) fn move_mount_onto(mount: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: valid fds and empty NUL-terminated paths, as the EMPTY_PATH flags require.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            mount.as_raw_fd(),
-            c"".as_ptr(),
-            target.as_raw_fd(),
-            c"".as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    })?;
     Ok(())
 }

@@ -168,3 +168,47 @@ fn envd_answers_again_after_resume() {
     drop(guard);
     assert_clean(&t, id, &[&images]);
 }
+
+/// Root inside replaces what the masks of `/proc/acpi` & co. once were bound from
+/// (`/run/berth/empty`) with a symlink, and tampers with `/run/berth`: pause, resume and
+/// a sandbox restored from a checkpoint still come back, masks in place, since each
+/// mask is an empty read-only tmpfs archived with the checkpoint.
+#[test]
+fn a_sandbox_cannot_poison_its_masks_for_later_restores() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let info = t.rt.create(&t.spec("poison")).unwrap();
+    let _guard = KillGuard {
+        rt: &t.rt,
+        id: info.id.clone(),
+    };
+    let id = info.id.as_str();
+    let masked = "ls -A /proc/acpi /sys/firmware 2>&1 | wc -l; touch /sys/firmware/x 2>&1 | grep -c 'Read-only'";
+    let before = t.sh_ok(id, 0, masked);
+    t.sh_ok(
+        id,
+        0,
+        "rm -rf /run/berth/empty; ln -s /etc /run/berth/empty; mkdir -p /run/berth/x",
+    );
+    let images = images_dir(&t, id);
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
+    t.rt.resume_paused(&criu, id)
+        .expect("a resume after the sandbox tampered with /run/berth");
+    assert_eq!(t.sh_ok(id, 0, masked), before, "masks after resume");
+
+    let checkpoint = images_dir(&t, "poison-snapshot");
+    t.rt.checkpoint_into(&criu, id, &checkpoint).unwrap();
+    let restored =
+        t.rt.restore_checkpoint(&criu, &checkpoint, &t.spec("poison-fork"))
+            .expect("a restore after the sandbox tampered with /run/berth");
+    let _restored_guard = KillGuard {
+        rt: &t.rt,
+        id: restored.id.clone(),
+    };
+    assert_eq!(
+        t.sh_ok(&restored.id, 0, masked),
+        before,
+        "masks after restore"
+    );
+    let _ = std::fs::remove_dir_all(&checkpoint);
+}

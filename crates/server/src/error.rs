@@ -18,6 +18,7 @@ use berth_store::StoreError;
 use berth_template::TemplateError;
 
 use crate::envd::EnvdError;
+use crate::webhook_target::WebhookTargetError;
 
 /// A step of a sandbox's bring-up or teardown, named in errors and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +107,8 @@ pub enum ServiceError {
     },
     #[error("invalid network policy: {0}")]
     InvalidNetwork(#[from] berth_net::PolicyError),
+    #[error(transparent)]
+    WebhookTarget(#[from] WebhookTargetError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("volume {volume}: {source}")]
@@ -261,6 +264,10 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         }
         ServiceError::VolumeInUse { .. } => ApiError::Conflict(err.to_string()),
         ServiceError::Secret(secret) => secret.to_api(),
+        ServiceError::WebhookTarget(target) if target.is_bad_url() => {
+            ApiError::BadRequest(err.to_string())
+        }
+        ServiceError::WebhookTarget(_) => ApiError::Internal(err.to_string()),
         ServiceError::Store(store) => match store {
             StoreError::NotFound { .. } => ApiError::NotFound(store.to_string()),
             StoreError::TeamExists { .. }

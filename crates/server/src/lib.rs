@@ -29,6 +29,7 @@ mod templates;
 #[cfg(feature = "test-support")]
 pub mod testing;
 mod volumes;
+mod webhook_target;
 mod webhooks;
 
 use std::collections::HashMap;
@@ -46,6 +47,9 @@ pub use error::ServiceError;
 pub use openapi::openapi_document;
 pub use secrets::{RotationReport, SecretVault, SecretsResolver};
 pub use templates::{NameError, TemplateLimits};
+pub use webhook_target::{
+    Resolution, SystemResolver, WebhookConfig, WebhookResolver, WebhookTargetError,
+};
 
 /// envd version berth's sandboxes report to SDKs (they gate features on it): the version
 /// of the envd berth ships.
@@ -80,6 +84,8 @@ pub struct ServerConfig {
     /// Resources of sandboxes of installed templates, and of template builds that ask
     /// for none.
     pub resources: SandboxResources,
+    /// Where webhooks may deliver (see `webhook_target`).
+    pub webhooks: WebhookConfig,
     /// The most a template build may ask for.
     pub template_limits: TemplateLimits,
     /// Base of URLs berth hands out for clients to call back (COPY upload links), e.g.
@@ -115,6 +121,8 @@ pub(crate) struct AppState {
     pub reaper_wakeup: Notify,
     /// Woken when an event may have queued webhook deliveries.
     pub delivery_wakeup: Notify,
+    /// Checks webhook URLs at create/update and before every delivery.
+    pub webhook_guard: webhook_target::WebhookGuard,
     /// Previous CPU reading per sandbox, to turn cumulative CPU time into a percentage.
     pub cpu_readings: Mutex<HashMap<String, metrics::CpuReading>>,
     /// Serializes creates that share an idempotency key.
@@ -184,6 +192,7 @@ impl Server {
         };
         let pool_size = config.pool_size;
         let state = Arc::new(AppState {
+            webhook_guard: webhook_target::WebhookGuard::new(&config.webhooks),
             store,
             runtime,
             templates,

@@ -1,17 +1,23 @@
 //! Webhook delivery: a background task POSTs queued events, signed with
 //! `e2b-signature = base64url-no-pad(sha256(secret + body))`, retrying failures with
 //! exponential backoff. API calls only queue deliveries; they never wait for them.
+//!
+//! Every delivery checks its URL again (`webhook_target`: the name is resolved now and
+//! every address must be admitted) and connects to exactly the addresses that check
+//! returned, one HTTP/1.1 connection per delivery: no resolver runs between the check
+//! and the connection, and no pooled connection outlives a check. A redirect is an
+//! answer like any other non-2xx: a failed attempt, never followed.
 
 use std::time::Duration;
 
 use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
+use crate::webhook_target::{Target, WebhookGuard};
 use crate::SharedState;
 
 /// Header carrying the delivery signature.
@@ -43,15 +49,13 @@ fn backoff(attempt: u32) -> Duration {
 }
 
 pub async fn run(state: SharedState) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     loop {
         match state.store.due_deliveries(OffsetDateTime::now_utc(), 32) {
             Ok(due) => {
                 let attempts = due.into_iter().map(|delivery| {
-                    let client = client.clone();
                     let state = state.clone();
                     async move {
-                        let outcome = deliver(&client, &delivery.url, &delivery.secret, &delivery.body).await;
+                        let outcome = deliver(&state.webhook_guard, &delivery.url, &delivery.secret, &delivery.body).await;
                         let stored = match outcome {
                             Ok(()) => state.store.finish_delivery(delivery.id),
                             Err(err) if delivery.attempts + 1 >= MAX_ATTEMPTS => {
@@ -96,33 +100,64 @@ async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
     while set.join_next().await.is_some() {}
 }
 
-async fn deliver<C>(
-    client: &Client<C, Full<Bytes>>,
+/// One delivery attempt: check the URL now, then POST to the checked addresses only.
+pub(crate) async fn deliver(
+    guard: &WebhookGuard,
     url: &str,
     secret: &str,
     body: &str,
-) -> Result<(), String>
-where
-    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
-{
-    let request = hyper::Request::post(url)
+) -> Result<(), String> {
+    let target = guard.check(url).await.map_err(|err| err.to_string())?;
+    tokio::time::timeout(DELIVERY_TIMEOUT, post(&target, secret, body))
+        .await
+        .map_err(|_| format!("no answer within {DELIVERY_TIMEOUT:?}"))?
+}
+
+async fn post(target: &Target, secret: &str, body: &str) -> Result<(), String> {
+    let stream = connect(target).await?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|err| err.to_string())?;
+    tokio::spawn(connection);
+    let path = target
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let request = hyper::Request::post(path)
+        .header("host", &target.authority)
         .header("content-type", "application/json")
         .header(SIGNATURE_HEADER, sign(secret, body.as_bytes()))
         .header("user-agent", "berth-webhooks")
         .body(Full::new(Bytes::from(body.to_string())))
         .map_err(|err| err.to_string())?;
-    let response = tokio::time::timeout(DELIVERY_TIMEOUT, client.request(request))
+    let response = sender
+        .send_request(request)
         .await
-        .map_err(|_| format!("no answer within {DELIVERY_TIMEOUT:?}"))?
         .map_err(|err| err.to_string())?;
     let status = response.status();
-    // Drain the body so the connection can be reused.
     let _ = response.into_body().collect().await;
     if status.is_success() {
         Ok(())
+    } else if status.is_redirection() {
+        Err(format!(
+            "receiver answered {status}; redirects are not followed"
+        ))
     } else {
         Err(format!("receiver answered {status}"))
     }
+}
+
+/// A TCP connection to the first of the target's checked addresses that accepts one.
+async fn connect(target: &Target) -> Result<tokio::net::TcpStream, String> {
+    let mut last = String::from("no address");
+    for addr in &target.addrs {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(err) => last = format!("connecting to {addr}: {err}"),
+        }
+    }
+    Err(last)
 }
 
 #[cfg(test)]

@@ -25,11 +25,17 @@ pub struct Store {
 impl Store {
     /// Open (creating if needed) the database in `state_dir` and migrate it.
     pub fn open(state_dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(state_dir).map_err(|source| StoreError::StateDir {
-            path: state_dir.to_path_buf(),
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(state_dir)
+            .map_err(|source| StoreError::StateDir {
+                path: state_dir.to_path_buf(),
+                source,
+            })?;
+        let path = state_dir.join(DATABASE_FILE);
+        create_private(&path).map_err(|source| StoreError::StateDir {
+            path: path.clone(),
             source,
         })?;
-        let path = state_dir.join(DATABASE_FILE);
         let conn = Connection::open(&path)
             .and_then(|conn| {
                 // Another berth process (e.g. `berth keys create` during `berth up`) may
@@ -56,6 +62,21 @@ impl Store {
         self.conn
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Creates the database file owner-only before SQLite opens it: it holds key hashes,
+/// envd access tokens and webhook secrets, and SQLite gives its `-wal` and `-shm` files
+/// the database file's mode.
+fn create_private(path: &Path) -> std::io::Result<()> {
+    match std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new().write(true).create_new(true),
+        0o600,
+    )
+    .open(path)
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
     }
 }
 

@@ -324,10 +324,13 @@ fn run_streaming(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // A build outlives nothing: if berth is stopped mid-build, the tool stops too.
-    // SAFETY: the hook only makes one async-signal-safe syscall (prctl).
+    // A build outlives nothing: if berth is stopped mid-build, the tool stops too. What
+    // it writes is the template's filesystem, so it gets the usual umask, not berth's
+    // owner-only one.
+    // SAFETY: the hook only makes async-signal-safe syscalls (prctl, umask).
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
                 .map_err(std::io::Error::from)
         });

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -77,9 +78,15 @@ impl TemplateStore {
         let store = TemplateStore {
             root: state_dir.as_ref().join("templates"),
         };
+        // Root's alone: sandboxes never walk the store, they get idmapped clones of
+        // layers the daemon opened.
         for dir in ["layers", "manifests", "staging", "locks"] {
             let path = store.root.join(dir);
-            fs::create_dir_all(&path).ctx("create", &path)?;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&path)
+                .ctx("create", &path)?;
         }
         store.remove_dead_staging()?;
         Ok(store)
@@ -265,7 +272,7 @@ impl TemplateStore {
             committed: false,
         };
         let rootfs = staged.rootfs();
-        fs::create_dir_all(&rootfs).ctx("create", &rootfs)?;
+        create_rootfs(&rootfs)?;
         Ok(staged)
     }
 
@@ -320,7 +327,7 @@ impl TemplateStore {
             committed: false,
         };
         let rootfs = staged.rootfs();
-        fs::create_dir_all(&rootfs).ctx("create", &rootfs)?;
+        create_rootfs(&rootfs)?;
         build(&rootfs, progress)?;
         progress(BuildProgress::Stage {
             name: "commit".into(),
@@ -495,6 +502,17 @@ fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// A staged layer's rootfs: the image's `/`, so 0755 whatever the umask (its parents
+/// are the store's, 0700).
+fn create_rootfs(rootfs: &Path) -> Result<(), TemplateError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(rootfs)
+        .ctx("create", rootfs)?;
+    fs::set_permissions(rootfs, fs::Permissions::from_mode(0o755)).ctx("chmod", rootfs)
 }
 
 #[cfg(test)]

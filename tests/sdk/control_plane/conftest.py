@@ -1,8 +1,9 @@
 """Fixtures for the control-plane conformance suite.
 
 The suite starts the real `berth up` on a free loopback port with a fresh state
-directory, reads the `E2B_API_URL=`, `E2B_SANDBOX_URL=` and `E2B_API_KEY=` lines it
-prints, exports exactly those three variables, and drives it with the official Python
+directory, reads the `E2B_API_URL=` and `E2B_SANDBOX_URL=` lines it prints, makes an
+API key with `berth keys create` (`berth up` prints its first key only to a terminal,
+never into a pipe or log), exports exactly those three variables, and drives it with the official Python
 SDK (`e2b==2.63.0`) and plain HTTP. At the end every sandbox the suite's keys can see
 is killed through the API and `berth up` is stopped by PID.
 
@@ -157,15 +158,19 @@ class Berth:
     def start(self) -> None:
         """Start `berth up`; wait for its E2B_* lines and for it to answer.
 
-        A restart on an existing state dir need not print the key again (keys are
-        stored hashed), so then only the two URLs are awaited and the key is kept.
+        stdout is a pipe, so no key is printed: the first start makes one with `berth
+        keys create`; a restart keeps it.
         """
         found: dict[str, str] = {}
-        required = {"E2B_API_URL", "E2B_SANDBOX_URL"} | ({"E2B_API_KEY"} if "E2B_API_KEY" not in self.env else set())
+        required = {"E2B_API_URL", "E2B_SANDBOX_URL"}
         ready = threading.Event()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [str(self.binary), "up", "--listen", self.listen, "--state-dir", str(self.state_dir)],
+            [
+                str(self.binary), "up", "--listen", self.listen, "--state-dir", str(self.state_dir),
+                # The suite's webhook receivers listen on loopback, which berth refuses by default.
+                "--webhook-allow", "127.0.0.1/32",
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -204,7 +209,10 @@ class Berth:
                 f"exit code {process.poll()}):\n{self.log_tail()}",
                 returncode=2,
             )
+        assert "E2B_API_KEY" not in found, "berth up printed an API key into a pipe"
         self.env = {**self.env, **found}
+        if "E2B_API_KEY" not in self.env:
+            self.env["E2B_API_KEY"] = self.create_key("default")
 
         def healthy() -> bool:
             try:

@@ -9,7 +9,7 @@
 //   node --test tests/templates/js/
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
+import { execFileSync, spawn } from 'node:child_process'
 import { createServer } from 'node:net'
 import {
   copyFileSync, createWriteStream, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync,
@@ -97,11 +97,17 @@ before(async () => {
   await until(
     () => {
       if (exited) throw new Error(`berth up exited during startup: ${JSON.stringify(exited)}; log ${logPath}`)
-      return Object.keys(printed).length === 3
+      return 'E2B_API_URL' in printed && 'E2B_SANDBOX_URL' in printed
     },
-    'berth up to print its E2B_* lines',
+    'berth up to print E2B_API_URL and E2B_SANDBOX_URL',
     Number(process.env.BERTH_STARTUP_TIMEOUT ?? 900) * 1000,
   )
+  // stdout is a pipe, so berth up prints no key (keys never go to logs): make one.
+  assert.ok(!('E2B_API_KEY' in printed), 'berth up printed an API key into a pipe')
+  const keyOutput = execFileSync(binary, ['keys', 'create', '--team', 'default', '--state-dir', stateDir], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  printed.E2B_API_KEY = keyOutput.toString().trim().split('\n').pop().split('=').pop()
   Object.assign(process.env, printed)
 })
 

@@ -69,7 +69,8 @@ impl HttpError {
     }
 
     /// An I/O failure while doing `action` (e.g. "error opening file") on `path`:
-    /// a full disk or quota answers 507, a missing path 404, anything else 500.
+    /// a full disk or quota answers 507, a missing path 404, a path the user may not
+    /// write or on a read-only filesystem 403, anything else 500.
     pub fn io(action: &str, path: &Path, err: &io::Error) -> Self {
         if is_disk_full(err) {
             return Self::new(
@@ -84,6 +85,15 @@ impl HttpError {
             return Self::new(
                 StatusCode::NOT_FOUND,
                 format!("path '{}' does not exist", path.display()),
+            );
+        }
+        if matches!(
+            err.raw_os_error(),
+            Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)
+        ) {
+            return Self::new(
+                StatusCode::FORBIDDEN,
+                format!("{action} '{}': {err}", path.display()),
             );
         }
         Self::internal(format!("{action} '{}': {err}", path.display()))
@@ -326,10 +336,18 @@ mod tests {
         let err = HttpError::io("opening", p, &missing);
         assert_eq!(err.status, StatusCode::NOT_FOUND);
         assert_eq!(err.message, "path '/x/y' does not exist");
-        let denied = io::Error::from_raw_os_error(libc::EACCES);
-        let err = HttpError::io("error opening file", p, &denied);
+        for refused in [libc::EACCES, libc::EPERM, libc::EROFS] {
+            let err = HttpError::io(
+                "error opening file",
+                p,
+                &io::Error::from_raw_os_error(refused),
+            );
+            assert_eq!(err.status, StatusCode::FORBIDDEN);
+            assert!(err.message.starts_with("error opening file '/x/y': "));
+        }
+        let broken = io::Error::from_raw_os_error(libc::EIO);
+        let err = HttpError::io("error opening file", p, &broken);
         assert_eq!(err.status, StatusCode::INTERNAL_SERVER_ERROR);
-        assert!(err.message.starts_with("error opening file '/x/y': "));
     }
 
     #[test]

@@ -9,6 +9,12 @@
 //! parent directories are created; new directories and the file are owned by the request's
 //! user when envd runs as root. `X-Metadata-*` headers replace the file's metadata.
 //!
+//! An upload that fails before its body ends (a full disk, a read-only path) is answered
+//! at once while the rest of the body is read and discarded in the background
+//! ([`drain_when_abandoned`]): hyper closes a connection whose request body was not read
+//! to the end, and closing a socket with unread data resets it, so the client, or the
+//! sandbox proxy still forwarding the body, would see a reset instead of the answer.
+//!
 //! The multipart parsing is separate from the disk ([`read_multipart`] over any byte
 //! stream into any [`PartSink`]) so it can be fuzzed without touching the filesystem.
 
@@ -66,7 +72,7 @@ pub async fn post_files(
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
-    let body = decoded_body(&headers, body)?;
+    let body = decoded_body(&headers, drain_when_abandoned(body))?;
     let ctx = UploadContext {
         user,
         default_workdir: defaults(&state).workdir,
@@ -103,6 +109,23 @@ pub async fn post_files(
         )));
     };
     Ok(Json(entries))
+}
+
+/// `body`, read by a task of its own that keeps reading (and discarding) it to the end
+/// once the returned body is dropped early.
+pub fn drain_when_abandoned(body: Body) -> Body {
+    let (chunks_tx, chunks_rx) = tokio::sync::mpsc::channel(2);
+    tokio::spawn(async move {
+        let mut raw = body.into_data_stream();
+        let mut forwarding = true;
+        while let Some(chunk) = raw.next().await {
+            if forwarding && chunks_tx.send(chunk).await.is_err() {
+                forwarding = false;
+            }
+        }
+    });
+    let mut chunks_rx = chunks_rx;
+    Body::from_stream(futures::stream::poll_fn(move |cx| chunks_rx.poll_recv(cx)))
 }
 
 /// The request body, gunzipped when `Content-Encoding: gzip`.

@@ -3,7 +3,7 @@
 //!
 //! Children are forked from a multi-threaded process, so everything between fork and
 //! exec is a raw syscall (async-signal-safe, no allocation): new session, controlling
-//! terminal, supplementary groups, gid, uid, and marking every inherited descriptor
+//! terminal, a raised OOM score, supplementary groups, gid, uid, and marking every inherited descriptor
 //! above stderr close-on-exec (`close_range(CLOSE_RANGE_CLOEXEC)`, which keeps std's
 //! exec-error pipe working until the exec itself).
 
@@ -18,6 +18,11 @@ use tokio::io::Interest;
 use tokio::sync::oneshot;
 
 use crate::reaper::Reaper;
+
+/// The OOM score children start with: +500 adds half the sandbox's memory limit to
+/// their badness, so the OOM killer picks any of them before envd (whose own memory is
+/// far less than half the limit).
+const WORKLOAD_OOM_SCORE_ADJ: &[u8] = b"500";
 
 /// What to run and how.
 #[derive(Debug, Clone)]
@@ -106,6 +111,23 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> io::Result<SpawnedChild> {
         command.pre_exec(move || {
             if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());
+            }
+            // As a sandbox's init, envd is shielded from the OOM killer (the host set
+            // -1000 where it may). Its children get a raised OOM score, so a memory hog
+            // or a fork bomb is what the OOM killer takes even where the host could not
+            // shield envd. Raising a score is always allowed; where it fails (envd as a
+            // host process without /proc) there is nothing to protect.
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd >= 0 {
+                libc::write(
+                    fd,
+                    WORKLOAD_OOM_SCORE_ADJ.as_ptr().cast(),
+                    WORKLOAD_OOM_SCORE_ADJ.len(),
+                );
+                libc::close(fd);
             }
             if controlling_terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
                 return Err(io::Error::last_os_error());

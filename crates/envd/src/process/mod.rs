@@ -760,6 +760,7 @@ async fn pump(
     mut exit: tokio::sync::oneshot::Receiver<ExitStatus>,
 ) {
     use process_event::data_event::Output;
+    let oom_kills_at_start = oom_kills();
     let pty = process.pty.clone();
     let mut stdout = stdout;
     let mut stderr = stderr;
@@ -815,7 +816,18 @@ async fn pump(
                 .await;
         }
     }
-    let end = end_event(status);
+    let mut end = end_event(status);
+    if status.is_some_and(killed_by_sigkill) && oom_kills() > oom_kills_at_start {
+        let line = OOM_LINE.as_bytes().to_vec();
+        let output = if pty.is_some() {
+            Output::Pty(line)
+        } else {
+            Output::Stderr(line)
+        };
+        process.publish(data_event(output)).await;
+        end.exit_code = 128 + libc::SIGKILL;
+        end.error = Some(OOM_LINE.trim_end().to_string());
+    }
     process
         .publish(ProcessEvent {
             event: Some(process_event::Event::End(end.clone())),
@@ -836,6 +848,26 @@ async fn read_some(pipe: Option<&AsyncPipe>, buf: &mut [u8]) -> Option<usize> {
         Some(pipe) => pipe.read(buf).await.ok(),
         None => std::future::pending().await,
     }
+}
+
+/// What a command killed by the OOM killer gets on stderr, and as its end event's error.
+const OOM_LINE: &str =
+    "berth: out of memory: killed by the OOM killer (the sandbox's memory limit was reached)\n";
+
+/// SIGKILLed, or a shell reporting that its last command was (128 + 9).
+fn killed_by_sigkill(status: ExitStatus) -> bool {
+    status.signal() == Some(libc::SIGKILL) || status.code() == Some(128 + libc::SIGKILL)
+}
+
+/// The kernel's count of OOM kills (`oom_kill` in /proc/vmstat), if readable. It is
+/// host-wide, so a SIGKILL during which it grew is taken as the OOM killer's: a kill
+/// by hand at the very moment another OOM kill happens would be misreported.
+fn oom_kills() -> Option<u64> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
+    vmstat
+        .lines()
+        .find_map(|line| line.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// The end event for an exit status, worded like Go's `ProcessState.String()` (what
@@ -895,6 +927,15 @@ fn signal_name(signal: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sigkill_directly_or_through_a_shell_counts_as_one() {
+        assert!(killed_by_sigkill(ExitStatus::from_raw(libc::SIGKILL)));
+        assert!(killed_by_sigkill(ExitStatus::from_raw(137 << 8)));
+        assert!(!killed_by_sigkill(ExitStatus::from_raw(libc::SIGTERM)));
+        assert!(!killed_by_sigkill(ExitStatus::from_raw(1 << 8)));
+        assert!(oom_kills().is_some(), "/proc/vmstat has oom_kill");
+    }
 
     #[test]
     fn end_events_read_like_go() {

@@ -142,6 +142,7 @@ pub async fn start() -> Harness {
     let app = Router::new()
         .route("/stream", get(stream))
         .route("/upload", post(upload))
+        .route("/full", post(disk_full))
         .route("/echo", any(echo))
         .route("/files", any(echo))
         .route("/ws", get(websocket))
@@ -230,6 +231,19 @@ async fn upload(State(state): State<Arc<UpstreamState>>, request: Request) -> St
         }
     }
     received.to_string()
+}
+
+/// envd's answer to an upload that fills the disk: after the first chunk, a 507 at once,
+/// while the rest of the body is read and discarded in the background (as envd does).
+async fn disk_full(request: Request) -> Response {
+    let mut body = request.into_body().into_data_stream();
+    let _ = body.next().await;
+    tokio::spawn(async move { while body.next().await.is_some() {} });
+    (
+        http::StatusCode::INSUFFICIENT_STORAGE,
+        axum::Json(serde_json::json!({"code": 507, "message": "not enough disk space available"})),
+    )
+        .into_response()
 }
 
 /// Answers with what arrived: method, path and query, and headers.

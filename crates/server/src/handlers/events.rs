@@ -10,7 +10,7 @@ use berth_store::{WebhookChanges, WebhookRecord};
 use time::OffsetDateTime;
 
 use crate::auth::Caller;
-use crate::error::HttpError;
+use crate::error::{HttpError, ServiceError};
 use crate::extract::{ApiJson, ApiQuery};
 use crate::SharedState;
 
@@ -127,19 +127,6 @@ fn to_api(hook: &WebhookRecord) -> Webhook {
     }
 }
 
-fn check_url(url: &str) -> Result<(), HttpError> {
-    let uri: axum::http::Uri = url
-        .parse()
-        .map_err(|_| ApiError::BadRequest(format!("url \"{url}\" is not a valid URL")))?;
-    if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
-        return Err(ApiError::BadRequest(format!(
-            "url \"{url}\" must be an http:// URL with a host (berth does not deliver over TLS yet)"
-        ))
-        .into());
-    }
-    Ok(())
-}
-
 fn check_events(events: &[String]) -> Result<(), HttpError> {
     events.iter().try_for_each(|e| check_event_type(e))
 }
@@ -172,8 +159,12 @@ pub async fn create_webhook(
 ) -> Result<(StatusCode, Json<Webhook>), HttpError> {
     check_text("name", &body.name)?;
     check_text("signatureSecret", &body.signature_secret)?;
-    check_url(&body.url)?;
     check_events(&body.events)?;
+    state
+        .webhook_guard
+        .check(&body.url)
+        .await
+        .map_err(ServiceError::from)?;
     let hook = WebhookRecord {
         id: uuid::Uuid::new_v4().to_string(),
         team_id: caller.team.id.clone(),
@@ -245,7 +236,11 @@ pub async fn update_webhook(
         check_text("signatureSecret", secret)?;
     }
     if let Some(url) = &body.url {
-        check_url(url)?;
+        state
+            .webhook_guard
+            .check(url)
+            .await
+            .map_err(ServiceError::from)?;
     }
     if let Some(events) = &body.events {
         check_events(events)?;

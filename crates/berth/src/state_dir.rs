@@ -1,0 +1,243 @@
+//! The state directory's modes, checked at every start.
+//!
+//! berth runs with umask 077 (see `main`) and the crates set the few modes that must be
+//! wider explicitly, so new state is root's alone. State written by an older berth (a
+//! 0644 database and WAL, 0755 checkpoint directories, 0644 CRIU images) is tightened
+//! here, with one log line saying how much changed. The rules, per entry of the state
+//! dir (symlinks are never followed: a symlinked entry, e.g. a template store shared
+//! between state dirs, belongs to whoever made it):
+//!
+//! - the state dir itself and `volume-mounts/` are 0711: CRIU's restore tasks, as the
+//!   sandbox's root uid, reach a volume's mount in `volume-mounts/<id>/` (that uid's
+//!   own 0700 directory) through them; every other entry is 0700 or 0600, so a 0711
+//!   directory lets other users reach nothing;
+//! - `sandboxes/` is 0700 (the runtime tightens what is inside);
+//! - `templates/` and its direct subdirectories, and each layer's directory, are 0700,
+//!   its manifests 0600, its checkpoints owner-only throughout (CRIU images as the
+//!   runtime keeps them: see `berth_runtime::tighten_private_tree`); a layer's `rootfs`
+//!   is the template's filesystem and keeps its modes;
+//! - `criu/` is 0700 (its contents are a CRIU installation, left as installed);
+//! - directories of berth's own state (builds, mcp, net, checkpoints, disk pools, the
+//!   trash, uid claims, volumes, secrets' key, the egress CA) are owner-only throughout,
+//!   without crossing mounts, CRIU images as above;
+//! - any other directory is made 0700 (what is inside is then unreachable) and any file
+//!   0600.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// Directories holding nothing but berth's own state: owner-only all the way down.
+const PRIVATE_TREES: &[&str] = &[
+    "builds",
+    "checkpoints",
+    "disk-pool",
+    "disk-templates",
+    "egress-ca",
+    "mcp",
+    "net",
+    "secrets",
+    "trash",
+    "uid-slots",
+    "volumes",
+];
+
+/// Brings the state dir's entries to their modes (see the module docs) and logs what
+/// changed. A state dir that does not exist yet is left to the code that creates it.
+pub fn secure(state_dir: &Path) -> Result<()> {
+    if !state_dir.exists() {
+        return Ok(());
+    }
+    let changed =
+        tighten_state(state_dir).with_context(|| format!("securing {}", state_dir.display()))?;
+    if changed > 0 {
+        tracing::warn!(
+            state = %state_dir.display(),
+            paths = changed,
+            "made berth's state readable by root only (it was readable by other users)"
+        );
+    }
+    Ok(())
+}
+
+fn tighten_state(state_dir: &Path) -> io::Result<usize> {
+    let mut changed = usize::from(set_mode(state_dir, 0o711)?);
+    for entry in fs::read_dir(state_dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let meta = fs::symlink_metadata(&path)?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        changed += match name.as_ref() {
+            _ if !meta.is_dir() => usize::from(set_mode(&path, 0o600)?),
+            "sandboxes" => usize::from(set_mode(&path, 0o700)?),
+            // Restores mount volumes below it, in directories of the sandboxes' own
+            // root uids (see berth-runtime's `volume_mounts_dir`).
+            "volume-mounts" => usize::from(set_mode(&path, 0o711)?),
+            "templates" => tighten_templates(&path)?,
+            name if PRIVATE_TREES.contains(&name) => berth_runtime::tighten_private_tree(&path)?,
+            _ => usize::from(set_mode(&path, 0o700)?),
+        };
+    }
+    Ok(changed)
+}
+
+fn tighten_templates(templates: &Path) -> io::Result<usize> {
+    let mut changed = usize::from(set_mode(templates, 0o700)?);
+    for entry in fs::read_dir(templates)? {
+        let path = entry?.path();
+        let meta = fs::symlink_metadata(&path)?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        if !meta.is_dir() {
+            changed += usize::from(set_mode(&path, 0o600)?);
+            continue;
+        }
+        changed += usize::from(set_mode(&path, 0o700)?);
+        match path.file_name().and_then(|n| n.to_str()) {
+            Some("checkpoints") => changed += berth_runtime::tighten_private_tree(&path)?,
+            // Layer directories hold `rootfs` (template content, untouched) and berth's
+            // bookkeeping next to it.
+            Some("layers") | Some("staging") => {
+                for layer in fs::read_dir(&path)? {
+                    let layer = layer?.path();
+                    let meta = fs::symlink_metadata(&layer)?;
+                    if meta.is_dir() {
+                        changed += usize::from(set_mode(&layer, 0o700)?);
+                        for inner in fs::read_dir(&layer)? {
+                            let inner = inner?.path();
+                            let meta = fs::symlink_metadata(&inner)?;
+                            if meta.is_file() {
+                                changed += usize::from(set_mode(&inner, 0o600)?);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {
+                for file in fs::read_dir(&path)? {
+                    let file = file?.path();
+                    if fs::symlink_metadata(&file)?.is_file() {
+                        changed += usize::from(set_mode(&file, 0o600)?);
+                    }
+                }
+            }
+        }
+    }
+    Ok(changed)
+}
+
+/// Sets `path`'s permission bits to `mode`; false when they already were.
+fn set_mode(path: &Path, mode: u32) -> io::Result<bool> {
+    let meta = fs::symlink_metadata(path)?;
+    if meta.permissions().mode() & 0o7777 == mode {
+        return Ok(false);
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn an_older_layout_is_tightened_and_template_content_kept() {
+        let state = tempfile::tempdir().unwrap();
+        let s = state.path();
+        for dir in [
+            "sandboxes/i1",
+            "templates/layers/abc/rootfs/usr/bin",
+            "templates/manifests",
+            "templates/checkpoints/t-1/images",
+            "mcp",
+            "criu/prefix/usr/sbin",
+            "volumes-of-the-future",
+        ] {
+            fs::create_dir_all(s.join(dir)).unwrap();
+        }
+        for file in [
+            "berth.db",
+            "berth.db-wal",
+            "templates/manifests/base.json",
+            "templates/layers/abc/rootfs/usr/bin/tool",
+            "templates/checkpoints/t-1/images/pages-1.img",
+            "templates/checkpoints/t-1/images/inventory.img",
+            "templates/checkpoints/t-1/checkpoint.json",
+            "mcp/mcp.sqlite3",
+            "criu/prefix/usr/sbin/criu",
+        ] {
+            fs::write(s.join(file), b"x").unwrap();
+        }
+        for path in [
+            "",
+            "berth.db",
+            "berth.db-wal",
+            "templates",
+            "templates/layers/abc/rootfs/usr/bin/tool",
+            "templates/checkpoints/t-1/images/pages-1.img",
+            "mcp/mcp.sqlite3",
+            "criu/prefix/usr/sbin/criu",
+        ] {
+            fs::set_permissions(s.join(path), fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let changed = tighten_state(s).unwrap();
+        assert!(changed >= 8, "{changed}");
+        assert_eq!(mode(s), 0o711);
+        assert_eq!(mode(&s.join("sandboxes")), 0o700);
+        assert_eq!(mode(&s.join("berth.db")), 0o600);
+        assert_eq!(mode(&s.join("berth.db-wal")), 0o600);
+        assert_eq!(mode(&s.join("templates")), 0o700);
+        assert_eq!(mode(&s.join("templates/layers/abc")), 0o700);
+        assert_eq!(mode(&s.join("templates/manifests/base.json")), 0o600);
+        assert_eq!(
+            mode(&s.join("templates/checkpoints/t-1/checkpoint.json")),
+            0o600
+        );
+        assert_eq!(
+            mode(&s.join("templates/checkpoints/t-1/images")),
+            0o711,
+            "CRIU's restore tasks open images from it"
+        );
+        assert_eq!(
+            mode(&s.join("templates/checkpoints/t-1/images/pages-1.img")),
+            0o755,
+            "CRIU images keep their modes (the owner-only t-1 keeps them from others)"
+        );
+        assert_eq!(
+            mode(&s.join("templates/layers/abc/rootfs/usr/bin/tool")),
+            0o755,
+            "template content keeps its modes"
+        );
+        assert_eq!(mode(&s.join("mcp/mcp.sqlite3")), 0o600);
+        assert_eq!(mode(&s.join("criu")), 0o700);
+        assert_eq!(mode(&s.join("criu/prefix/usr/sbin/criu")), 0o755);
+        assert_eq!(mode(&s.join("volumes-of-the-future")), 0o700);
+        assert_eq!(
+            tighten_state(s).unwrap(),
+            0,
+            "a second pass changes nothing"
+        );
+    }
+
+    #[test]
+    fn symlinked_entries_are_not_followed() {
+        let state = tempfile::tempdir().unwrap();
+        let shared = tempfile::tempdir().unwrap();
+        fs::set_permissions(shared.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink(shared.path(), state.path().join("templates")).unwrap();
+        tighten_state(state.path()).unwrap();
+        assert_eq!(mode(shared.path()), 0o755);
+    }
+}
