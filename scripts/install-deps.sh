@@ -30,6 +30,7 @@ apt_packages=(
     python3 python3-venv python3-pip
     ca-certificates curl git
     docker-registry skopeo umoci
+    chromium
 )
 
 step "system packages"
@@ -98,8 +99,10 @@ venv() {
 }
 
 step "python venv (.venv)"
-venv .venv tests/sdk/requirements.txt tests/mcp/requirements.txt
+venv .venv tests/sdk/requirements.txt tests/mcp/requirements.txt tests/dashboard/requirements.txt
 info "$(.venv/bin/python --version), e2b $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("e2b"))'), mcp $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("mcp"))')"
+
+info "playwright $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("playwright"))') (drives $(chromium --version 2>/dev/null || echo 'no chromium'))"
 
 step "python venv (.venv-schemathesis)"
 venv .venv-schemathesis tests/sdk/control_plane/requirements-schemathesis.txt
