@@ -69,6 +69,7 @@ def test_session_keeps_the_key_on_the_server(page: Page, context: BrowserContext
 def test_sandbox_from_the_sdk_driven_in_the_browser(page: Page, berth: Berth, shots: Shots, tmp_path: Path) -> None:
     marker = uuid.uuid4().hex[:8]
     sandbox = Sandbox.create(timeout=600, metadata={"suite": "dashboard", "run": marker})
+    made: list[tuple[str, str]] = []
     try:
         # It appears in the live list (no reload), and the metadata filter keeps it.
         row = page.locator(f'#sandboxes tr[data-sandbox-id="{sandbox.sandbox_id}"]')
@@ -154,6 +155,26 @@ def test_sandbox_from_the_sdk_driven_in_the_browser(page: Page, berth: Berth, sh
         assert sandbox.commands.run("echo back").stdout == "back\n"
         expect(page.locator('#events tr[data-event="sandbox.lifecycle.paused"]').first).to_be_attached(timeout=15_000)
 
+        # Snapshot and fork from the buttons; the API sees what they made.
+        headers = {"X-API-Key": berth.api_key}
+        page.get_by_role("button", name="Snapshot").click()
+        expect(page.locator("#status")).to_contain_text("taken", timeout=60_000)
+        snapshot_id = page.locator("#status").inner_text().split()[1]
+        made.append(("snapshot", snapshot_id))
+        listed = httpx.get(f"{berth.api_url}/snapshots", headers=headers, timeout=30).json()
+        assert snapshot_id in [snapshot["snapshotID"] for snapshot in listed]
+        page.get_by_role("button", name="Fork").click()
+        forked = page.locator("#status a[data-forked]")
+        expect(forked).to_be_visible(timeout=60_000)
+        fork_id = forked.get_attribute("data-forked")
+        made.append(("sandbox", fork_id))
+        assert httpx.get(f"{berth.api_url}/sandboxes/{fork_id}", headers=headers, timeout=30).status_code == 200
+        shots(page, "forked")
+        page.goto("/dashboard/snapshots")
+        expect(page.locator("#snapshots")).to_contain_text(snapshot_id)
+        page.goto(f"/dashboard/sandboxes/{sandbox.sandbox_id}")
+        expect(page.locator("main")).to_have_attribute("data-state", "running", timeout=15_000)
+
         # Kill, after confirming.
         page.once("dialog", lambda dialog: dialog.accept())
         page.get_by_role("button", name="Kill").click()
@@ -166,6 +187,9 @@ def test_sandbox_from_the_sdk_driven_in_the_browser(page: Page, berth: Berth, sh
             sandbox.kill()
         except Exception:  # already killed by the test
             pass
+        for kind, made_id in made:
+            path = f"/sandboxes/{made_id}" if kind == "sandbox" else f"/templates/{made_id}"
+            httpx.delete(f"{berth.api_url}{path}", headers={"X-API-Key": berth.api_key}, timeout=60)
 
 
 def test_another_teams_sandbox_is_404(page: Page, berth: Berth, other_team_key: str, shots: Shots) -> None:

@@ -228,9 +228,16 @@ function sandboxPage() {
       return `snapshot ${snapshot?.snapshotID ?? ""} taken`;
     },
     fork: async () => {
-      const forked = await api(`${path}/fork`, { method: "POST", json: { count: 1 } });
-      const first = Array.isArray(forked) ? forked[0] : forked?.sandboxes?.[0] ?? forked;
-      return first?.sandboxID ? `forked into ${first.sandboxID}` : "forked";
+      const [outcome] = await api(`${path}/fork`, { method: "POST", json: { count: 1 } });
+      if (outcome?.error) throw new ApiError(outcome.error.code, outcome.error.message);
+      const forked = outcome.sandbox.sandboxID;
+      const status = document.getElementById("status");
+      status.classList.remove("error");
+      status.replaceChildren(
+        "forked into ",
+        el("a", { href: `/dashboard/sandboxes/${encodeURIComponent(forked)}`, "data-forked": forked, text: forked }),
+      );
+      return null;
     },
     kill: () => api(path, { method: "DELETE" }),
   };
@@ -242,7 +249,7 @@ function sandboxPage() {
       setStatus(`${action}…`);
       try {
         const message = await actions[action]();
-        setStatus(typeof message === "string" ? message : `${action}: done`);
+        if (message !== null) setStatus(typeof message === "string" ? message : `${action}: done`);
       } catch (error) {
         setStatus(`${action} failed: ${error.message}`, true);
       }
@@ -526,8 +533,6 @@ const pages = {
     simpleList("/snapshots", "snapshots", "No snapshots.", (snapshot) => [
       snapshot.snapshotID,
       (snapshot.names ?? []).join(", "),
-      snapshot.sandboxID ?? "",
-      when(snapshot.createdAt),
     ]),
   volumes: () => simpleList("/volumes", "volumes", "No volumes.", (volume) => [volume.volumeID, volume.name]),
   secrets: () =>

@@ -473,7 +473,7 @@ pub async fn snapshots(State(state): State<Shared>, headers: HeaderMap) -> Respo
     let body = table_body(
         "snapshots",
         "Snapshots of your team's sandboxes",
-        &["Snapshot", "Names", "From sandbox", "Created"],
+        &["Snapshot (use as templateID)", "Names"],
     );
     simple(
         &state,
