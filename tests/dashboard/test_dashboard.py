@@ -252,3 +252,22 @@ def test_assets_are_embedded_not_fetched(page: Page, berth: Berth) -> None:
         assert requested and all(url.startswith(berth.api_url) for url in requested), requested
     finally:
         sandbox.kill()
+
+
+def test_template_build_and_its_logs(page: Page, berth: Berth, shots: Shots) -> None:
+    """A template built through the SDK's Template builder is listed with its build, whose
+    logs the page shows."""
+    from e2b import Template
+
+    name = f"dash-{uuid.uuid4().hex[:8]}"
+    template = Template().from_template("base").run_cmd("echo dashboard-build-marker > ~/marker")
+    info = Template.build(template, name, cpu_count=1, memory_mb=512)
+    try:
+        page.goto("/dashboard/templates")
+        row = page.locator(f'#templates tr[data-template="{info.template_id}"]')
+        expect(row).to_contain_text(name, timeout=20_000)
+        row.locator(f'button[data-build="{info.build_id}"]').click()
+        expect(page.locator("#build-logs")).to_contain_text("dashboard-build-marker", timeout=15_000)
+        shots(page, "build-logs")
+    finally:
+        httpx.delete(f"{berth.api_url}/templates/{info.template_id}", headers={"X-API-Key": berth.api_key}, timeout=60)

@@ -465,33 +465,59 @@ function templatesPage() {
   const section = document.getElementById("build-section");
   const logs = document.getElementById("build-logs");
   const showLogs = async (template, build) => {
-    const status = await api(
-      `/templates/${encodeURIComponent(template)}/builds/${encodeURIComponent(build)}/status?logsOffset=0`,
-    );
+    // The API pages build logs by time, 100 entries at most per call.
+    const entries = [];
+    let cursor = 0;
+    for (let page = 0; page < 50; page++) {
+      const result = await api(
+        `/templates/${encodeURIComponent(template)}/builds/${encodeURIComponent(build)}/logs?limit=100&cursor=${cursor}`,
+      );
+      const fresh = (result.logs ?? []).filter((entry) => Date.parse(entry.timestamp) >= cursor);
+      entries.push(...fresh);
+      if ((result.logs ?? []).length < 100) break;
+      cursor = Date.parse(result.logs[result.logs.length - 1].timestamp) + 1;
+    }
+    const result = { logs: entries };
     section.hidden = false;
-    document.getElementById("build-heading").textContent = `Build logs: ${template} / ${build} (${status.status})`;
-    const lines = status.logEntries?.length
-      ? status.logEntries.map((entry) => `${entry.timestamp} ${entry.level} ${entry.message}`)
-      : status.logs ?? [];
-    logs.textContent = lines.join("\n");
+    document.getElementById("build-heading").textContent = `Build logs: ${template} / ${build}`;
+    logs.textContent = (result.logs ?? [])
+      .map((entry) => `${entry.timestamp} ${entry.level}${entry.step ? ` [${entry.step}]` : ""} ${entry.message}`)
+      .join("\n");
+    logs.dataset.build = build;
     logs.focus();
   };
   every(10000, async () => {
     const templates = await api("/templates");
+    const detailed = await Promise.all(
+      templates.map((template) =>
+        api(`/templates/${encodeURIComponent(template.templateID)}`).catch(() => ({ builds: [] })),
+      ),
+    );
     fillTable(
       "templates",
-      templates.map((template) => {
-        const button = el("button", { type: "button", class: "link", text: `logs of ${template.buildID}` });
-        button.addEventListener("click", () =>
-          showLogs(template.templateID, template.buildID).catch((error) => setStatus(error.message, true)),
-        );
+      templates.map((template, index) => {
+        const builds = el("ul", { class: "builds" });
+        for (const build of detailed[index].builds ?? []) {
+          const button = el("button", {
+            type: "button",
+            class: "link",
+            "data-build": build.buildID,
+            "aria-label": `Build logs of ${build.buildID} (${build.status})`,
+            text: `${build.status} · ${build.buildID.slice(0, 8)} · ${when(build.createdAt)}`,
+          });
+          button.addEventListener("click", () =>
+            showLogs(template.templateID, build.buildID).catch((error) => setStatus(error.message, true)),
+          );
+          builds.append(el("li", {}, button));
+        }
+        const names = (template.names?.length ? template.names : template.aliases ?? []).join(", ");
         return el(
           "tr",
-          {},
+          { "data-template": template.templateID, "data-names": names },
           cell(template.templateID),
-          cell((template.names?.length ? template.names : template.aliases ?? []).join(", ")),
-          cell(template.buildStatus ?? (template.public ? "public" : "team")),
-          cell(button),
+          cell(names),
+          cell(template.public ? "public" : "team"),
+          cell(builds.childElementCount ? builds : "—"),
           cell(`${template.cpuCount} CPU / ${template.memoryMB} MiB`),
           cell(when(template.updatedAt)),
         );

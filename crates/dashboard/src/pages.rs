@@ -441,7 +441,7 @@ pub async fn not_found(State(state): State<Shared>, headers: HeaderMap) -> Respo
 }
 
 const TEMPLATES_BODY: &str = r#"<table id="templates"><caption>Templates of your team and public ones</caption>
-<thead><tr><th scope="col">Template</th><th scope="col">Names</th><th scope="col">Status</th><th scope="col">Builds</th><th scope="col">CPU / memory</th><th scope="col">Updated</th></tr></thead><tbody></tbody></table>
+<thead><tr><th scope="col">Template</th><th scope="col">Names</th><th scope="col">Visibility</th><th scope="col">Builds (select for logs)</th><th scope="col">CPU / memory</th><th scope="col">Updated</th></tr></thead><tbody></tbody></table>
 <section aria-labelledby="build-heading" hidden id="build-section">
 <h2 id="build-heading">Build logs</h2>
 <pre id="build-logs" class="logs" tabindex="0"></pre>
