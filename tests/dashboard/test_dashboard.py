@@ -271,3 +271,17 @@ def test_template_build_and_its_logs(page: Page, berth: Berth, shots: Shots) -> 
         shots(page, "build-logs")
     finally:
         httpx.delete(f"{berth.api_url}/templates/{info.template_id}", headers={"X-API-Key": berth.api_key}, timeout=60)
+
+
+def test_usage_charts_count_running_sandboxes(page: Page, shots: Shots) -> None:
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        page.goto("/dashboard/usage")
+        chart = page.locator("#chart-concurrency")
+        poll(lambda: float(chart.get_attribute("data-max") or 0) >= 1, timeout=30, interval=0.5,
+             what="the concurrency chart to count the running sandbox")
+        page.get_by_label("Window").select_option("86400")
+        expect(chart).not_to_have_attribute("data-samples", "0")
+        shots(page, "usage")
+    finally:
+        sandbox.kill()

@@ -542,13 +542,17 @@ function maskText(mask) {
 function usagePage() {
   const concurrency = makeChart(document.getElementById("chart-concurrency"), "sandboxes", "#2563eb");
   const rate = makeChart(document.getElementById("chart-rate"), "starts/s", "#16a34a");
-  every(10000, async () => {
+  const windowSelect = document.getElementById("usage-window");
+  const load = async () => {
     const end = Math.floor(Date.now() / 1000);
-    const metrics = await api(`/teams/${encodeURIComponent(teamId)}/metrics?start=${end - 24 * 3600}&end=${end}`);
+    const start = end - Number(windowSelect.value);
+    const metrics = await api(`/teams/${encodeURIComponent(teamId)}/metrics?start=${start}&end=${end}`);
     const xs = metrics.map((metric) => metric.timestampUnix);
     concurrency.set(xs, metrics.map((metric) => metric.concurrentSandboxes));
     rate.set(xs, metrics.map((metric) => metric.sandboxStartRate));
-  });
+  };
+  windowSelect.addEventListener("change", () => load().catch((error) => setStatus(error.message, true)));
+  every(5000, load);
 }
 
 const pages = {

@@ -550,7 +550,11 @@ pub async fn webhooks(State(state): State<Shared>, headers: HeaderMap) -> Respon
     .await
 }
 
-const USAGE_BODY: &str = r#"<div class="charts">
+const USAGE_BODY: &str = r#"<div class="inline">
+<label for="usage-window">Window</label>
+<select id="usage-window"><option value="3600">last hour</option><option value="21600">last 6 hours</option><option value="86400">last 24 hours</option></select>
+</div>
+<div class="charts">
 <figure><figcaption id="concurrency-caption">Concurrent sandboxes</figcaption><div id="chart-concurrency" class="chart" role="img" aria-labelledby="concurrency-caption" data-samples="0"></div></figure>
 <figure><figcaption id="rate-caption">Sandbox starts per second</figcaption><div id="chart-rate" class="chart" role="img" aria-labelledby="rate-caption" data-samples="0"></div></figure>
 </div>"#;
