@@ -96,11 +96,13 @@ def test_sandbox_from_the_sdk_driven_in_the_browser(page: Page, berth: Berth, sh
         poll(lambda: int(chart.get_attribute("data-samples") or 0) >= 2, timeout=30, interval=0.5,
              what="idle CPU samples")
         idle = float(chart.get_attribute("data-max") or 0)
-        sandbox.commands.run("timeout 60 sh -c 'while :; do :; done'", background=True)
+        # One busy loop per CPU of the sandbox (2).
+        sandbox.commands.run("for i in 1 2; do timeout 60 sh -c 'while :; do :; done' & done; wait", background=True)
 
         def burning() -> bool:
+            # Idle is well under 1 %; on a loaded shared host the burn still gets several.
             peak = float(chart.get_attribute("data-max") or 0)
-            return peak >= 10 and peak > 3 * idle
+            return peak >= 3 and peak > 5 * idle
 
         try:
             poll(burning, timeout=60, interval=1, what="the CPU chart to show the burn")

@@ -18,7 +18,8 @@
 //!
 //! Sessions. `POST /dashboard/login` checks the key against the API (`GET /teams`),
 //! then keeps it in memory on the server under a random session id; the browser holds
-//! only that id, in an `HttpOnly; SameSite=Strict; Path=/dashboard` cookie. Each session
+//! only that id, in an `HttpOnly; SameSite=Strict; Path=/dashboard` cookie (also
+//! `Secure` when a TLS-terminating proxy says `X-Forwarded-Proto: https`). Each session
 //! has a CSRF token rendered into its pages; every state-changing request (form POSTs,
 //! the JSON relay's non-GET calls, the terminal's WebSocket) must carry it, compared in
 //! constant time. The login form has its own double-submit token (cookie + field) so a

@@ -150,7 +150,7 @@ fn shell(session: &Session, page: Shell<'_>) -> Response {
     html(StatusCode::OK, body)
 }
 
-fn login_page(status: StatusCode, token: &str, error: Option<&str>) -> Response {
+fn login_page(status: StatusCode, token: &str, error: Option<&str>, secure: bool) -> Response {
     let error = error
         .map(|text| {
             format!(
@@ -185,7 +185,7 @@ fn login_page(status: StatusCode, token: &str, error: Option<&str>) -> Response 
 "#
     );
     let mut response = html(status, body);
-    session::set_cookie(response.headers_mut(), LOGIN_COOKIE, Some(token));
+    session::set_cookie(response.headers_mut(), LOGIN_COOKIE, Some(token), secure);
     response
 }
 
@@ -193,7 +193,12 @@ pub async fn login_form(State(state): State<Shared>, headers: HeaderMap) -> Resp
     if state.sessions.find(&headers).is_some() {
         return see_other("/dashboard/");
     }
-    login_page(StatusCode::OK, &session::random_token(), None)
+    login_page(
+        StatusCode::OK,
+        &session::random_token(),
+        None,
+        session::over_tls(&headers),
+    )
 }
 
 #[derive(Deserialize)]
@@ -215,6 +220,7 @@ pub async fn login(
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
+    let secure = session::over_tls(&headers);
     let expected = session::cookie(&headers, LOGIN_COOKIE).unwrap_or_default();
     if expected.is_empty() || !session::constant_time_eq(expected.as_bytes(), form.csrf.as_bytes())
     {
@@ -222,6 +228,7 @@ pub async fn login(
             StatusCode::FORBIDDEN,
             &session::random_token(),
             Some("The sign-in form expired. Try again."),
+            secure,
         );
     }
     let key = form.api_key.trim();
@@ -230,6 +237,7 @@ pub async fn login(
             StatusCode::UNAUTHORIZED,
             &session::random_token(),
             Some("That API key was refused."),
+            secure,
         )
     };
     if key.is_empty() {
@@ -256,8 +264,8 @@ pub async fn login(
         .unwrap_or_default();
     let id = state.sessions.create(key.to_owned(), team_id);
     let mut response = see_other("/dashboard/");
-    session::set_cookie(response.headers_mut(), SESSION_COOKIE, Some(&id));
-    session::set_cookie(response.headers_mut(), LOGIN_COOKIE, None);
+    session::set_cookie(response.headers_mut(), SESSION_COOKIE, Some(&id), secure);
+    session::set_cookie(response.headers_mut(), LOGIN_COOKIE, None, secure);
     response
 }
 
@@ -278,7 +286,12 @@ pub async fn logout(
         state.sessions.remove(&headers);
     }
     let mut response = see_other("/dashboard/login");
-    session::set_cookie(response.headers_mut(), SESSION_COOKIE, None);
+    session::set_cookie(
+        response.headers_mut(),
+        SESSION_COOKIE,
+        None,
+        session::over_tls(&headers),
+    );
     response
 }
 

@@ -100,12 +100,25 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(|(_, value)| value.to_owned())
 }
 
+/// Whether the browser reached berth over TLS, as a TLS-terminating proxy in front of
+/// it says (`X-Forwarded-Proto: https`); berth itself serves plain HTTP.
+pub fn over_tls(request: &HeaderMap) -> bool {
+    request
+        .get("x-forwarded-proto")
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|proto| proto.eq_ignore_ascii_case("https"))
+}
+
 /// A `Set-Cookie` for a dashboard cookie: script cannot read it, other sites never
-/// send it, it goes only to the dashboard's paths. `None` clears it.
-pub fn set_cookie(headers: &mut HeaderMap, name: &str, value: Option<&str>) {
+/// send it, it goes only to the dashboard's paths, and over TLS only when the page
+/// came over TLS (`secure`). `None` clears it.
+pub fn set_cookie(headers: &mut HeaderMap, name: &str, value: Option<&str>, secure: bool) {
+    let secure = if secure { "; Secure" } else { "" };
     let line = match value {
-        Some(value) => format!("{name}={value}; HttpOnly; SameSite=Strict; Path=/dashboard"),
-        None => format!("{name}=; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age=0"),
+        Some(value) => {
+            format!("{name}={value}; HttpOnly; SameSite=Strict; Path=/dashboard{secure}")
+        }
+        None => format!("{name}=; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age=0{secure}"),
     };
     headers.append(
         SET_COOKIE,
@@ -161,10 +174,22 @@ mod tests {
     #[test]
     fn set_cookie_is_http_only_and_strict() {
         let mut headers = HeaderMap::new();
-        set_cookie(&mut headers, SESSION_COOKIE, Some("abc"));
+        set_cookie(&mut headers, SESSION_COOKIE, Some("abc"), false);
         let line = headers.get(SET_COOKIE).unwrap().to_str().unwrap();
         assert!(line.contains("HttpOnly") && line.contains("SameSite=Strict"));
-        assert!(line.contains("Path=/dashboard"));
+        assert!(line.contains("Path=/dashboard") && !line.contains("Secure"));
+        let mut request = HeaderMap::new();
+        assert!(!over_tls(&request));
+        request.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        assert!(over_tls(&request));
+        let mut headers = HeaderMap::new();
+        set_cookie(&mut headers, SESSION_COOKIE, Some("abc"), true);
+        assert!(headers
+            .get(SET_COOKIE)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .ends_with("; Secure"));
     }
 
     #[test]
