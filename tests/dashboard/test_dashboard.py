@@ -22,7 +22,8 @@ PAGES = ["/dashboard/", "/dashboard/templates", "/dashboard/snapshots", "/dashbo
 
 def test_wrong_key_is_refused(context: BrowserContext, berth: Berth, shots: Shots) -> None:
     page = context.new_page()
-    page.goto("/dashboard/")
+    # berth's root sends a browser to the dashboard, which asks it to sign in.
+    page.goto("/")
     page.wait_for_url("**/dashboard/login")
     sign_in(page, "e2b_" + "0" * 40)
     expect(page.get_by_role("alert")).to_contain_text("refused")

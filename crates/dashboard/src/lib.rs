@@ -45,6 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
+use axum::response::Redirect;
 use axum::routing::{any, get, post};
 use axum::Router;
 
@@ -74,6 +75,8 @@ pub fn router(api: Router) -> Router {
         sessions: session::Sessions::default(),
     });
     Router::new()
+        // The API has no root page: a browser pointed at berth lands on the dashboard.
+        .route("/", get(|| async { Redirect::to("/dashboard/") }))
         .route("/dashboard", get(pages::sandboxes))
         .route("/dashboard/", get(pages::sandboxes))
         .route(
