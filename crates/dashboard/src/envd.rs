@@ -2,11 +2,12 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest as _, Multipart, Path, Query, Request, State};
-use axum::http::header::{CONTENT_DISPOSITION, CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::header::{CONTENT_DISPOSITION, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use berth_envd_proto::headers::CONNECT_PROTOCOL_VERSION;
 use berth_envd_proto::routes;
+use futures::SinkExt;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 
@@ -126,7 +127,8 @@ pub async fn download(
     Ok(out)
 }
 
-/// `POST files?path=` (multipart, field `file`; CSRF header): writes the file at `path`.
+/// `POST files?path=` (multipart, field `file`; CSRF header): writes the file at `path`,
+/// streaming it through.
 pub async fn upload(
     State(state): State<Shared>,
     Path(id): Path<String>,
@@ -142,19 +144,11 @@ pub async fn upload(
     if !session.csrf_matches(offered) {
         return Err(DashboardError::Csrf);
     }
-    let mut form = Multipart::from_request(request, &())
+    let form = Multipart::from_request(request, &())
         .await
         .map_err(|_| DashboardError::NoUploadFile)?;
-    let mut content = None;
-    while let Some(field) = form.next_field().await.map_err(DashboardError::Upload)? {
-        if field.name() == Some("file") {
-            content = Some(field.bytes().await.map_err(DashboardError::Upload)?);
-            break;
-        }
-    }
-    let content = content.ok_or(DashboardError::NoUploadFile)?;
     let boundary = crate::session::random_token();
-    let body = multipart_file(&boundary, &content);
+    let body = stream_file_part(form, &boundary).await?;
     let request = Upstream::envd_request(
         &id,
         token.as_deref(),
@@ -165,8 +159,7 @@ pub async fn upload(
         CONTENT_TYPE,
         format!("multipart/form-data; boundary={boundary}"),
     )
-    .header(CONTENT_LENGTH, body.len())
-    .body(Body::from(body))
+    .body(body)
     .map_err(|_| DashboardError::BadPath)?;
     let response = state.upstream.call(request).await;
     if response.status() != StatusCode::OK {
@@ -179,20 +172,64 @@ pub async fn upload(
         .into_response())
 }
 
-/// A multipart body of one `file` part (the file name is envd's business: it writes to
-/// the `path` query).
-fn multipart_file(boundary: &str, content: &Bytes) -> Bytes {
-    let mut body = Vec::with_capacity(content.len() + 256);
-    body.extend_from_slice(
-        format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"upload\"\r\n\
-             Content-Type: application/octet-stream\r\n\r\n"
-        )
-        .as_bytes(),
+/// The browser's `file` part re-framed as a one-part multipart body for envd, streamed
+/// as it arrives (an upload is never held whole in memory). Fails before anything is
+/// sent when the form has no `file` part.
+async fn stream_file_part(mut form: Multipart, boundary: &str) -> Result<Body, DashboardError> {
+    let (mut chunks, body) = futures::channel::mpsc::channel::<Result<Bytes, axum::Error>>(4);
+    let (found_tx, found) = tokio::sync::oneshot::channel();
+    let (head, tail) = part_frame(boundary);
+    tokio::spawn(async move {
+        let mut found_tx = Some(found_tx);
+        let mut report = |outcome: Result<(), DashboardError>| {
+            if let Some(found_tx) = found_tx.take() {
+                let _ = found_tx.send(outcome);
+            }
+        };
+        loop {
+            match form.next_field().await {
+                Ok(Some(mut field)) if field.name() == Some("file") => {
+                    report(Ok(()));
+                    if chunks.send(Ok(head)).await.is_err() {
+                        return;
+                    }
+                    loop {
+                        match field.chunk().await {
+                            Ok(Some(chunk)) => {
+                                if chunks.send(Ok(chunk)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(None) => break,
+                            // envd sees a cut body and writes nothing.
+                            Err(error) => {
+                                let _ = chunks.send(Err(axum::Error::new(error))).await;
+                                return;
+                            }
+                        }
+                    }
+                    let _ = chunks.send(Ok(tail)).await;
+                    return;
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => return report(Err(DashboardError::NoUploadFile)),
+                Err(error) => return report(Err(DashboardError::Upload(error))),
+            }
+        }
+    });
+    found.await.map_err(|_| DashboardError::NoUploadFile)??;
+    Ok(Body::from_stream(body))
+}
+
+/// What goes before and after the content of a one-part multipart body (the file name
+/// is envd's business: it writes to the `path` query).
+fn part_frame(boundary: &str) -> (Bytes, Bytes) {
+    let head = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"upload\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\n"
     );
-    body.extend_from_slice(content);
-    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    body.into()
+    let tail = format!("\r\n--{boundary}--\r\n");
+    (head.into(), tail.into())
 }
 
 #[cfg(test)]
@@ -208,11 +245,15 @@ mod tests {
     }
 
     #[test]
-    fn multipart_body_frames_the_content() {
-        let body = multipart_file("xyz", &Bytes::from_static(b"hello"));
-        let text = std::str::from_utf8(&body).unwrap();
+    fn part_frame_wraps_the_content() {
+        let (head, tail) = part_frame("xyz");
+        let text = format!(
+            "{}hello{}",
+            std::str::from_utf8(&head).unwrap(),
+            std::str::from_utf8(&tail).unwrap()
+        );
         assert!(text.starts_with("--xyz\r\n"));
         assert!(text.contains("name=\"file\""));
-        assert!(text.ends_with("\r\nhello\r\n--xyz--\r\n"));
+        assert!(text.ends_with("\r\n\r\nhello\r\n--xyz--\r\n"));
     }
 }

@@ -54,8 +54,8 @@ pub use error::DashboardError;
 /// A session unused this long is signed out.
 pub const SESSION_IDLE: Duration = Duration::from_secs(12 * 60 * 60);
 
-/// Largest file the browser may upload into a sandbox (held in memory on the way).
-pub const MAX_UPLOAD_BYTES: usize = 256 * 1024 * 1024;
+/// Largest file the browser may upload into a sandbox (streamed through, never held).
+pub const MAX_UPLOAD_BYTES: usize = 2 * 1024 * 1024 * 1024;
 
 /// Where the dashboard is mounted.
 pub const MOUNT: &str = "/dashboard";

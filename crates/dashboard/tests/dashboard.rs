@@ -304,6 +304,31 @@ async fn sandbox_pages_files_and_terminal_are_the_teams_own() {
         .starts_with("attachment"));
     assert_eq!(downloaded.text().await.unwrap(), "hello from the dashboard");
 
+    // A form without a `file` part writes nothing; a file larger than axum's default
+    // body limit streams through whole.
+    let empty = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"other\"\r\n\r\nx\r\n--{boundary}--\r\n");
+    let no_file = owner
+        .post(&upload_path, &content_type, empty.into_bytes(), Some(&csrf))
+        .await;
+    assert_eq!(no_file.status(), StatusCode::BAD_REQUEST);
+    let big: Vec<u8> = (0..3 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(&big);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let big_path = format!("/dashboard/sandboxes/{id}/files?path={dir}/big.bin");
+    let uploaded = owner
+        .post(&big_path, &content_type, body, Some(&csrf))
+        .await;
+    assert_eq!(uploaded.status(), StatusCode::OK);
+    let downloaded = owner.get(&big_path).await.bytes().await.unwrap();
+    assert!(
+        downloaded.as_ref() == big.as_slice(),
+        "the big file came back changed"
+    );
+
     // The terminal: refused without the CSRF token or from another origin, then a shell.
     let ws_base = api.url.replacen("http://", "ws://", 1);
     let terminal = |csrf: &str, origin: &str| {
