@@ -33,6 +33,7 @@ apt_packages=(
     ca-certificates curl git
     docker-registry skopeo umoci
     dnsmasq-base openssl conntrack tmux libnss-myhostname
+    chromium
 )
 
 step "system packages"
@@ -107,8 +108,10 @@ venv() {
 }
 
 step "python venv (.venv)"
-venv .venv tests/sdk/requirements.txt tests/mcp/requirements.txt
+venv .venv tests/sdk/requirements.txt tests/mcp/requirements.txt tests/dashboard/requirements.txt
 info "$(.venv/bin/python --version), e2b $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("e2b"))'), mcp $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("mcp"))')"
+
+info "playwright $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("playwright"))') (drives $(chromium --version 2>/dev/null || echo 'no chromium'))"
 
 step "python venv (.venv-schemathesis)"
 venv .venv-schemathesis tests/sdk/control_plane/requirements-schemathesis.txt

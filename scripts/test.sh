@@ -181,6 +181,14 @@ templates_js() {
     in_private_netns node --test --test-concurrency=1 --test-timeout=600000 tests/templates/js/
 }
 
+# The dashboard in a real browser (tests/dashboard): Debian's chromium through
+# Playwright against a real berth up; screenshots land in $BERTH_SCREENSHOT_DIR
+# (default <target>/dashboard-screenshots), kept by CI as an artifact.
+dashboard_suite() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    (cd tests/dashboard && in_private_netns ../../.venv/bin/python -m pytest)
+}
+
 mcp_suite() {
     [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
     in_private_netns .venv/bin/python -m pytest tests/mcp -p no:cacheprovider \
@@ -200,7 +208,7 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D war
 # proxy and the agent tools run against berth-envd as a host process through
 # berth_runtime::HostRuntime). Then the privileged tier: real namespaces, cgroups, CRIU,
 # nftables, registries.
-unprivileged_crates=(berth-api berth-store berth-proxy berth-envd-proto berth-client berth-mcp berth-server berth-interpreter berth-bench)
+unprivileged_crates=(berth-api berth-store berth-proxy berth-envd-proto berth-client berth-dashboard berth-mcp berth-server berth-interpreter berth-bench)
 step "cargo test: unprivileged tier" cargo test "${unprivileged_crates[@]/#/-p=}"
 step "cargo test: privileged tier" cargo test --workspace "${unprivileged_crates[@]/#/--exclude=}"
 step "build berth-envd" build_envd
@@ -216,7 +224,8 @@ lanes \
     "templates: JS SDK (tests/templates/js)" templates_js \
     -- \
     "MCP suite (tests/mcp)" mcp_suite \
-    "MCP conformance (tests/mcp/conformance)" mcp_conformance
+    "MCP conformance (tests/mcp/conformance)" mcp_conformance \
+    "dashboard: browser suite (tests/dashboard)" dashboard_suite
 
 printf '\n==> summary (%ss total)\n' "$SECONDS"
 printf '    %s\n' "${summary[@]}"

@@ -641,7 +641,11 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             eprintln!("{hint}");
         }
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let serving = tokio::spawn(server.serve(listener, mcp_routes, async move {
+        // The dashboard calls the API and the sandbox proxy in-process, through the
+        // server's own router.
+        let dashboard = berth_dashboard::router(server.router());
+        eprintln!("dashboard on {url}/dashboard/");
+        let serving = tokio::spawn(server.serve(listener, mcp_routes.merge(dashboard), async move {
             let _ = stop_rx.await;
         }));
         shutdown_signal().await;

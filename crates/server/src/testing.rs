@@ -83,6 +83,16 @@ impl HostApi {
         max_sandboxes: Option<usize>,
         extra: impl FnOnce(Arc<Store>, &str) -> axum::Router,
     ) -> HostApi {
+        Self::start_with_server(config, max_sandboxes, |_, store, url| extra(store, url)).await
+    }
+
+    /// Like [`HostApi::start_configured`], with `extra` also given the server (for routes
+    /// that call its router in-process, like the dashboard).
+    pub async fn start_with_server(
+        config: ServerConfig,
+        max_sandboxes: Option<usize>,
+        extra: impl FnOnce(&Server, Arc<Store>, &str) -> axum::Router,
+    ) -> HostApi {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = Arc::new(Store::open(dir.path()).expect("open store"));
         let team_a = store.create_team("a").expect("team a");
@@ -119,7 +129,7 @@ impl HostApi {
             .await
             .expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("address"));
-        let routes = extra(store.clone(), &url);
+        let routes = extra(&server, store.clone(), &url);
         let server = tokio::spawn(async move {
             server
                 .serve(listener, routes, std::future::pending())
