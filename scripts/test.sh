@@ -115,6 +115,38 @@ templates_js() {
     in_private_netns node --test --test-concurrency=1 --test-timeout=600000 tests/templates/js/
 }
 
+# The code interpreter (tests/interpreter): the static berth-interpreter beside berth,
+# code-interpreter-v1 built once by `berth provision --template` into the suites' state
+# dir (kept under the target dir: later runs reuse the build, or its step cache), then
+# both SDKs against sandboxes of it. Not in a private netns: the build installs from the
+# package registries (by name, through the host's resolver), which is also all the
+# suites' egress ceiling admits.
+build_interpreter() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    local output binary
+    output="$(bash crates/interpreter/build-static.sh)" || return 1
+    binary="$(printf '%s\n' "$output" | tail -n 1)"
+    install -m 0755 "$binary" "$(dirname "$BERTH_BIN")/berth-interpreter" || return 1
+    export BERTH_INTERPRETER_BIN="$(dirname "$BERTH_BIN")/berth-interpreter"
+    echo "BERTH_INTERPRETER_BIN=$BERTH_INTERPRETER_BIN"
+}
+
+interpreter_template() {
+    [[ -n "${BERTH_INTERPRETER_BIN:-}" ]] || { echo "no berth-interpreter (build step failed)" >&2; return 1; }
+    .venv-interpreter/bin/python tests/interpreter/berth_env.py provision
+}
+
+interpreter_python() {
+    [[ -n "${BERTH_INTERPRETER_BIN:-}" ]] || { echo "no berth-interpreter (build step failed)" >&2; return 1; }
+    (cd tests/interpreter && ../../.venv-interpreter/bin/python -m pytest)
+}
+
+interpreter_js() {
+    [[ -n "${BERTH_INTERPRETER_BIN:-}" ]] || { echo "no berth-interpreter (build step failed)" >&2; return 1; }
+    .venv-interpreter/bin/python tests/interpreter/berth_env.py run -- \
+        node --test --test-concurrency=1 --test-timeout=600000 tests/interpreter/js/
+}
+
 mcp_suite() {
     [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
     in_private_netns .venv/bin/python -m pytest tests/mcp -p no:cacheprovider \
@@ -145,6 +177,10 @@ step "control plane: Python SDK suite" control_plane_suite
 step "control plane: JS SDK smoke" control_plane_js
 step "templates: Python SDK suite (tests/templates)" templates_suite
 step "templates: JS SDK (tests/templates/js)" templates_js
+step "build berth-interpreter (static)" build_interpreter
+step "interpreter: build code-interpreter-v1" interpreter_template
+step "interpreter: Python SDK suite (tests/interpreter)" interpreter_python
+step "interpreter: JS SDK (tests/interpreter/js)" interpreter_js
 step "MCP suite (tests/mcp)" mcp_suite
 step "MCP conformance (tests/mcp/conformance)" mcp_conformance
 
