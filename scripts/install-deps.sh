@@ -14,6 +14,8 @@
 #   - .venv/ at the repo root with tests/sdk/requirements.txt (pinned e2b==2.63.0, pytest)
 #   - tests/sdk/js/node_modules from tests/sdk/js/package-lock.json (e2b@2.51.0)
 #   - tests/templates/e2b-cli/node_modules from its package-lock.json (@e2b/cli@2.19.0)
+#   - .venv-interpreter/ with tests/interpreter/requirements.txt (e2b-code-interpreter)
+#     and tests/interpreter/js/node_modules (@e2b/code-interpreter@2.8.0)
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -116,6 +118,12 @@ info "playwright $(.venv/bin/python -c 'import importlib.metadata as m; print(m.
 step "python venv (.venv-schemathesis)"
 venv .venv-schemathesis tests/sdk/control_plane/requirements-schemathesis.txt
 
+# The code-interpreter suite's own venv: e2b-code-interpreter pins e2b and httpx apart
+# from .venv's.
+step "python venv (.venv-interpreter)"
+venv .venv-interpreter tests/interpreter/requirements.txt
+info "e2b-code-interpreter $(.venv-interpreter/bin/python -c 'import importlib.metadata as m; print(m.version("e2b-code-interpreter"))')"
+
 # --- js sdk ----------------------------------------------------------------------------
 step "JS SDK (tests/sdk/js)"
 js_dir="tests/sdk/js"
@@ -129,6 +137,20 @@ else
     printf '%s\n' "$wanted_js_hash" >"$js_stamp"
 fi
 info "e2b $(node -p 'require("./'"$js_dir"'/node_modules/e2b/package.json").version')"
+
+step "JS code-interpreter SDK (tests/interpreter/js)"
+interp_js_dir="tests/interpreter/js"
+interp_js_stamp="$interp_js_dir/node_modules/.package-lock.sha256"
+wanted_interp_js_hash="$(sha256sum "$interp_js_dir/package-lock.json" | cut -d' ' -f1)"
+if [[ "$(cat "$interp_js_stamp" 2>/dev/null)" == "$wanted_interp_js_hash" ]]; then
+    info "node_modules up to date"
+else
+    info "npm ci"
+    (cd "$interp_js_dir" && npm ci --no-audit --no-fund --loglevel=error)
+    printf '%s
+' "$wanted_interp_js_hash" >"$interp_js_stamp"
+fi
+info "@e2b/code-interpreter $(node -p 'require("./'"$interp_js_dir"'/node_modules/@e2b/code-interpreter/package.json").version')"
 
 # --- MCP conformance suite ---------------------------------------------------------
 # @modelcontextprotocol/conformance is written for Node >= 22 (fs.globSync; a dependency

@@ -189,6 +189,38 @@ dashboard_suite() {
     (cd tests/dashboard && in_private_netns ../../.venv/bin/python -m pytest)
 }
 
+# The code interpreter (tests/interpreter): the static berth-interpreter beside berth,
+# code-interpreter-v1 built once by `berth provision --template` into the suites' state
+# dir (kept under the target dir: later runs reuse the build, or its step cache), then
+# both SDKs against sandboxes of it. Not in a private netns: the build installs from the
+# package registries (by name, through the host's resolver), which is also all the
+# suites' egress ceiling admits.
+build_interpreter() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    local output binary
+    output="$(bash crates/interpreter/build-static.sh)" || return 1
+    binary="$(printf '%s\n' "$output" | tail -n 1)"
+    install -m 0755 "$binary" "$(dirname "$BERTH_BIN")/berth-interpreter" || return 1
+    export BERTH_INTERPRETER_BIN="$(dirname "$BERTH_BIN")/berth-interpreter"
+    echo "BERTH_INTERPRETER_BIN=$BERTH_INTERPRETER_BIN"
+}
+
+interpreter_template() {
+    [[ -n "${BERTH_INTERPRETER_BIN:-}" ]] || { echo "no berth-interpreter (build step failed)" >&2; return 1; }
+    .venv-interpreter/bin/python tests/interpreter/berth_env.py provision
+}
+
+interpreter_python() {
+    [[ -n "${BERTH_INTERPRETER_BIN:-}" ]] || { echo "no berth-interpreter (build step failed)" >&2; return 1; }
+    (cd tests/interpreter && ../../.venv-interpreter/bin/python -m pytest)
+}
+
+interpreter_js() {
+    [[ -n "${BERTH_INTERPRETER_BIN:-}" ]] || { echo "no berth-interpreter (build step failed)" >&2; return 1; }
+    .venv-interpreter/bin/python tests/interpreter/berth_env.py run -- \
+        node --test --test-concurrency=1 --test-timeout=600000 tests/interpreter/js/
+}
+
 mcp_suite() {
     [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
     in_private_netns .venv/bin/python -m pytest tests/mcp -p no:cacheprovider \
@@ -215,17 +247,23 @@ step "build berth-envd" build_envd
 step "Python SDK suite (tests/sdk)" python_sdk_suite
 step "JS SDK smoke (tests/sdk/js)" js_sdk_suite
 step "build berth" build_berth
-# The suites that drive `berth up`, in lanes of about equal length.
+step "build berth-interpreter (static)" build_interpreter
+# The suites that drive `berth up`, in lanes of about equal length (the interpreter's
+# lane starts with its template build, the longest single step).
 lanes \
     "control plane: Python SDK suite" control_plane_suite \
     "control plane: JS SDK smoke" control_plane_js \
     -- \
     "templates: Python SDK suite (tests/templates)" templates_suite \
     "templates: JS SDK (tests/templates/js)" templates_js \
+    "dashboard: browser suite (tests/dashboard)" dashboard_suite \
     -- \
     "MCP suite (tests/mcp)" mcp_suite \
     "MCP conformance (tests/mcp/conformance)" mcp_conformance \
-    "dashboard: browser suite (tests/dashboard)" dashboard_suite
+    -- \
+    "interpreter: build code-interpreter-v1" interpreter_template \
+    "interpreter: Python SDK suite (tests/interpreter)" interpreter_python \
+    "interpreter: JS SDK (tests/interpreter/js)" interpreter_js
 
 printf '\n==> summary (%ss total)\n' "$SECONDS"
 printf '    %s\n' "${summary[@]}"

@@ -4,7 +4,10 @@
 //!
 //! `cargo build --release -p berth-envd -p berth-runtime -p berth-bench` then run
 //! `berth-bench runtime` as root (the `base` template must be buildable or cached).
+//! `berth-bench interpreter` measures the code interpreter through a running berth
+//! (see `interpreter.rs` and BENCHMARKS.md).
 
+mod interpreter;
 mod peers;
 mod sandboxes;
 mod stateful;
@@ -33,6 +36,9 @@ enum Command {
     Runtime(RuntimeArgs),
     /// Pause/resume with memory, checkpoint sizes and fork, beside raw CRIU.
     Checkpoint(stateful::CheckpointArgs),
+    /// The code interpreter through a running berth: create → first `run_code`, round
+    /// trips, a plot, beside `commands.run` in the same sandbox.
+    Interpreter(interpreter::InterpreterArgs),
 }
 
 #[derive(clap::Args)]
@@ -80,12 +86,16 @@ struct Row {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     mark_inherited_fds_cloexec();
+    if let Command::Interpreter(args) = &cli.command {
+        return interpreter::run(args);
+    }
     if !rustix_is_root() {
         bail!("berth-bench needs root (namespaces, cgroups, mounts)");
     }
     match cli.command {
         Command::Runtime(args) => runtime(&args),
         Command::Checkpoint(args) => stateful::run(&args),
+        Command::Interpreter(args) => interpreter::run(&args),
     }
 }
 

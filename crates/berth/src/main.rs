@@ -9,6 +9,7 @@
 
 mod builds;
 mod egress;
+mod host_templates;
 mod template_cli;
 
 use std::net::SocketAddr;
@@ -61,8 +62,11 @@ enum Command {
         command: KeysCommand,
     },
     /// Provision what `berth up` needs, with progress: the `base` template and a CRIU
-    /// that works on this kernel (the host's >= 4.2, else a private copy).
-    Provision,
+    /// that works on this kernel (the host's >= 4.2, else a private copy); with
+    /// `--template`, also build host templates (`code-interpreter-v1`) with the same
+    /// runtime, network and egress settings `berth up` takes (not while a `berth up`
+    /// runs on the same state dir: that one builds them on first use).
+    Provision(ProvisionArgs),
     /// Serve the agent tools (MCP) over stdin/stdout.
     Mcp(McpArgs),
     /// Connect a user's E2B-compatible API key for the agent tools (key read from stdin).
@@ -76,6 +80,15 @@ enum Command {
     /// Add a key-encryption key version and re-encrypt every secret and MCP connection
     /// under it (also while `berth up` runs).
     RotateKek,
+}
+
+#[derive(Args)]
+struct ProvisionArgs {
+    /// Host template to build (repeatable): `code-interpreter-v1`.
+    #[arg(long = "template")]
+    templates: Vec<String>,
+    #[command(flatten)]
+    up: UpArgs,
 }
 
 #[derive(Args)]
@@ -190,6 +203,14 @@ struct UpArgs {
     /// `network.rules` domains (besides the host's trust store): private CAs, tests.
     #[arg(long, env = "BERTH_EGRESS_EXTRA_ROOTS")]
     egress_extra_roots: Option<PathBuf>,
+    /// The static berth-interpreter binary put into `code-interpreter-v1` (default:
+    /// next to this binary; without one that template is unavailable).
+    #[arg(long, env = "BERTH_INTERPRETER_BIN")]
+    interpreter_binary: Option<PathBuf>,
+    /// PEM roots that `code-interpreter-v1`'s build (and the template) trusts, for a
+    /// TLS-intercepting proxy in front of the package registries.
+    #[arg(long, env = "BERTH_BUILD_CA_FILE")]
+    build_ca_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -227,9 +248,10 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     state_dir::secure(&cli.state_dir)?;
     match cli.command {
-        Command::Up(args) => up(&cli.state_dir, args),
+        Command::Up(args) => up(&cli.state_dir, args, &[]),
         Command::Keys { command } => keys(&cli.state_dir, command),
-        Command::Provision => provision(&cli.state_dir),
+        Command::Provision(args) if args.templates.is_empty() => provision(&cli.state_dir),
+        Command::Provision(args) => up(&cli.state_dir, args.up, &args.templates),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
         Command::Template { command } => template_cli::run(command),
@@ -460,6 +482,26 @@ fn provision_base(templates: &TemplateStore) -> Result<()> {
     }
 }
 
+/// Builds host templates `names` one after the other, their build logs on stderr.
+async fn build_host_templates(server: &Server, names: &[String]) -> Result<()> {
+    for name in names {
+        let started = std::time::Instant::now();
+        eprintln!("template {name}: building (steps already built come from the cache)");
+        server
+            .build_host_template(name, |entry| {
+                let step = entry.step.as_deref().unwrap_or("-");
+                eprintln!("template {name} [{step}] {}", entry.message.trim_end());
+            })
+            .await
+            .with_context(|| format!("building template {name}"))?;
+        eprintln!(
+            "template {name}: ready ({:.0}s)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 fn default_envd_binary() -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -508,8 +550,26 @@ fn criu_state_dir(state_dir: &Path, given: Option<PathBuf>) -> PathBuf {
     state_dir.to_path_buf()
 }
 
-fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
+/// Runs `berth up`; with `build_only` host templates named, builds those instead of
+/// serving (`berth provision --template`) and returns once they are ready.
+fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
     let state_dir = state_dir.to_path_buf();
+    let interpreter = args
+        .interpreter_binary
+        .clone()
+        .unwrap_or_else(host_templates::default_interpreter_binary);
+    let host_templates: Vec<berth_server::HostTemplate> =
+        host_templates::code_interpreter(&state_dir, &interpreter, args.build_ca_file.as_deref())?
+            .into_iter()
+            .collect();
+    for name in build_only {
+        if !host_templates.iter().any(|t| t.name == *name) {
+            bail!(
+                "no host template {name:?} to build (host templates: {})",
+                host_templates::CODE_INTERPRETER
+            );
+        }
+    }
     let store = Arc::new(open_store(&state_dir)?);
     let (_, first_run) = ensure_default_team(&store)?;
     let templates = TemplateStore::open(&state_dir).context("opening the template store")?;
@@ -600,7 +660,13 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             },
             template_limits: args.builds.limits(),
             secrets_key_file: Some(secrets_key_file(&state_dir)),
-            pool_size: args.pool_size,
+            // A provisioning run serves no sandboxes: nothing to keep warm.
+            pool_size: if build_only.is_empty() {
+                args.pool_size
+            } else {
+                0
+            },
+            host_templates,
             ..Default::default()
         };
         let server = Server::start_with_builds(
@@ -612,6 +678,13 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         )
         .await
         .context("starting the control plane")?;
+        if !build_only.is_empty() {
+            let built = build_host_templates(&server, build_only).await;
+            if let Some(egress) = egress {
+                egress.shutdown(Duration::from_secs(1)).await;
+            }
+            return built;
+        }
         let url = client_url(listener.local_addr()?);
         let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
         mcp_config.toolset = args.mcp_toolset;
@@ -645,9 +718,12 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         // server's own router.
         let dashboard = berth_dashboard::router(server.router());
         eprintln!("dashboard on {url}/dashboard/");
-        let serving = tokio::spawn(server.serve(listener, mcp_routes.merge(dashboard), async move {
-            let _ = stop_rx.await;
-        }));
+        let serving =
+            tokio::spawn(
+                server.serve(listener, mcp_routes.merge(dashboard), async move {
+                    let _ = stop_rx.await;
+                }),
+            );
         shutdown_signal().await;
         eprintln!("shutting down");
         let _ = stop_tx.send(());

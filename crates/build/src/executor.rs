@@ -442,7 +442,14 @@ impl<'a> Executor<'a> {
                     started.elapsed().as_secs_f64()
                 ),
             );
-            layers.push(layer);
+            // A step that rewrites exactly what the step before it wrote (USER then
+            // WORKDIR of the same home) yields the same content, hence the same layer:
+            // one overlay cannot take one lower dir twice, and once is the same files.
+            if layers.last() == Some(&layer) {
+                self.say(name, "same files as the layer below: not stacked twice");
+            } else {
+                layers.push(layer);
+            }
         }
         if stats.dropped_xattrs > 0 {
             (self.log)(

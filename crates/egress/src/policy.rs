@@ -468,9 +468,13 @@ impl EgressPolicy {
     /// The sandbox's own CIDR rules (allow wins over deny), then the ceiling.
     pub fn addr_allowed(&self, ip: IpAddr, port: u16) -> bool {
         let ip = ip.to_canonical();
-        let by_sandbox = self.allow_nets.iter().any(|r| r.matches(ip, port))
-            || !self.deny_nets.iter().any(|r| r.matches(ip, port));
-        self.internet && by_sandbox && self.ceiling.admits_addr(ip)
+        self.internet && self.sandbox_allows_addr(ip, port) && self.ceiling.admits_addr(ip)
+    }
+
+    /// The sandbox's own CIDR rules alone (allow wins over deny).
+    fn sandbox_allows_addr(&self, ip: IpAddr, port: u16) -> bool {
+        self.allow_nets.iter().any(|r| r.matches(ip, port))
+            || !self.deny_nets.iter().any(|r| r.matches(ip, port))
     }
 
     /// An allowed domain rule covers this normalized name on this port.
@@ -514,7 +518,12 @@ impl EgressPolicy {
         }
         let addr_ok = self.addr_allowed(original_ip, port);
         if let Some(host) = host {
-            let name_ok = self.name_allowed(host, port);
+            // A policy whose own rules allow this address leaves it to the ceiling,
+            // whose allowed domains admit the host by name (a names-only ceiling admits
+            // no address directly: the registries of a test berth).
+            let name_ok = self.name_allowed(host, port)
+                || (self.sandbox_allows_addr(original_ip.to_canonical(), port)
+                    && self.ceiling.admits_named(host, original_ip));
             if self.header_rule(host).is_some()
                 && (name_ok || addr_ok)
                 && self.ceiling.admits_name(host)
@@ -738,6 +747,42 @@ mod tests {
         assert_eq!(
             ip_only.route(denied, 80, Some("a.b")),
             Route::Refuse(RefuseReason::DestinationDenied)
+        );
+    }
+
+    #[test]
+    fn an_open_policy_reaches_the_names_a_names_only_ceiling_admits() {
+        let ceiling = Arc::new(
+            Ceiling::default()
+                .deny(["198.18.5.0/24".parse().unwrap()])
+                .allow_only_domains([DomainPattern::parse("deb.debian.org").unwrap()]),
+        );
+        let open = EgressPolicy::open(ceiling.clone());
+        let registry = ip("203.0.113.80");
+        assert_eq!(
+            open.route(registry, 80, Some("deb.debian.org")),
+            Route::Name("deb.debian.org".into())
+        );
+        assert_eq!(
+            open.route(registry, 80, Some("other.example")),
+            Route::Refuse(RefuseReason::DestinationDenied)
+        );
+        assert_eq!(
+            open.route(registry, 443, None),
+            Route::Refuse(RefuseReason::DestinationDenied)
+        );
+        assert_eq!(
+            open.route(ip("198.18.5.1"), 80, Some("deb.debian.org")),
+            Route::Refuse(RefuseReason::DestinationDenied),
+            "a denied range stays denied by name"
+        );
+        let denies_it =
+            EgressPolicy::from_e2b(true, &[], &["203.0.113.0/24".into()], Vec::new(), ceiling)
+                .unwrap();
+        assert_eq!(
+            denies_it.route(registry, 80, Some("deb.debian.org")),
+            Route::Refuse(RefuseReason::DestinationDenied),
+            "the sandbox's own deny wins"
         );
     }
 

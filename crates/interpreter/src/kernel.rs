@@ -133,7 +133,10 @@ pub struct Kernel {
     routes: SharedRoutes,
     exit: watch::Receiver<Option<String>>,
     output: Arc<Mutex<VecDeque<String>>>,
-    tasks: Vec<JoinHandle<()>>,
+    /// How to reach the kernel again (see [`Kernel::reconnect`]).
+    connection: ConnectionInfo,
+    start_timeout: Duration,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
     _files: RuntimeFiles,
 }
 
@@ -300,7 +303,9 @@ impl Kernel {
             routes,
             exit,
             output,
-            tasks: std::mem::take(&mut kernel_tasks.0),
+            connection,
+            start_timeout: options.start_timeout,
+            tasks: Mutex::new(std::mem::take(&mut kernel_tasks.0)),
             _files: files,
         };
         match kernel.handshake(options.start_timeout).await {
@@ -360,8 +365,22 @@ impl Kernel {
         }
     }
 
-    /// Sends a message on shell and returns the request that receives its answer.
+    /// Sends a message on shell and returns the request that receives its answer. A
+    /// kernel whose connections are gone while it still runs (a sandbox restored from a
+    /// checkpoint: CRIU restores TCP connections closed, the kernel's listeners stay) is
+    /// reconnected once and the message sent again.
     async fn send_shell(&self, message: JupyterMessage) -> Result<Request, KernelError> {
+        match self.send_shell_once(message.clone()).await {
+            Err(KernelError::Send(error)) if self.exit_status().is_none() => {
+                tracing::info!(kernelspec = %self.kernelspec, %error, "kernel connection lost; reconnecting");
+                self.reconnect().await?;
+                self.send_shell_once(message).await
+            }
+            other => other,
+        }
+    }
+
+    async fn send_shell_once(&self, message: JupyterMessage) -> Result<Request, KernelError> {
         let msg_id = message.header.msg_id.clone();
         let request = self.open(msg_id)?;
         self.shell
@@ -371,6 +390,68 @@ impl Kernel {
             .await
             .map_err(KernelError::Send)?;
         Ok(request)
+    }
+
+    /// New iopub, shell and control connections to the running kernel, live (an iopub
+    /// broadcast of a kernel_info_request arrived) before it returns.
+    async fn reconnect(&self) -> Result<(), KernelError> {
+        let mut shell = self.shell.lock().await;
+        let mut control = self.control.lock().await;
+        let mut tasks = Vec::new();
+        let connected = tokio::time::timeout(
+            self.start_timeout,
+            connect(
+                &self.connection,
+                self.routes.clone(),
+                &mut tasks,
+                self.exit.clone(),
+            ),
+        )
+        .await;
+        let (new_shell, new_control) = match connected {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(ConnectFailure::Zmq(error))) => return Err(KernelError::Connect(error)),
+            Ok(Err(ConnectFailure::Exited(status))) => return Err(KernelError::Dead { status }),
+            Err(_) => {
+                return Err(KernelError::StartTimeout {
+                    kernelspec: self.kernelspec.clone(),
+                    seconds: self.start_timeout.as_secs(),
+                    output: tail_text(&self.output),
+                })
+            }
+        };
+        *shell = new_shell;
+        *control = new_control;
+        drop((shell, control));
+        {
+            let mut kept = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+            kept.extend(tasks);
+        }
+        self.live(self.start_timeout).await
+    }
+
+    /// Like [`Kernel::handshake`], sending without reconnecting.
+    async fn live(&self, timeout: Duration) -> Result<(), KernelError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let mut request = self.send_shell_once(KernelInfoRequest {}.into()).await?;
+            let window_end = (tokio::time::Instant::now() + HANDSHAKE_RETRY).min(deadline);
+            while let Ok(event) = tokio::time::timeout_at(window_end, request.next()).await {
+                match event {
+                    Some(KernelEvent::IoPub(_)) => return Ok(()),
+                    Some(KernelEvent::Exited(status)) => return Err(KernelError::Dead { status }),
+                    Some(KernelEvent::Reply(_)) => {}
+                    None => break,
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(KernelError::StartTimeout {
+                    kernelspec: self.kernelspec.clone(),
+                    seconds: timeout.as_secs(),
+                    output: tail_text(&self.output),
+                });
+            }
+        }
     }
 
     fn open(&self, msg_id: String) -> Result<Request, KernelError> {
@@ -445,7 +526,8 @@ impl Kernel {
 impl Drop for Kernel {
     fn drop(&mut self) {
         kill_group(self.process_group);
-        for task in &self.tasks {
+        let tasks = self.tasks.get_mut().unwrap_or_else(|e| e.into_inner());
+        for task in tasks.iter() {
             task.abort();
         }
     }

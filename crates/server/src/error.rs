@@ -164,6 +164,14 @@ pub enum ServiceError {
     BuildsUnavailable,
     #[error("template build: {0}")]
     Build(#[source] berth_build::BuildError),
+    #[error("building template \"{name}\" on this host failed: {reason}; its build log is in berth's log (RUST_LOG=info), and `berth provision --template {name}` retries it with the log on the terminal")]
+    HostTemplateBuild { name: String, reason: String },
+    #[error("reading the files of host template \"{name}\": {source}")]
+    HostTemplateContext {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("upload refused: {0}")]
     UploadDenied(&'static str),
     #[error("uploads are limited to {limit} bytes")]
@@ -277,7 +285,9 @@ pub fn to_api(err: &ServiceError) -> ApiError {
             StoreError::Busy { .. } => ApiError::Unavailable(store.to_string()),
             _ => ApiError::Internal(store.to_string()),
         },
+        ServiceError::HostTemplateBuild { .. } => ApiError::Unavailable(err.to_string()),
         ServiceError::Template { .. }
+        | ServiceError::HostTemplateContext { .. }
         | ServiceError::TemplateListing(_)
         | ServiceError::Task { .. } => ApiError::Internal(err.to_string()),
         ServiceError::InvalidName(_)

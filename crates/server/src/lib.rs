@@ -46,6 +46,7 @@ use tokio::sync::Notify;
 pub use error::ServiceError;
 pub use openapi::openapi_document;
 pub use secrets::{RotationReport, SecretVault, SecretsResolver};
+pub use templates::host::{HostTemplate, HOST_FILES_SCOPE};
 pub use templates::{NameError, TemplateLimits};
 pub use webhook_target::{
     Resolution, SystemResolver, WebhookConfig, WebhookResolver, WebhookTargetError,
@@ -97,6 +98,8 @@ pub struct ServerConfig {
     pub secrets_key_file: Option<std::path::PathBuf>,
     /// Sandboxes kept started per template so a create is a claim (0: no pools).
     pub pool_size: usize,
+    /// Templates this host builds itself on first use (`code-interpreter-v1`).
+    pub host_templates: Vec<HostTemplate>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -217,6 +220,17 @@ impl Server {
         ];
         tasks.extend(sandboxes::pool::spawn_refill(&state));
         Ok(Server { state, tasks })
+    }
+
+    /// Builds host template `name` unless it is built already (see
+    /// [`HostTemplate`]), calling `progress` with each build log entry. Returns once it
+    /// is an installed template.
+    pub async fn build_host_template(
+        &self,
+        name: &str,
+        progress: impl FnMut(&berth_build::LogEntry) + Send,
+    ) -> Result<(), ServiceError> {
+        templates::host::ensure_built(&self.state, name, progress).await
     }
 
     /// The resolver the egress proxy injects `${e2b.secrets.NAME}` with: `sandbox_at`

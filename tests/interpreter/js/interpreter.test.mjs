@@ -1,87 +1,27 @@
-// The official JS code-interpreter SDK (@e2b/code-interpreter@2.8.0), unmodified, in
-// debug mode against berth-interpreter (localhost:49999) and berth-envd
-// (localhost:49983, initialised with sandbox env vars). Both ports are fixed by the
-// SDK: run inside a private network namespace (tests/interpreter/run.sh does).
+// The official JS code-interpreter SDK (@e2b/code-interpreter@2.8.0), unmodified,
+// against a `code-interpreter-v1` sandbox of a real `berth up`, configured only by the
+// SDK's own variables (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY). berth_env.py starts
+// that berth (building the template once in the suite's state dir) and sets them:
 //
-// Binaries: $BERTH_INTERPRETER_BIN / $BERTH_ENVD_BIN, else
-// ${CARGO_TARGET_DIR:-<repo>/target}/debug/…; kernels: $BERTH_INTERPRETER_PREFIX, else
-// <repo>/.interpreter-env (scripts/interpreter-env.sh).
-//
-//   node --test tests/interpreter/js/
+//   python3 tests/interpreter/berth_env.py run -- node --test tests/interpreter/js/
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { dirname, join, resolve } from 'node:path'
-import { fileURLToPath } from 'node:url'
 
-process.env.E2B_DEBUG = 'true'
-for (const name of ['E2B_SANDBOX_URL', 'E2B_API_URL', 'E2B_DOMAIN']) delete process.env[name]
-process.env.E2B_API_KEY ??= 'e2b_' + '0'.repeat(40)
+for (const name of ['E2B_DEBUG', 'E2B_DOMAIN', 'E2B_ACCESS_TOKEN']) delete process.env[name]
+for (const name of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
+  if (!process.env[name]) throw new Error(`${name} is not set: run through tests/interpreter/berth_env.py run`)
+}
 
 const { Sandbox, NotFoundError, SandboxError, TimeoutError } = await import('@e2b/code-interpreter')
 
-const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
-const target = process.env.CARGO_TARGET_DIR ? resolve(repoRoot, process.env.CARGO_TARGET_DIR) : join(repoRoot, 'target')
-const prefix = process.env.BERTH_INTERPRETER_PREFIX ?? join(repoRoot, '.interpreter-env')
-
-let workdir
-let home
-const children = []
 let sandbox
 
-function start(binary, args) {
-  const child = spawn(binary, args, { cwd: workdir, stdio: ['ignore', 'ignore', 'inherit'], detached: true })
-  children.push(child)
-  return child
-}
-
-async function until(url, status, timeoutMs = 180_000) {
-  const deadline = Date.now() + timeoutMs
-  for (;;) {
-    try {
-      if ((await fetch(url)).status === status) return
-    } catch {}
-    if (Date.now() > deadline) throw new Error(`${url} not ready`)
-    await new Promise((r) => setTimeout(r, 50))
-  }
-}
-
 before(async () => {
-  workdir = mkdtempSync(join(tmpdir(), 'berth-interp-js-'))
-  home = join(workdir, 'home')
-  mkdirSync(home)
-  start(process.env.BERTH_ENVD_BIN ?? join(target, 'debug', 'berth-envd'), ['--listen', '127.0.0.1:49983'])
-  await until('http://127.0.0.1:49983/health', 204)
-  const init = await fetch('http://127.0.0.1:49983/init', {
-    method: 'POST',
-    headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ envVars: { BERTH_SANDBOX_VAR: 'from-the-sandbox' } }),
-  })
-  assert.ok(init.ok)
-  start(process.env.BERTH_INTERPRETER_BIN ?? join(target, 'debug', 'berth-interpreter'), [
-    '--listen', '127.0.0.1:49999',
-    '--jupyter-path', join(prefix, 'share', 'jupyter'),
-    '--default-cwd', home,
-    '--warm', 'python,javascript',
-    '--envd-url', 'http://127.0.0.1:49983',
-    '--runtime-dir', join(workdir, 'runtime'),
-  ])
-  await until('http://127.0.0.1:49999/health', 200)
-  sandbox = await Sandbox.create()
+  sandbox = await Sandbox.create({ envs: { BERTH_SANDBOX_VAR: 'from-the-sandbox' }, timeoutMs: 1_800_000 })
 })
 
 after(async () => {
-  for (const child of children.reverse()) {
-    if (child.exitCode !== null) continue
-    const exited = new Promise((r) => child.once('exit', r))
-    child.kill('SIGTERM')
-    const timer = setTimeout(() => process.kill(-child.pid, 'SIGKILL'), 20_000)
-    await exited
-    clearTimeout(timer)
-  }
-  rmSync(workdir, { recursive: true, force: true })
+  await sandbox?.kill()
 })
 
 test('results, text and state across calls', async () => {
@@ -151,7 +91,7 @@ test('languages have their own state; env vars per call do not leak', async () =
 })
 
 test('contexts: cwd, list, restart, remove', async () => {
-  const cwd = mkdtempSync(join(workdir, 'ctx-'))
+  const cwd = (await sandbox.runCode('import tempfile; tempfile.mkdtemp()')).text
   const context = await sandbox.createCodeContext({ language: 'python', cwd })
   assert.equal(context.cwd, cwd)
   assert.equal((await sandbox.runCode('import os; os.getcwd()', { context })).text, cwd)

@@ -22,6 +22,7 @@
 //! nothing else names, once no build is running (a running build may just have
 //! committed a layer it shares).
 
+pub mod host;
 pub mod names;
 mod uploads;
 
@@ -81,6 +82,8 @@ pub(crate) struct Builds {
     pub engine: BuildEngine,
     upload_key: ring::hmac::Key,
     pending_layers: Mutex<Vec<LayerId>>,
+    /// Held while a host template is checked or built: one such build at a time.
+    host_builds: tokio::sync::Mutex<()>,
 }
 
 impl Builds {
@@ -90,6 +93,7 @@ impl Builds {
             engine,
             upload_key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &seed),
             pending_layers: Mutex::new(Vec::new()),
+            host_builds: tokio::sync::Mutex::new(()),
         }
     }
 }
@@ -242,8 +246,18 @@ pub(crate) async fn for_sandbox(
 ) -> Result<SandboxTemplate, ServiceError> {
     let name = parse_name(reference).map_err(ServiceError::InvalidName)?;
     let team = team(state, team_id)?;
-    let Some(visible) = find(state, &team, &name)? else {
-        return Err(ServiceError::TemplateNotFound(reference.to_string()));
+    let visible = match find(state, &team, &name)? {
+        Some(visible) => visible,
+        // A host template not built yet is built now; the create waits for it.
+        None if name.namespace.is_none() && host::find(state, &name.alias).is_some() => {
+            host::ensure_built(state, &name.alias, |entry| {
+                tracing::info!(template = %name.alias, step = ?entry.step, "{}", entry.message)
+            })
+            .await?;
+            find(state, &team, &name)?
+                .ok_or_else(|| ServiceError::TemplateNotFound(reference.to_string()))?
+        }
+        None => return Err(ServiceError::TemplateNotFound(reference.to_string())),
     };
     let tag = name.tag_or_default().to_string();
     let build = state
@@ -260,7 +274,7 @@ pub(crate) async fn for_sandbox(
             other => other,
         })?;
     let resources = match visible.access {
-        Access::Installed => state.config.resources,
+        Access::Installed => installed_resources(state, &visible.record.alias),
         Access::Owner | Access::Public => SandboxResources {
             cpu_count: build.cpu_count,
             memory_mb: build.memory_mb,
@@ -277,6 +291,12 @@ pub(crate) async fn for_sandbox(
         manifest,
         resources,
     })
+}
+
+/// Limits of sandboxes of installed template `name`: a host template's own, else the
+/// server's defaults.
+fn installed_resources(state: &AppState, name: &str) -> SandboxResources {
+    host::find(state, name).map_or(state.config.resources, |t| t.resources)
 }
 
 /// Counts a sandbox started from `template_id`; failures are only traced.
@@ -756,22 +776,34 @@ pub(crate) async fn recover(state: &Arc<AppState>) -> Result<(), ServiceError> {
 pub(crate) async fn sync_installed(state: &Arc<AppState>) -> Result<(), ServiceError> {
     let templates = state.templates.clone();
     let store = state.store.clone();
-    let resources = state.config.resources;
+    let defaults = state.config.resources;
+    let host_resources: Vec<(String, SandboxResources)> = state
+        .config
+        .host_templates
+        .iter()
+        .map(|t| (t.name.clone(), t.resources))
+        .collect();
     blocking("syncing installed templates", move || {
         let installed: Vec<InstalledTemplate> = templates
             .list()
             .map_err(ServiceError::TemplateListing)?
             .into_iter()
             .filter(|t| !t.id.starts_with(BUILD_MANIFEST_PREFIX))
-            .map(|t| InstalledTemplate {
-                build_id: installed_build_id(&t.layer_ids),
-                name: t.id,
-                cpu_count: resources.cpu_count,
-                memory_mb: resources.memory_mb,
-                disk_size_mb: resources.disk_size_mb,
-                envd_version: ENVD_VERSION.into(),
-                created_at: OffsetDateTime::from_unix_timestamp(t.created_at as i64)
-                    .unwrap_or(OffsetDateTime::UNIX_EPOCH),
+            .map(|t| {
+                let resources = host_resources
+                    .iter()
+                    .find(|(name, _)| *name == t.id)
+                    .map_or(defaults, |(_, r)| *r);
+                InstalledTemplate {
+                    build_id: installed_build_id(&t.layer_ids),
+                    name: t.id,
+                    cpu_count: resources.cpu_count,
+                    memory_mb: resources.memory_mb,
+                    disk_size_mb: resources.disk_size_mb,
+                    envd_version: ENVD_VERSION.into(),
+                    created_at: OffsetDateTime::from_unix_timestamp(t.created_at as i64)
+                        .unwrap_or(OffsetDateTime::UNIX_EPOCH),
+                }
             })
             .collect();
         let removed = store.sync_installed_templates(&installed)?;

@@ -1,0 +1,220 @@
+//! The host templates this berth builds itself (see `berth_server::HostTemplate`):
+//! `code-interpreter-v1`, defined by `templates/code-interpreter-v1/` in the repository
+//! and compiled into this binary. Its context (what its COPY steps read) is written
+//! under `<state>/host-templates/<name>/` at start: `setup/` holds the pins and scripts
+//! of the definition plus berth's IPython extension, `bin/berth-interpreter` the static
+//! berth-interpreter binary found beside this one (or given by flag).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use berth_build::{E2bBuildStart, Step};
+use berth_server::{HostTemplate, SandboxResources};
+use serde::Deserialize;
+
+/// The name agents and the code-interpreter SDKs ask for.
+pub const CODE_INTERPRETER: &str = "code-interpreter-v1";
+
+const DEFINITION: &str = include_str!("../../../templates/code-interpreter-v1/template.json");
+
+/// `setup/` of the code interpreter's context: (path, contents, mode).
+const SETUP_FILES: &[(&str, &[u8], u32)] = &[
+    (
+        "apt-packages.txt",
+        include_bytes!("../../../templates/code-interpreter-v1/apt-packages.txt"),
+        0o644,
+    ),
+    (
+        "requirements.txt",
+        include_bytes!("../../../templates/code-interpreter-v1/requirements.txt"),
+        0o644,
+    ),
+    (
+        "install-kernels.sh",
+        include_bytes!("../../../templates/code-interpreter-v1/install-kernels.sh"),
+        0o755,
+    ),
+    (
+        "js/package.json",
+        include_bytes!("../../../templates/code-interpreter-v1/js/package.json"),
+        0o644,
+    ),
+    (
+        "js/package-lock.json",
+        include_bytes!("../../../templates/code-interpreter-v1/js/package-lock.json"),
+        0o644,
+    ),
+    (
+        "berth_kernel.py",
+        include_bytes!("../../../crates/interpreter/python/berth_kernel.py"),
+        0o644,
+    ),
+];
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Definition {
+    name: String,
+    from_template: String,
+    build_resources: Resources,
+    resources: Resources,
+    steps: Vec<Step>,
+    start_cmd: Option<String>,
+    ready_cmd: Option<String>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "camelCase")]
+struct Resources {
+    cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    disk_size_mb: u64,
+}
+
+impl From<Resources> for SandboxResources {
+    fn from(r: Resources) -> SandboxResources {
+        SandboxResources {
+            cpu_count: r.cpu_count,
+            memory_mb: r.memory_mb,
+            disk_size_mb: r.disk_size_mb,
+        }
+    }
+}
+
+/// The default berth-interpreter: beside this binary.
+pub fn default_interpreter_binary() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("berth-interpreter")))
+        .unwrap_or_else(|| PathBuf::from("berth-interpreter"))
+}
+
+/// Where the build's extra CA goes in the template (Debian's local CA directory).
+const BUILD_CA_PATH: &str = "/usr/local/share/ca-certificates/berth-build-ca.crt";
+
+/// `code-interpreter-v1` with its context written under `state_dir`, or None (with a
+/// warning on stderr) when there is no berth-interpreter binary to put in it.
+/// `build_ca`: PEM roots the template trusts from its first TLS download on (a
+/// TLS-intercepting proxy in front of the package registries).
+pub fn code_interpreter(
+    state_dir: &Path,
+    interpreter: &Path,
+    build_ca: Option<&Path>,
+) -> Result<Option<HostTemplate>> {
+    if !interpreter.is_file() {
+        eprintln!(
+            "warning: {CODE_INTERPRETER} is unavailable: no berth-interpreter at {} \
+             (build it with crates/interpreter/build-static.sh, put it beside berth or pass \
+             --interpreter-binary)",
+            interpreter.display()
+        );
+        return Ok(None);
+    }
+    let mut definition: Definition =
+        serde_json::from_str(DEFINITION).context("parsing the code-interpreter definition")?;
+    let context = state_dir.join("host-templates").join(&definition.name);
+    write_context(&context, interpreter)
+        .with_context(|| format!("writing {}", context.display()))?;
+    if let Some(ca) = build_ca {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        std::fs::create_dir_all(context.join("ca"))?;
+        std::fs::write(context.join("ca").join("build-ca.crt"), pem)?;
+        // After the apt step (plain http, whose layer stays cached either way), before
+        // anything that downloads over TLS.
+        let at = definition
+            .steps
+            .iter()
+            .position(|s| s.kind == "RUN")
+            .map_or(0, |i| i + 1);
+        definition.steps.splice(
+            at..at,
+            [
+                Step::new("COPY", &["ca/build-ca.crt", BUILD_CA_PATH]),
+                Step::new("RUN", &["update-ca-certificates"]),
+            ],
+        );
+    }
+    Ok(Some(HostTemplate {
+        name: definition.name,
+        context,
+        build: E2bBuildStart {
+            from_image: None,
+            from_template: Some(definition.from_template),
+            from_image_registry: None,
+            steps: definition.steps,
+            start_cmd: definition.start_cmd,
+            ready_cmd: definition.ready_cmd,
+            force: None,
+        },
+        build_resources: definition.build_resources.into(),
+        resources: definition.resources.into(),
+    }))
+}
+
+/// Rewrites the context from scratch (files and modes are what the COPY hashes cover,
+/// so an unchanged definition hashes the same and rebuilds from the step cache).
+fn write_context(context: &Path, interpreter: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if context.exists() {
+        std::fs::remove_dir_all(context)?;
+    }
+    let write = |path: &Path, contents: &[u8], mode: u32| -> std::io::Result<()> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, contents)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    };
+    for (path, contents, mode) in SETUP_FILES {
+        write(&context.join("setup").join(path), contents, *mode)?;
+    }
+    let binary = std::fs::read(interpreter)?;
+    write(
+        &context.join("bin").join("berth-interpreter"),
+        &binary,
+        0o755,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_definition_parses_and_its_context_holds_every_copy_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir.path().join("berth-interpreter");
+        std::fs::write(&binary, b"#!/bin/sh\n").unwrap();
+        let template = code_interpreter(dir.path(), &binary, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(template.name, CODE_INTERPRETER);
+        assert_eq!(template.build.from_template.as_deref(), Some("base"));
+        assert!(template.build.start_cmd.is_some() && template.build.ready_cmd.is_some());
+        let copies: Vec<&Step> = template
+            .build
+            .steps
+            .iter()
+            .filter(|s| s.kind == "COPY")
+            .collect();
+        assert!(!copies.is_empty());
+        for step in copies {
+            let source = template.context.join(&step.args[0]);
+            assert!(source.exists(), "{} is not in the context", step.args[0]);
+        }
+        assert!(
+            code_interpreter(dir.path(), &dir.path().join("missing"), None)
+                .unwrap()
+                .is_none()
+        );
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, b"-----BEGIN CERTIFICATE-----\n").unwrap();
+        let with_ca = code_interpreter(dir.path(), &binary, Some(&ca))
+            .unwrap()
+            .unwrap();
+        assert_eq!(with_ca.build.steps.len(), template.build.steps.len() + 2);
+        assert!(with_ca.context.join("ca/build-ca.crt").is_file());
+    }
+}
