@@ -174,6 +174,7 @@ impl Api {
             template_id: "base".into(),
             build_id: "b".into(),
             event_type: "sandbox.lifecycle.created".into(),
+            execution_id: "probe-execution".into(),
             data: None,
             timestamp: time::OffsetDateTime::now_utc(),
         };
