@@ -11,6 +11,7 @@
 #   - rustfmt and clippy for the active toolchain
 #   - .venv/ at the repo root with tests/sdk/requirements.txt (pinned e2b==2.63.0, pytest)
 #   - tests/sdk/js/node_modules from tests/sdk/js/package-lock.json (e2b@2.51.0)
+#   - tests/templates/e2b-cli/node_modules from its package-lock.json (@e2b/cli@2.19.0)
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -133,6 +134,20 @@ else
     printf '%s\n' "$wanted_conformance_hash" >"$conformance_stamp"
 fi
 info "conformance $(node -p 'require("./'"$conformance_dir"'/node_modules/@modelcontextprotocol/conformance/package.json").version')"
+
+# --- E2B CLI (template suite) ---------------------------------------------------------
+step "E2B CLI (tests/templates/e2b-cli)"
+cli_dir="tests/templates/e2b-cli"
+cli_stamp="$cli_dir/node_modules/.package-lock.sha256"
+wanted_cli_hash="$(sha256sum "$cli_dir/package-lock.json" | cut -d' ' -f1)"
+if [[ "$(cat "$cli_stamp" 2>/dev/null)" == "$wanted_cli_hash" ]]; then
+    info "node_modules up to date"
+else
+    info "npm ci"
+    (cd "$cli_dir" && npm ci --no-audit --no-fund --loglevel=error)
+    printf '%s\n' "$wanted_cli_hash" >"$cli_stamp"
+fi
+info "@e2b/cli $(node -p 'require("./'"$cli_dir"'/node_modules/@e2b/cli/package.json").version')"
 
 # --- berth's own provisioning ------------------------------------------------------
 # The base template (debootstrap, a few minutes on first run) and a CRIU >= 4.2: what

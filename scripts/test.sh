@@ -103,6 +103,18 @@ control_plane_js() {
     in_private_netns node --test --test-concurrency=1 --test-timeout=600000 tests/sdk/control_plane/js/
 }
 
+# The template build suite: Python SDK Template builder, images from a loopback
+# registry, Dockerfiles, tags, teams, the berth and E2B CLIs (tests/templates).
+templates_suite() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    (cd tests/templates && in_private_netns ../../.venv/bin/python -m pytest)
+}
+
+templates_js() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    in_private_netns node --test --test-concurrency=1 --test-timeout=600000 tests/templates/js/
+}
+
 mcp_suite() {
     [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
     in_private_netns .venv/bin/python -m pytest tests/mcp -p no:cacheprovider \
@@ -131,6 +143,8 @@ step "JS SDK smoke (tests/sdk/js)" js_sdk_suite
 step "build berth" build_berth
 step "control plane: Python SDK suite" control_plane_suite
 step "control plane: JS SDK smoke" control_plane_js
+step "templates: Python SDK suite (tests/templates)" templates_suite
+step "templates: JS SDK (tests/templates/js)" templates_js
 step "MCP suite (tests/mcp)" mcp_suite
 step "MCP conformance (tests/mcp/conformance)" mcp_conformance
 

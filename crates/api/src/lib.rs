@@ -9,6 +9,8 @@
 
 pub mod error;
 pub mod models;
+mod template_builds;
 
 pub use error::{ApiError, Error};
 pub use models::*;
+pub use template_builds::*;

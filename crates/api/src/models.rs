@@ -645,6 +645,14 @@ pub struct TemplateBuild {
     pub created_at: OffsetDateTime,
     #[serde(rename = "updatedAt", with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
+    #[serde(
+        rename = "finishedAt",
+        with = "time::serde::rfc3339::option",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub finished_at: Option<OffsetDateTime>,
     #[serde(rename = "cpuCount")]
     pub cpu_count: u32,
     #[serde(rename = "memoryMB")]

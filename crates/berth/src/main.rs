@@ -7,7 +7,9 @@
 //! and `berth connect` stores a user's API key for them. This crate only wires the
 //! library crates together and renders output; the behaviour lives in them.
 
+mod builds;
 mod egress;
+mod template_cli;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -63,6 +65,12 @@ enum Command {
     Mcp(McpArgs),
     /// Connect a user's E2B-compatible API key for the agent tools (key read from stdin).
     Connect(ConnectArgs),
+    /// Build, list and delete templates through the API of a running berth (or any
+    /// E2B-compatible endpoint).
+    Template {
+        #[command(subcommand)]
+        command: template_cli::TemplateCommand,
+    },
     /// Add a key-encryption key version and re-encrypt every secret and MCP connection
     /// under it (also while `berth up` runs).
     RotateKek,
@@ -130,6 +138,8 @@ struct UpArgs {
     /// lets several berth instances share one provisioned CRIU.
     #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
     criu_state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    builds: builds::BuildArgs,
     /// Address pool of sandboxes (one address each); must not overlap the host's routes.
     /// Two berth daemons on one host need distinct pools.
     #[arg(long, env = "BERTH_SANDBOX_CIDR", default_value = berth_net::DEFAULT_SANDBOX_CIDR)]
@@ -145,6 +155,9 @@ struct UpArgs {
     /// loopback and link-local ranges).
     #[arg(long, env = "BERTH_EGRESS_DENY", value_delimiter = ',')]
     egress_deny: Vec<String>,
+    /// Sandboxes kept started per template in use, so a create is a claim (0: none).
+    #[arg(long, env = "BERTH_POOL_SIZE", default_value_t = 2)]
+    pool_size: usize,
     /// Most connections (conntrack entries) one sandbox may hold through the host.
     #[arg(long, env = "BERTH_SANDBOX_MAX_CONNECTIONS", default_value_t = berth_net::Limits::default().max_connections)]
     sandbox_max_connections: u32,
@@ -200,6 +213,7 @@ fn main() -> Result<()> {
         Command::Provision => provision(&cli.state_dir),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
+        Command::Template { command } => template_cli::run(command),
         Command::RotateKek => rotate_kek(&cli.state_dir),
     }
 }
@@ -488,6 +502,9 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         Err(err) => eprintln!("warning: pause, snapshots and fork are unavailable: {err}"),
     });
 
+    let build_engine =
+        builds::engine(&state_dir, runtime.clone(), templates.clone(), &args.builds)?;
+
     let tokio = tokio::runtime::Runtime::new().context("starting tokio")?;
     tokio.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -534,12 +551,15 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         };
         let config = ServerConfig {
             domain: args.domain.clone(),
+            template_limits: args.builds.limits(),
             secrets_key_file: Some(secrets_key_file(&state_dir)),
+            pool_size: args.pool_size,
             ..Default::default()
         };
-        let server = Server::start(store.clone(), runtime, templates, config)
-            .await
-            .context("starting the control plane")?;
+        let server =
+            Server::start_with_builds(store.clone(), runtime, templates, config, Some(build_engine))
+                .await
+                .context("starting the control plane")?;
         let url = client_url(listener.local_addr()?);
         let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
         mcp_config.toolset = args.mcp_toolset;

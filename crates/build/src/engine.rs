@@ -267,6 +267,11 @@ impl BuildEngine {
         Ok(status)
     }
 
+    /// Builds queued or running now.
+    pub fn active_builds(&self) -> usize {
+        lock(&self.inner.builds).len()
+    }
+
     /// Status of build `id` (also of builds of earlier daemons).
     pub fn status(&self, id: &str) -> Option<BuildStatus> {
         if let Some(record) = lock(&self.inner.builds).get(id) {

@@ -70,6 +70,19 @@ impl BuildError {
         }
     }
 
+    /// True when the host ran out of room (disk, sandbox slots): the request was fine
+    /// and can succeed later.
+    pub fn is_capacity(&self) -> bool {
+        match self {
+            BuildError::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ),
+            BuildError::Runtime(source) => source.is_capacity(),
+            _ => false,
+        }
+    }
+
     /// The step the failure belongs to (E2B's `reason.step`: "base", "1".., "finalize").
     pub fn step_name(&self) -> Option<&str> {
         match self {

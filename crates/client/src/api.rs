@@ -78,7 +78,7 @@ impl ApiClient {
 
     /// Sends `body` (as JSON when present) and returns the successful response;
     /// non-2xx answers become [`ClientError::Api`].
-    async fn send<B: Serialize + ?Sized>(
+    pub(crate) async fn send<B: Serialize + ?Sized>(
         &self,
         method: Method,
         path: &str,
@@ -104,7 +104,7 @@ impl ApiClient {
     }
 
     /// A call answered with the model `T`; `what` names the call in decode errors.
-    async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+    pub(crate) async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
         what: &'static str,
         method: Method,
@@ -117,7 +117,7 @@ impl ApiClient {
     }
 
     /// A call whose answer has no body worth reading (204, or an ignored echo).
-    async fn call_without_answer<B: Serialize + ?Sized>(
+    pub(crate) async fn call_without_answer<B: Serialize + ?Sized>(
         &self,
         method: Method,
         path: &str,
@@ -577,7 +577,7 @@ fn seconds(timeout: u64) -> i64 {
     timeout.min(i32::MAX as u64) as i64
 }
 
-fn next_token_of(response: &reqwest::Response) -> Option<String> {
+pub(crate) fn next_token_of(response: &reqwest::Response) -> Option<String> {
     response
         .headers()
         .get("x-next-token")

@@ -30,6 +30,13 @@ pub enum ClientError {
     /// was cut).
     #[error("process stream ended without an end-of-stream frame")]
     Unterminated,
+    /// A local file to upload could not be read.
+    #[error("reading {}: {source}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ClientError {

@@ -17,6 +17,7 @@
 mod api;
 mod envd;
 mod error;
+mod templates;
 
 pub use api::{encode_segment, ApiClient, ApiResponse, LogQuery, Page, SandboxQuery};
 /// envd's filesystem entry, as [`EnvdClient::list_dir`] returns it.

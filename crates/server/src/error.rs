@@ -130,6 +130,43 @@ pub enum ServiceError {
         #[source]
         source: tokio::task::JoinError,
     },
+    #[error(transparent)]
+    InvalidName(#[from] crate::templates::NameError),
+    #[error(
+        "template \"{0}\" is not yours to change (it is installed on this host or another team's)"
+    )]
+    TemplateNotOwned(String),
+    #[error("template \"{template}\" has no ready build tagged \"{tag}\" (its first build may still be running)")]
+    TagNotFound { template: String, tag: String },
+    #[error("build \"{build}\" of template \"{template}\" not found")]
+    BuildNotFound { template: String, build: String },
+    #[error(
+        "build {0} is not waiting to start: it was started already, or a newer build superseded it"
+    )]
+    BuildNotWaiting(String),
+    #[error("cannot delete template \"{template}\": {sandboxes} running or paused sandbox(es) and {snapshots} snapshot(s) use it; kill them (and delete the snapshots) first")]
+    TemplateInUse {
+        template: String,
+        sandboxes: u64,
+        snapshots: u64,
+    },
+    #[error("{what} must be between {min} and {max} on this host, got {value}")]
+    ResourceOutOfRange {
+        what: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
+    #[error("building templates (it needs berth up's Linux runtime)")]
+    BuildsUnavailable,
+    #[error("template build: {0}")]
+    Build(#[source] berth_build::BuildError),
+    #[error("upload refused: {0}")]
+    UploadDenied(&'static str),
+    #[error("uploads are limited to {limit} bytes")]
+    UploadTooLarge { limit: u64 },
+    #[error("template \"{0}\" starts from its start command's checkpoint, where volumes cannot be mounted; create without volumeMounts, or build the template without a start command")]
+    StartCommandVolumes(String),
 }
 
 impl ServiceError {
@@ -182,6 +219,26 @@ fn runtime_to_api(err: &ServiceError, source: &RuntimeError) -> ApiError {
     }
 }
 
+/// The HTTP answer for a build engine refusal.
+fn build_to_api(err: &ServiceError, source: &berth_build::BuildError) -> ApiError {
+    use berth_build::BuildError;
+    match source {
+        BuildError::NotFound(_) => ApiError::NotFound(err.to_string()),
+        BuildError::AlreadyExists(_) => ApiError::Conflict(err.to_string()),
+        BuildError::InvalidBuildId(_)
+        | BuildError::InvalidFilesHash(_)
+        | BuildError::InvalidScope(_)
+        | BuildError::BadUpload { .. } => ApiError::BadRequest(err.to_string()),
+        BuildError::Template(berth_template::TemplateError::InvalidId(_)) => {
+            ApiError::BadRequest(err.to_string())
+        }
+        other if other.is_capacity() => ApiError::Unavailable(format!(
+            "{err} (the host is out of space; free some and retry)"
+        )),
+        _ => ApiError::Internal(err.to_string()),
+    }
+}
+
 /// The one mapping from a service error to the status and `{code, message}` a client
 /// sees. Every 5xx is logged here with its cause chain.
 pub fn to_api(err: &ServiceError) -> ApiError {
@@ -216,6 +273,22 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         ServiceError::Template { .. }
         | ServiceError::TemplateListing(_)
         | ServiceError::Task { .. } => ApiError::Internal(err.to_string()),
+        ServiceError::InvalidName(_)
+        | ServiceError::BuildNotWaiting(_)
+        | ServiceError::TemplateInUse { .. }
+        | ServiceError::ResourceOutOfRange { .. }
+        | ServiceError::StartCommandVolumes(_) => ApiError::BadRequest(err.to_string()),
+        ServiceError::TemplateNotOwned(_) | ServiceError::UploadDenied(_) => {
+            ApiError::Forbidden(err.to_string())
+        }
+        ServiceError::TagNotFound { .. } | ServiceError::BuildNotFound { .. } => {
+            ApiError::NotFound(err.to_string())
+        }
+        ServiceError::BuildsUnavailable => ApiError::NotImplemented(err.to_string()),
+        ServiceError::UploadTooLarge { limit } => ApiError::PayloadTooLarge {
+            limit: usize::try_from(*limit).unwrap_or(usize::MAX),
+        },
+        ServiceError::Build(build) => build_to_api(err, build),
     };
     if api.status() >= 500 {
         let chain = error_chain(err);

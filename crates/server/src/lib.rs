@@ -25,6 +25,7 @@ mod reaper;
 mod resolver;
 mod sandboxes;
 mod secrets;
+mod templates;
 #[cfg(feature = "test-support")]
 pub mod testing;
 mod volumes;
@@ -44,6 +45,7 @@ use tokio::sync::Notify;
 pub use error::ServiceError;
 pub use openapi::openapi_document;
 pub use secrets::{RotationReport, SecretVault, SecretsResolver};
+pub use templates::{NameError, TemplateLimits};
 
 /// envd version berth's sandboxes report to SDKs (they gate features on it): the version
 /// of the envd berth ships.
@@ -75,11 +77,20 @@ impl Default for SandboxResources {
 pub struct ServerConfig {
     /// Domain of `<port>-<id>.<domain>` sandbox hosts, reported to SDKs as `domain`.
     pub domain: Option<String>,
+    /// Resources of sandboxes of installed templates, and of template builds that ask
+    /// for none.
     pub resources: SandboxResources,
+    /// The most a template build may ask for.
+    pub template_limits: TemplateLimits,
+    /// Base of URLs berth hands out for clients to call back (COPY upload links), e.g.
+    /// `https://api.example.com`; None: `http://` + the request's Host.
+    pub public_url: Option<String>,
     /// Key file of the vault secrets are sealed with (`BERTH_KEK` wins when set);
     /// `berth up` passes `<state>/secrets/kek`. None keeps a random key in memory only
     /// (tests): secrets then do not outlive the process.
     pub secrets_key_file: Option<std::path::PathBuf>,
+    /// Sandboxes kept started per template so a create is a claim (0: no pools).
+    pub pool_size: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,11 +124,15 @@ pub(crate) struct AppState {
     pub sandbox_locks: KeyedLocks<String>,
     /// The proxy's connections into sandboxes, closed when a sandbox pauses or dies.
     pub connections: berth_proxy::SandboxConnections,
+    /// Template builds; None when the runtime cannot run them (build routes answer 501).
+    pub builds: Option<templates::Builds>,
     /// Held for reading by bring-ups that mount volumes, for writing by volume deletes
     /// (see `volumes`).
     pub volume_mounting: tokio::sync::RwLock<()>,
     /// What secrets are sealed with.
     pub secrets: Arc<SecretVault>,
+    /// Sandboxes started ahead of demand, per template.
+    pub pools: sandboxes::pool::WarmPools,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -151,10 +166,23 @@ impl Server {
         templates: TemplateStore,
         config: ServerConfig,
     ) -> Result<Server, ServerError> {
+        Self::start_with_builds(store, runtime, templates, config, None).await
+    }
+
+    /// Like [`Server::start`], with template builds run by `builds` (an engine on the
+    /// same runtime and template store).
+    pub async fn start_with_builds(
+        store: Arc<Store>,
+        runtime: Arc<dyn Runtime>,
+        templates: TemplateStore,
+        config: ServerConfig,
+        builds: Option<berth_build::BuildEngine>,
+    ) -> Result<Server, ServerError> {
         let vault = match &config.secrets_key_file {
             Some(path) => berth_vault::Vault::load(path)?,
             None => berth_vault::Vault::from_keys([(1, rand::random::<[u8; 32]>())].into())?,
         };
+        let pool_size = config.pool_size;
         let state = Arc::new(AppState {
             store,
             runtime,
@@ -166,15 +194,19 @@ impl Server {
             idempotency_locks: KeyedLocks::default(),
             sandbox_locks: KeyedLocks::default(),
             connections: berth_proxy::SandboxConnections::default(),
+            builds: builds.map(templates::Builds::new),
             volume_mounting: tokio::sync::RwLock::new(()),
             secrets: Arc::new(SecretVault::new(vault)),
+            pools: sandboxes::pool::WarmPools::new(pool_size),
         });
         sandboxes::recover(&state).await?;
-        let tasks = vec![
+        templates::recover(&state).await?;
+        let mut tasks = vec![
             tokio::spawn(reaper::run(state.clone())),
             tokio::spawn(webhooks::run(state.clone())),
             tokio::spawn(metrics::run(state.clone())),
         ];
+        tasks.extend(sandboxes::pool::spawn_refill(&state));
         Ok(Server { state, tasks })
     }
 
@@ -254,6 +286,8 @@ impl Server {
         for task in &self.tasks {
             task.abort();
         }
+        // Pooled sandboxes are nobody's yet: they do not outlive the server.
+        sandboxes::pool::drain(&self.state, None).await;
         Ok(())
     }
 }

@@ -66,6 +66,17 @@ impl Modify for ApiKeyScheme {
         handlers::list_templates_v1,
         handlers::get_template,
         handlers::get_template_alias,
+        handlers::update_template_v1,
+        handlers::update_template_v2,
+        handlers::request_build_v3,
+        handlers::file_upload_link,
+        handlers::start_build_v2,
+        handlers::cancel_build,
+        handlers::build_status_route,
+        handlers::build_logs_route,
+        handlers::assign_tags,
+        handlers::delete_tags,
+        handlers::list_tags,
         handlers::team_events,
         handlers::sandbox_events,
         handlers::create_webhook,
@@ -93,6 +104,20 @@ mod tests {
         assert!(paths.contains_key("/v2/sandboxes"));
         assert!(paths.contains_key("/events/webhooks/{webhookID}"));
         assert!(paths.contains_key("/sandboxes/{sandboxID}/pause"));
+        for route in [
+            "/v3/templates",
+            "/templates/{templateID}/files/{hash}",
+            "/v2/templates/{templateID}/builds/{buildID}",
+            "/templates/{templateID}/builds/{buildID}/status",
+            "/templates/{templateID}/builds/{buildID}/logs",
+            "/templates/tags",
+            "/templates/{templateID}/tags",
+            "/v2/templates/{templateID}",
+        ] {
+            assert!(paths.contains_key(route), "{route} missing");
+        }
+        let step = &doc["components"]["schemas"]["TemplateStep"]["properties"];
+        assert!(step.get("filesHash").is_some());
         assert!(paths.contains_key("/sandboxes/{sandboxID}/network"));
         assert!(paths.contains_key("/volumes/{volumeID}"));
         assert!(paths.contains_key("/secrets/{secretID}"));

@@ -74,6 +74,15 @@ impl HostApi {
         max_sandboxes: Option<usize>,
         extra: impl FnOnce(Arc<Store>, &str) -> axum::Router,
     ) -> HostApi {
+        Self::start_configured(ServerConfig::default(), max_sandboxes, extra).await
+    }
+
+    /// Like [`HostApi::start`], with `config` (e.g. warm pools).
+    pub async fn start_configured(
+        config: ServerConfig,
+        max_sandboxes: Option<usize>,
+        extra: impl FnOnce(Arc<Store>, &str) -> axum::Router,
+    ) -> HostApi {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = Arc::new(Store::open(dir.path()).expect("open store"));
         let team_a = store.create_team("a").expect("team a");
@@ -103,14 +112,9 @@ impl HostApi {
         if let Some(max) = max_sandboxes {
             runtime = runtime.with_max_sandboxes(max);
         }
-        let server = Server::start(
-            store.clone(),
-            Arc::new(runtime),
-            templates,
-            ServerConfig::default(),
-        )
-        .await
-        .expect("start the control plane");
+        let server = Server::start(store.clone(), Arc::new(runtime), templates, config)
+            .await
+            .expect("start the control plane");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");

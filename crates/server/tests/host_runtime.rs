@@ -8,6 +8,7 @@
 
 use berth_envd_proto::connect::{encode_envelope, EnvelopeDecoder};
 use berth_server::testing::HostApi;
+use berth_server::ServerConfig;
 use serde_json::{json, Value};
 
 /// The control plane and a client for it.
@@ -20,7 +21,11 @@ struct Api {
 }
 
 async fn start(max_sandboxes: Option<usize>) -> Api {
-    let host = HostApi::start(max_sandboxes, |_, _| axum::Router::new()).await;
+    start_configured(ServerConfig::default(), max_sandboxes).await
+}
+
+async fn start_configured(config: ServerConfig, max_sandboxes: Option<usize>) -> Api {
+    let host = HostApi::start_configured(config, max_sandboxes, |_, _| axum::Router::new()).await;
     Api {
         url: host.url.clone(),
         key_a: host.key_a.clone(),
@@ -213,7 +218,7 @@ async fn pause_resume_and_their_errors() {
     // A background process whose memory must survive a pause with memory.
     api.run(
         &sandbox,
-        "nohup sleep 600 >/dev/null 2>&1 & echo $! > $HOME/sleeper",
+        "nohup sleep 600 >/dev/null 2>&1 & echo $! > /proc/$PPID/cwd/sleeper",
     )
     .await;
     let post = |path: String, body: Option<Value>| {
@@ -250,7 +255,9 @@ async fn pause_resume_and_their_errors() {
     )
     .await;
     assert_eq!(status, 201, "{body}");
-    let (exit, _) = api.run(&sandbox, "kill -0 $(cat $HOME/sleeper)").await;
+    let (exit, _) = api
+        .run(&sandbox, "kill -0 $(cat /proc/$PPID/cwd/sleeper)")
+        .await;
     assert_eq!(exit, 0, "the background process continued");
     let (status, body) = post(format!("/sandboxes/{sid}/resume"), Some(json!({}))).await;
     assert_eq!(status, 409, "{body}");
@@ -271,7 +278,7 @@ async fn pause_resume_and_their_errors() {
     let (status, body) = post(format!("/sandboxes/{sid}/resume"), Some(json!({}))).await;
     assert_eq!(status, 201, "{body}");
     // Gone, or a zombie not yet reaped by the host's init.
-    let alive = "s=$(cut -d' ' -f3 /proc/$(cat $HOME/sleeper)/stat 2>/dev/null); \
+    let alive = "s=$(cut -d' ' -f3 /proc/$(cat /proc/$PPID/cwd/sleeper)/stat 2>/dev/null); \
                  [ -n \"$s\" ] && [ \"$s\" != Z ] && echo alive || echo gone";
     let (_, stdout) = api
         .run(&sandbox, &format!("{alive}; echo $FROM_CALLER"))
@@ -345,4 +352,187 @@ async fn a_full_host_is_a_clear_503() {
             .contains("slots are in use"),
         "{body}"
     );
+}
+
+/// Seconds since sandbox `sandbox`'s envd (the parent of its commands) started.
+async fn envd_age(api: &Api, sandbox: &Value) -> f64 {
+    let (_, out) = api
+        .run(
+            sandbox,
+            "ticks=$(cut -d' ' -f22 /proc/$PPID/stat); hz=$(getconf CLK_TCK); \
+             up=$(cut -d' ' -f1 /proc/uptime); echo \"$up $ticks $hz\"",
+        )
+        .await;
+    let fields: Vec<f64> = out.split_whitespace().map(|v| v.parse().unwrap()).collect();
+    fields[0] - fields[1] / fields[2]
+}
+
+#[tokio::test]
+async fn a_create_claims_a_warm_sandbox_that_carries_nothing_of_another() {
+    let config = ServerConfig {
+        pool_size: 2,
+        ..ServerConfig::default()
+    };
+    let api = start_configured(config, None).await;
+    // The first create of a template starts its pool.
+    let (status, first) = api
+        .call(
+            &api.key_a,
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base", "envVars": {"ONLY_A": "a-secret"}})),
+        )
+        .await;
+    assert_eq!(status, 201, "{first}");
+    // The host runtime gives each sandbox a directory: its envd's working dir.
+    api.run(&first, "echo from-a > /proc/$PPID/cwd/mark").await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let claimed = api.create(&api.key_b).await;
+    assert!(
+        envd_age(&api, &claimed).await >= 2.0,
+        "the sandbox was started before its create: a pool claim"
+    );
+    let (_, out) = api
+        .run(
+            &claimed,
+            "echo \"[$FROM_CALLER] [$ONLY_A] $E2B_SANDBOX_ID\"; cat /proc/$PPID/cwd/mark 2>&1 || true",
+        )
+        .await;
+    assert!(
+        out.starts_with(&format!("[1] [] {}", id(&claimed))),
+        "{out}"
+    );
+    assert!(!out.contains("from-a"), "another sandbox's files: {out}");
+    assert_ne!(first["sandboxID"], claimed["sandboxID"]);
+    assert_ne!(first["envdAccessToken"], claimed["envdAccessToken"]);
+    // The pooled envd took the claimant's token: the old one, or none, is refused.
+    let mut without = claimed.clone();
+    without["envdAccessToken"] = Value::String(String::new());
+    let denied = api
+        .envd(&without, reqwest::Method::GET, "/envs")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 401);
+    // Pooled sandboxes are nobody's: listings show only what was created.
+    let (_, listed) = api
+        .call(&api.key_b, reqwest::Method::GET, "/v2/sandboxes", None)
+        .await;
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+}
+
+#[tokio::test]
+async fn installed_templates_are_listed_resolved_and_read_only() {
+    use reqwest::Method;
+    let api = start(None).await;
+    for path in ["/templates", "/v2/templates"] {
+        let (status, listed) = api.call(&api.key_a, Method::GET, path, None).await;
+        assert_eq!(status, 200, "{listed}");
+        let base = &listed.as_array().unwrap()[0];
+        assert_eq!(base["templateID"], "base");
+        assert_eq!(base["names"], json!(["base"]));
+        assert_eq!(base["public"], true);
+        assert_eq!(base["buildStatus"], "ready");
+    }
+    let (status, one) = api
+        .call(&api.key_b, Method::GET, "/templates/base", None)
+        .await;
+    assert_eq!(status, 200, "{one}");
+    let builds = one["builds"].as_array().unwrap();
+    assert_eq!(builds.len(), 1);
+    assert_eq!(builds[0]["status"], "ready");
+    let (status, tags) = api
+        .call(&api.key_a, Method::GET, "/templates/base/tags", None)
+        .await;
+    assert_eq!(status, 200, "{tags}");
+    assert_eq!(tags[0]["tag"], "default");
+    assert_eq!(tags[0]["buildID"], builds[0]["buildID"]);
+    let (status, alias) = api
+        .call(&api.key_a, Method::GET, "/templates/aliases/base", None)
+        .await;
+    assert_eq!((status, &alias["templateID"]), (200, &json!("base")));
+    let (status, _) = api
+        .call(&api.key_a, Method::GET, "/templates/aliases/base:v9", None)
+        .await;
+    assert_eq!(status, 404, "a missing tag");
+    let (status, _) = api
+        .call(&api.key_a, Method::GET, "/templates/aliases/Bad Name", None)
+        .await;
+    assert_eq!(status, 400);
+
+    // Read-only: installed templates are nobody's to change.
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            Method::PATCH,
+            "/templates/base",
+            Some(json!({"public": false})),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = api
+        .call(&api.key_a, Method::DELETE, "/templates/base", None)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/templates/tags",
+            Some(json!({"target": "base", "tags": ["mine"]})),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+
+    // This runtime builds nothing: a clear 501, not a fake build.
+    let (status, body) = api
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/v3/templates",
+            Some(json!({"name": "app"})),
+        )
+        .await;
+    assert_eq!(status, 501, "{body}");
+    let (status, _) = api
+        .call(&api.key_a, Method::GET, "/templates/nope/files/00", None)
+        .await;
+    assert_eq!(status, 400, "a malformed hash");
+
+    // `base:default` is `base`; the sandbox reports the name and build it came from.
+    let (status, sandbox) = api
+        .call(
+            &api.key_a,
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base:default"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{sandbox}");
+    let (_, info) = api
+        .call(
+            &api.key_a,
+            Method::GET,
+            &format!("/sandboxes/{}", id(&sandbox)),
+            None,
+        )
+        .await;
+    assert_eq!(info["templateID"], "base");
+    assert_eq!(info["cpuCount"], 2);
+    let (status, one) = api
+        .call(&api.key_a, Method::GET, "/templates/base", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(one["spawnCount"], 1);
+    let (status, body) = api
+        .call(&api.key_a, Method::DELETE, "/templates/base", None)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    api.call(
+        &api.key_a,
+        Method::DELETE,
+        &format!("/sandboxes/{}", id(&sandbox)),
+        None,
+    )
+    .await;
 }

@@ -17,6 +17,10 @@ pub(crate) enum Listing {
     Sandboxes { ascending: bool },
     /// Snapshots by (created_at_ms, id), newest first.
     Snapshots,
+    /// Templates by (created_at_ms, id), installed ones first, then newest first.
+    Templates,
+    /// A template's builds by (created_at_ms, id), newest first.
+    TemplateBuilds,
     /// Secrets by (created_at_ms, id), newest first.
     Secrets,
 }
@@ -27,6 +31,8 @@ impl Listing {
             Listing::Sandboxes { ascending: true } => "sandboxes-asc",
             Listing::Sandboxes { ascending: false } => "sandboxes-desc",
             Listing::Snapshots => "snapshots-desc",
+            Listing::Templates => "templates-desc",
+            Listing::TemplateBuilds => "template-builds-desc",
             Listing::Secrets => "secrets-desc",
         }
     }
@@ -34,7 +40,10 @@ impl Listing {
     pub(crate) fn ascending(self) -> bool {
         match self {
             Listing::Sandboxes { ascending } => ascending,
-            Listing::Snapshots | Listing::Secrets => false,
+            Listing::Snapshots
+            | Listing::Secrets
+            | Listing::Templates
+            | Listing::TemplateBuilds => false,
         }
     }
 }

@@ -15,6 +15,8 @@
 //! - `sandboxes`: [`SandboxRecord`] and its status and lifecycle, listings
 //!   ([`SandboxFilter`] → [`SandboxPage`]), idempotency keys, team metric spans.
 //! - `snapshots`: [`SnapshotRecord`].
+//! - `templates`: [`TemplateRecord`] (a team's, or installed on the host),
+//!   [`TemplateBuildRecord`], [`TemplateTagRecord`].
 //! - `volumes`: [`VolumeRecord`], which sandboxes mount them ([`VolumeMountRecord`]).
 //! - `secrets`: [`SecretRecord`] and its versions, sealed by the caller's vault
 //!   ([`SealedVersion`]: the store never sees a secret's value).
@@ -63,6 +65,7 @@ mod secrets;
 mod snapshots;
 mod teams;
 mod telemetry;
+mod templates;
 mod volumes;
 
 pub use db::{Store, DATABASE_FILE};
@@ -76,6 +79,10 @@ pub use secrets::{SealedVersion, SecretPage, SecretRecord, SECRET_ID_PREFIX};
 pub use snapshots::SnapshotRecord;
 pub use teams::{ApiKeyRecord, Team};
 pub use telemetry::{LogRecord, MetricSample};
+pub use templates::{
+    BuildReason, InstalledTemplate, NewTemplateBuild, TemplateBuildRecord, TemplateBuildStatus,
+    TemplateRecord, TemplateTagRecord, DEFAULT_TAG,
+};
 pub use volumes::{VolumeMountRecord, VolumeRecord};
 
 #[cfg(test)]

@@ -200,6 +200,45 @@ CREATE TABLE secret_versions (
     PRIMARY KEY (secret_id, version)
 );
 "#,
+    // Templates belong to teams (team_id NULL: installed on the host, e.g. `base`), with
+    // their builds (each names the template store manifest it wrote) and tags.
+    r#"
+CREATE TABLE templates (
+    id TEXT PRIMARY KEY,
+    team_id TEXT REFERENCES teams(id),
+    alias TEXT NOT NULL,
+    public INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    last_spawned_at_ms INTEGER,
+    spawn_count INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX templates_team_alias ON templates(coalesce(team_id, ''), alias);
+CREATE INDEX templates_team_created ON templates(team_id, created_at_ms, id);
+CREATE TABLE template_builds (
+    id TEXT PRIMARY KEY,
+    template_id TEXT NOT NULL REFERENCES templates(id),
+    status TEXT NOT NULL,
+    reason TEXT,
+    tags TEXT NOT NULL,
+    manifest_id TEXT NOT NULL,
+    cpu_count INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_size_mb INTEGER NOT NULL,
+    envd_version TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    finished_at_ms INTEGER
+);
+CREATE INDEX template_builds_template_created ON template_builds(template_id, created_at_ms, id);
+CREATE TABLE template_tags (
+    template_id TEXT NOT NULL REFERENCES templates(id),
+    tag TEXT NOT NULL,
+    build_id TEXT NOT NULL REFERENCES template_builds(id),
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (template_id, tag)
+);
+"#,
 ];
 
 /// The schema version this berth writes.

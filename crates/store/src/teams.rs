@@ -94,6 +94,16 @@ impl Store {
         Ok(team)
     }
 
+    /// Every team, by name.
+    pub fn teams(&self) -> Result<Vec<Team>> {
+        query_all(
+            &self.conn(),
+            &format!("SELECT {TEAM_COLUMNS} FROM teams ORDER BY name"),
+            [],
+            team_from_row,
+        )
+    }
+
     pub fn team_by_name(&self, name: &str) -> Result<Option<Team>> {
         team_where(&self.conn(), "name = ?1", &name)
     }

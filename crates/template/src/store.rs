@@ -189,7 +189,44 @@ impl TemplateStore {
         &self,
         in_use: &[LayerId],
     ) -> Result<Vec<LayerId>, TemplateError> {
-        let mut referenced: std::collections::BTreeSet<LayerId> = in_use.iter().cloned().collect();
+        let mut referenced = self.referenced_layers()?;
+        referenced.extend(in_use.iter().cloned());
+        let layers = self.root.join("layers");
+        let mut removed = Vec::new();
+        for entry in fs::read_dir(&layers).ctx("read dir", &layers)? {
+            let entry = entry.ctx("read dir", &layers)?;
+            let Ok(id) = LayerId::try_from(entry.file_name().to_string_lossy().into_owned()) else {
+                continue;
+            };
+            if !referenced.contains(&id) {
+                self.remove_layer(&id)?;
+                removed.push(id);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Delete those of `candidates` (e.g. the layers of a removed template) that no
+    /// template names any more; other unreferenced layers (a build in progress may
+    /// have just committed one) are left alone. Returns the removed ids.
+    pub fn remove_layers_if_unreferenced(
+        &self,
+        candidates: &[LayerId],
+    ) -> Result<Vec<LayerId>, TemplateError> {
+        let referenced = self.referenced_layers()?;
+        let mut removed = Vec::new();
+        for id in candidates {
+            if !referenced.contains(id) && self.has_layer(id) && !removed.contains(id) {
+                self.remove_layer(id)?;
+                removed.push(id.clone());
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Layers some manifest names.
+    fn referenced_layers(&self) -> Result<std::collections::BTreeSet<LayerId>, TemplateError> {
+        let mut referenced = std::collections::BTreeSet::new();
         let manifests = self.root.join("manifests");
         for entry in fs::read_dir(&manifests).ctx("read dir", &manifests)? {
             let path = entry.ctx("read dir", &manifests)?.path();
@@ -200,27 +237,19 @@ impl TemplateStore {
                 referenced.extend(TemplateManifest::read(&path)?.layers);
             }
         }
-        let layers = self.root.join("layers");
-        let mut removed = Vec::new();
-        for entry in fs::read_dir(&layers).ctx("read dir", &layers)? {
-            let entry = entry.ctx("read dir", &layers)?;
-            let Ok(id) = LayerId::try_from(entry.file_name().to_string_lossy().into_owned()) else {
-                continue;
-            };
-            if referenced.contains(&id) {
-                continue;
-            }
-            let _lock = FileLock::acquire(&self.lock_path(&id))?;
-            // Rename first so a half-deleted layer never looks complete.
-            let doomed = self
-                .root
-                .join("staging")
-                .join(format!("{id}.{}", std::process::id()));
-            fs::rename(entry.path(), &doomed).ctx("move layer out", entry.path())?;
-            fs::remove_dir_all(&doomed).ctx("remove layer", &doomed)?;
-            removed.push(id);
-        }
-        Ok(removed)
+        Ok(referenced)
+    }
+
+    fn remove_layer(&self, id: &LayerId) -> Result<(), TemplateError> {
+        let _lock = FileLock::acquire(&self.lock_path(id))?;
+        let dir = self.layer_dir(id);
+        // Rename first so a half-deleted layer never looks complete.
+        let doomed = self
+            .root
+            .join("staging")
+            .join(format!("{id}.{}", std::process::id()));
+        fs::rename(&dir, &doomed).ctx("move layer out", &dir)?;
+        fs::remove_dir_all(&doomed).ctx("remove layer", &doomed)
     }
 
     /// An empty layer to fill, e.g. with a copy of a sandbox's overlay upper dir.
@@ -693,6 +722,29 @@ mod tests {
             fs::read_dir(store.root().join("staging")).unwrap().count(),
             0
         );
+    }
+
+    #[test]
+    fn only_unreferenced_candidates_are_removed() {
+        let state = StateDir::new("gc-candidates");
+        let store = TemplateStore::open(&state.0).unwrap();
+        let [shared, own, building] = ["shared", "own", "building"].map(|seed| {
+            let id = LayerId::of_bytes(seed.as_bytes());
+            store
+                .ensure_layer(&id, "test", &mut |_| {}, |r, _| write_file(r, "f", seed))
+                .unwrap();
+            id
+        });
+        store
+            .put("keeps", vec![shared.clone()], config("user"))
+            .unwrap();
+        // `own` and `shared` were the removed template's; `building` is nobody's yet.
+        let removed = store
+            .remove_layers_if_unreferenced(&[shared.clone(), own.clone(), own.clone()])
+            .unwrap();
+        assert_eq!(removed, vec![own.clone()]);
+        assert!(store.has_layer(&shared) && store.has_layer(&building));
+        assert!(!store.has_layer(&own));
     }
 
     #[test]

@@ -86,6 +86,43 @@ pub fn negotiate_encoding(accept_encoding: Option<&str>) -> Result<ResponseEncod
     }
 }
 
+/// Largest download answered with gzip when the client asks for it; see `get_file`.
+const GZIP_MAX_BYTES: u64 = 1 << 20;
+
+/// Whether the request accepts an uncompressed answer.
+fn identity_acceptable(headers: &HeaderMap) -> bool {
+    !refuses_identity(
+        headers
+            .get(header::ACCEPT_ENCODING)
+            .and_then(|v| v.to_str().ok()),
+    )
+}
+
+/// `Accept-Encoding` refuses identity explicitly (`identity;q=0`, or `*;q=0` without an
+/// identity entry).
+fn refuses_identity(accept_encoding: Option<&str>) -> bool {
+    let Some(header) = accept_encoding else {
+        return false;
+    };
+    let mut identity = None;
+    let mut star = None;
+    for item in header.split(',') {
+        let mut parts = item.split(';');
+        let name = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        let zero = parts.any(|p| {
+            p.trim()
+                .strip_prefix("q=")
+                .is_some_and(|q| q.trim().parse::<f64>().is_ok_and(|q| q == 0.0))
+        });
+        match name.as_str() {
+            "identity" => identity = Some(zero),
+            "*" => star = Some(zero),
+            _ => {}
+        }
+    }
+    identity.unwrap_or(star.unwrap_or(false))
+}
+
 /// `GET /files`.
 pub async fn get_file(
     State(state): State<Arc<EnvdState>>,
@@ -132,8 +169,11 @@ pub async fn get_file(
         },
         None => None,
     };
-    // A range is served as is: compressing it would change what the offsets mean.
-    let encoding = if range.is_some() {
+    // A range is served as is: compressing it would change what the offsets mean. A
+    // large file is too: gzip, even at its fastest, runs at a few hundred MiB/s on one
+    // core, far below what berth's own links carry, so for big bodies it only costs
+    // (identity is always acceptable to a client that did not refuse it).
+    let encoding = if range.is_some() || (size > GZIP_MAX_BYTES && identity_acceptable(&headers)) {
         ResponseEncoding::Identity
     } else {
         encoding
@@ -313,6 +353,28 @@ mod tests {
 
     fn get(uri: &str) -> Request<Body> {
         Request::get(uri).body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn large_files_are_sent_uncompressed_unless_identity_is_refused() {
+        let sb = Sandbox::new("down-large");
+        std::fs::write(sb.path("big"), vec![b'a'; (GZIP_MAX_BYTES + 1) as usize]).unwrap();
+        for (accept, compressed) in [("gzip", false), ("gzip, identity;q=0", true)] {
+            let mut request = get("/files?path=big");
+            request
+                .headers_mut()
+                .insert("accept-encoding", accept.parse().unwrap());
+            let response = send(&sb, request).await;
+            assert_eq!(response.status(), StatusCode::OK);
+            assert_eq!(
+                response.headers().get(header::CONTENT_ENCODING).is_some(),
+                compressed,
+                "{accept}"
+            );
+        }
+        assert!(refuses_identity(Some("*;q=0")));
+        assert!(!refuses_identity(Some("*;q=0, identity")));
+        assert!(!refuses_identity(None));
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@ mod sandboxes;
 mod secrets;
 mod snapshots;
 mod teams;
+mod template_builds;
 mod templates;
 mod unimplemented;
 mod volume_content;
@@ -18,7 +19,7 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, patch, post, put};
 use axum::Router;
 use berth_api::ApiError;
 
@@ -30,6 +31,7 @@ pub use sandboxes::*;
 pub use secrets::*;
 pub use snapshots::*;
 pub use teams::*;
+pub use template_builds::*;
 pub use templates::*;
 pub use volumes::*;
 
@@ -152,11 +154,53 @@ pub fn router(state: SharedState) -> Router {
             "/api-keys/{apiKeyID}",
             axum::routing::patch(keys::update_key).delete(keys::delete_key),
         )
-        .route("/v2/templates", get(templates::list_templates_v2))
-        .route("/templates", get(templates::list_templates_v1))
+        .route(
+            "/v2/templates",
+            get(templates::list_templates_v2).post(unimplemented::legacy_build),
+        )
+        .route(
+            "/templates",
+            get(templates::list_templates_v1).post(unimplemented::legacy_build),
+        )
         .route(
             "/templates/{templateID}",
-            get(templates::get_template).delete(snapshots::delete_template),
+            get(templates::get_template)
+                .delete(snapshots::delete_template)
+                .patch(templates::update_template_v1)
+                .post(unimplemented::legacy_build),
+        )
+        .route(
+            "/v2/templates/{templateID}",
+            patch(templates::update_template_v2),
+        )
+        .route("/v3/templates", post(template_builds::request_build_v3))
+        .route(
+            "/templates/{templateID}/files/{hash}",
+            get(template_builds::file_upload_link),
+        )
+        .route(
+            "/v2/templates/{templateID}/builds/{buildID}",
+            post(template_builds::start_build_v2),
+        )
+        .route(
+            "/templates/{templateID}/builds/{buildID}",
+            delete(template_builds::cancel_build).post(unimplemented::legacy_build),
+        )
+        .route(
+            "/templates/{templateID}/builds/{buildID}/status",
+            get(template_builds::build_status_route),
+        )
+        .route(
+            "/templates/{templateID}/builds/{buildID}/logs",
+            get(template_builds::build_logs_route),
+        )
+        .route(
+            "/templates/tags",
+            post(template_builds::assign_tags).delete(template_builds::delete_tags),
+        )
+        .route(
+            "/templates/{templateID}/tags",
+            get(template_builds::list_tags),
         )
         .route("/sandboxes/{sandboxID}/fork", post(snapshots::fork_sandbox))
         .route(
@@ -198,13 +242,18 @@ pub fn router(state: SharedState) -> Router {
                 .post(secrets::update_secret)
                 .delete(secrets::delete_secret),
         );
-    unimplemented::add_routes(api)
-        .fallback(not_found)
+    // COPY uploads stream to the build engine's upload store, like volume content.
+    let uploads = Router::new().route(
+        crate::templates::UPLOAD_ROUTE,
+        put(crate::templates::upload_handler).layer(DefaultBodyLimit::disable()),
+    );
+    api.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(crate::MAX_API_BODY_BYTES))
         .layer(middleware::from_fn(buffer_body))
         // File uploads stream: outside the body buffer and its limit.
         .merge(volume_content::routes())
+        .merge(uploads)
         .with_state(state)
 }
 

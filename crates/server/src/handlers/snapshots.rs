@@ -181,26 +181,27 @@ pub async fn list_snapshots(
     Ok((headers, Json(body)).into_response())
 }
 
-/// Delete a template: on berth, a snapshot (installed templates are read-only).
+/// Delete a snapshot (by name or id), or else one of the caller's templates (by id or
+/// name) with its builds, tags and the files nothing else uses. A template that running
+/// or paused sandboxes or snapshots use is refused; installed ones are read-only.
 #[utoipa::path(delete, path = "/templates/{templateID}", tag = "templates",
-    params(("templateID" = String, Path, description = "Snapshot name or id")),
+    params(("templateID" = String, Path, description = "Snapshot name or id, or template id or name")),
     responses(
-        (status = 204, description = "The snapshot was deleted"),
+        (status = 204, description = "Deleted"),
+        (status = 400, body = berth_api::Error, description = "The template is in use"),
         (status = 401, body = berth_api::Error, description = "Bad API key"),
-        (status = 404, body = berth_api::Error, description = "No such snapshot"),
+        (status = 403, body = berth_api::Error, description = "Installed on this host"),
+        (status = 404, body = berth_api::Error, description = "No such snapshot or template"),
     ), security(("ApiKeyAuth" = [])))]
 pub async fn delete_template(
     State(state): State<SharedState>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, HttpError> {
-    let exists = state.store.snapshot(&caller.team.id, &id)?.is_some();
-    if !exists {
-        return Err(ApiError::NotFound(format!(
-            "snapshot \"{id}\" not found (installed templates cannot be deleted through the API)"
-        ))
-        .into());
+    if state.store.snapshot(&caller.team.id, &id)?.is_some() {
+        sandboxes::delete_snapshot(&state, &caller.team.id, &id).await?;
+    } else {
+        crate::templates::delete(&state, &caller.team, &id).await?;
     }
-    sandboxes::delete_snapshot(&state, &caller.team.id, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,60 +1,18 @@
-//! Routes of E2B's API that later berth issues fill in. They authenticate like every
-//! route, then answer 501 naming what is missing: never a fake success. They are left
-//! out of the OpenAPI document, which lists only what berth implements.
+//! The parts of E2B's API berth does not provide: they authenticate like every route,
+//! then answer 501 naming what is missing, never a fake success, and are left out of the
+//! OpenAPI document. What is left is E2B's legacy template build API (a Dockerfile built
+//! by E2B's builders and pushed to its registry); berth builds through `POST
+//! /v3/templates`, as SDK 2.x and the E2B CLI do.
 
-use axum::routing::{any, post, MethodRouter};
-use axum::Router;
 use berth_api::ApiError;
 
 use crate::auth::Caller;
-use crate::SharedState;
 
-const BUILDS: &str = "building and changing templates";
+const LEGACY_BUILDS: &str =
+    "the legacy template build API (berth builds through POST /v3/templates, as SDK 2.x and the E2B CLI do)";
 
-/// The handler for a missing `feature`, under any method.
-fn missing(feature: &'static str) -> MethodRouter<SharedState> {
-    any(move |_caller: Caller| async move {
-        Err::<(), ApiError>(ApiError::NotImplemented(feature.to_string()))
-    })
-}
-
-/// Methods of a path whose GET berth implements.
-fn writes(feature: &'static str) -> MethodRouter<SharedState> {
-    let handler = move |_caller: Caller| async move {
-        Err::<(), ApiError>(ApiError::NotImplemented(feature.to_string()))
-    };
-    post(handler).patch(handler).delete(handler)
-}
-
-/// Create and update methods of a path whose GET and DELETE berth implements.
-fn updates(feature: &'static str) -> MethodRouter<SharedState> {
-    let handler = move |_caller: Caller| async move {
-        Err::<(), ApiError>(ApiError::NotImplemented(feature.to_string()))
-    };
-    post(handler).patch(handler)
-}
-
-pub fn add_routes(router: Router<SharedState>) -> Router<SharedState> {
-    router
-        .route("/v3/templates", missing(BUILDS))
-        .route("/templates/{templateID}/files/{hash}", missing(BUILDS))
-        .route("/templates/{templateID}/builds/{buildID}", missing(BUILDS))
-        .route(
-            "/templates/{templateID}/builds/{buildID}/status",
-            missing(BUILDS),
-        )
-        .route(
-            "/templates/{templateID}/builds/{buildID}/logs",
-            missing(BUILDS),
-        )
-        .route(
-            "/v2/templates/{templateID}/builds/{buildID}",
-            missing(BUILDS),
-        )
-        .route("/v2/templates/{templateID}", missing(BUILDS))
-        .route("/templates/tags", missing(BUILDS))
-        .route("/templates/{templateID}/tags", missing(BUILDS))
-        .route("/templates", writes(BUILDS))
-        .route("/v2/templates", writes(BUILDS))
-        .route("/templates/{templateID}", updates(BUILDS))
+/// The POST of the legacy build routes, beside the methods berth implements on the same
+/// paths.
+pub async fn legacy_build(_caller: Caller) -> ApiError {
+    ApiError::NotImplemented(LEGACY_BUILDS.to_string())
 }

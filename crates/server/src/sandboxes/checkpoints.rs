@@ -35,8 +35,10 @@ fn checkpoint_id(stored: &str) -> &str {
 /// What a sandbox started from a checkpoint inherits.
 struct Origin {
     team_id: String,
-    /// The template the checkpointed sandbox came from (its envd defaults).
+    /// The template the checkpointed sandbox came from.
     template_id: String,
+    /// Its build's manifest (the envd defaults).
+    manifest_id: String,
     /// Reported as the new sandbox's alias (a snapshot's name, or the source's alias).
     alias: Option<String>,
     build_id: String,
@@ -82,7 +84,7 @@ async fn start_from_checkpoint(
     let plan = BringUp {
         id: new_sandbox_id(),
         init: Init {
-            template_id: origin.template_id.clone(),
+            manifest_id: origin.manifest_id.clone(),
             env_vars,
             access_token: start.secure.then(new_token),
             presented_token: origin.envd_token.clone(),
@@ -112,6 +114,7 @@ async fn start_from_checkpoint(
     let boot = Boot::Restore {
         checkpoint_id: checkpoint_id.to_string(),
         memory: origin.memory,
+        network: None,
     };
     pipeline::bring_up(state, boot, plan).await
 }
@@ -156,6 +159,7 @@ pub async fn fork(
     let origin = Arc::new(Origin {
         team_id: source.team_id.clone(),
         template_id: source.template_id.clone(),
+        manifest_id: crate::templates::manifest_of(state, &source.template_id, &source.build_id)?,
         alias: source.alias.clone(),
         build_id: source.build_id.clone(),
         metadata: source.metadata.clone(),
@@ -230,7 +234,7 @@ pub async fn snapshot(
     memory: bool,
 ) -> Result<SnapshotRecord, ServiceError> {
     if let Some(name) = &name {
-        if super::load_template(state, name).await.is_ok() {
+        if snapshot_name_taken(state, id, name)? {
             return Err(ServiceError::SnapshotNameTaken(name.clone()));
         }
     }
@@ -278,6 +282,19 @@ pub async fn snapshot(
     Ok(record)
 }
 
+/// Is `name` a template the owner of sandbox `id` could start (a snapshot of that name
+/// would hide it)?
+fn snapshot_name_taken(state: &AppState, id: &str, name: &str) -> Result<bool, ServiceError> {
+    let Some(source) = state.store.live_sandbox_any_team(id)? else {
+        return Ok(false);
+    };
+    let Ok(parsed) = crate::templates::parse_name(name) else {
+        return Ok(false);
+    };
+    let team = crate::templates::team(state, &source.team_id)?;
+    Ok(crate::templates::find(state, &team, &parsed)?.is_some())
+}
+
 /// A new sandbox from snapshot `snapshot`, as `request` asks (its template is the
 /// snapshot's name).
 pub(super) async fn create_from_snapshot(
@@ -291,6 +308,11 @@ pub(super) async fn create_from_snapshot(
     let origin = Origin {
         team_id: snapshot.team_id.clone(),
         template_id: snapshot.template_id.clone(),
+        manifest_id: crate::templates::manifest_of(
+            state,
+            &snapshot.template_id,
+            &snapshot.build_id,
+        )?,
         alias: Some(snapshot.name.clone()),
         build_id: snapshot.build_id.clone(),
         metadata: StringMap::new(),
@@ -328,7 +350,8 @@ pub async fn delete_snapshot(
 }
 
 /// At start: delete checkpoints no snapshot owns (a fork's, or a snapshot's whose
-/// recording did not happen, left by a crash).
+/// recording did not happen, left by a crash). Template checkpoints (`tpl-…`) are the
+/// template service's: it keeps those a template names and removes the rest.
 pub(super) async fn remove_unowned(state: &AppState) -> Result<(), ServiceError> {
     let owned: std::collections::HashSet<String> = state
         .store
@@ -338,7 +361,10 @@ pub(super) async fn remove_unowned(state: &AppState) -> Result<(), ServiceError>
         .collect();
     let runtime = state.runtime.clone();
     let held = blocking("", Stage::Recover, move || runtime.checkpoints()).await?;
-    for checkpoint in held.iter().filter(|id| !owned.contains(*id)) {
+    let unowned = held.iter().filter(|id| {
+        !owned.contains(*id) && !id.starts_with(berth_build::TEMPLATE_CHECKPOINT_PREFIX)
+    });
+    for checkpoint in unowned {
         tracing::info!(%checkpoint, "deleting a checkpoint no snapshot owns");
         delete_checkpoint(state, checkpoint).await;
     }

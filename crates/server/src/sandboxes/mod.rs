@@ -12,14 +12,16 @@
 //! The runtime owns its on-disk layout: this module names checkpoints by id only.
 
 mod checkpoints;
+mod from_template;
 mod pipeline;
+pub(crate) mod pool;
 mod recovery;
 
 use std::sync::Arc;
 
 use berth_api::{LogLevel, StringMap};
 use berth_net::{E2bNetworkConfig, NetworkPolicy};
-use berth_runtime::{RuntimeError, SandboxSpec};
+use berth_runtime::RuntimeError;
 use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
 
@@ -140,18 +142,9 @@ pub async fn create(
     if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
-    let template = load_template(state, &request.template).await?;
-    let id = new_sandbox_id();
-    let resources = state.config.resources;
-    let spec = SandboxSpec {
-        id: id.clone(),
-        template: template.id.clone(),
-        layers: template.layers.clone(),
-        cpu_count: resources.cpu_count,
-        memory_mb: resources.memory_mb,
-        disk_size_mb: resources.disk_size_mb,
-        volumes: crate::volumes::runtime_mounts(&request.volume_mounts),
-    };
+    let template =
+        crate::templates::for_sandbox(state, &request.team_id, &request.template).await?;
+    let mut id = new_sandbox_id();
     // No volume this sandbox mounts is deleted before its row records the mount.
     let _volumes = match request.volume_mounts.is_empty() {
         true => None,
@@ -162,14 +155,26 @@ pub async fn create(
         .as_ref()
         .is_some_and(|policy| !policy.allow_public_traffic)
         .then(new_token);
-    let boot = Boot::Fresh {
-        spec,
-        network: request.network.clone(),
+    // A fresh boot without volumes can take a warm sandbox of the same layers and size.
+    let boot = match from_template::boot(&id, &template, &request)? {
+        Boot::Fresh { spec, network } if spec.volumes.is_empty() => {
+            match state.pools.claim(&pool::PoolKey::of(&spec)) {
+                Some(prepared) => {
+                    id = prepared.info.id.clone();
+                    Boot::Claimed {
+                        info: Box::new(prepared.info),
+                        network,
+                    }
+                }
+                None => Boot::Fresh { spec, network },
+            }
+        }
+        boot => boot,
     };
     let plan = BringUp {
         id,
         init: Init {
-            template_id: template.id.clone(),
+            manifest_id: template.manifest.id.clone(),
             env_vars: request.env_vars,
             access_token: request.secure.then(new_token),
             presented_token: None,
@@ -177,9 +182,9 @@ pub async fn create(
         },
         row: Row::Insert(Box::new(NewRow {
             team_id: request.team_id,
-            template_id: template.id.clone(),
-            alias: Some(template.id.clone()),
-            build_id: build_id(&template.layer_ids),
+            template_id: template.template_id.clone(),
+            alias: Some(template.alias.clone()),
+            build_id: template.build_id.clone(),
             metadata: request.metadata,
             allow_internet_access: request.allow_internet_access,
             timeout_secs: request.timeout_secs,
@@ -188,9 +193,11 @@ pub async fn create(
             traffic_access_token,
             volume_mounts: request.volume_mounts,
         })),
-        log_line: format!("sandbox created from template {}", template.id),
+        log_line: from_template::log_line(&template),
     };
-    pipeline::bring_up(state, boot, plan).await
+    let record = pipeline::bring_up(state, boot, plan).await?;
+    crate::templates::record_spawn(state, &template.template_id);
+    Ok(record)
 }
 
 /// Pause running sandbox `id` (with its memory, or only its disk). Emits `paused`.
@@ -257,7 +264,11 @@ pub async fn resume(
     let plan = BringUp {
         id: id.to_string(),
         init: Init {
-            template_id: record.template_id.clone(),
+            manifest_id: crate::templates::manifest_of(
+                state,
+                &record.template_id,
+                &record.build_id,
+            )?,
             env_vars: record.env_vars.clone(),
             access_token: record.envd_access_token.clone(),
             presented_token: None,

@@ -37,13 +37,25 @@ pub(super) enum Boot {
     /// none kept) a fresh init on its kept disk.
     Resume { keep_memory: bool },
     /// A new sandbox from a checkpoint: from its memory, or a fresh init on its disk.
-    Restore { checkpoint_id: String, memory: bool },
+    /// With `network`, that policy replaces the checkpoint's right after the restore (a
+    /// template's start-command checkpoint carries its build sandbox's).
+    Restore {
+        checkpoint_id: String,
+        memory: bool,
+        network: Option<NetworkPolicy>,
+    },
+    /// A sandbox taken from a warm pool (started, envd never initialised), given
+    /// `network` when the create asks for one.
+    Claimed {
+        info: Box<SandboxInfo>,
+        network: Option<NetworkPolicy>,
+    },
 }
 
 impl Boot {
     fn stage(&self) -> Stage {
         match self {
-            Boot::Fresh { .. } => Stage::Create,
+            Boot::Fresh { .. } | Boot::Claimed { .. } => Stage::Create,
             Boot::Resume { .. } => Stage::Resume,
             Boot::Restore { .. } => Stage::Restore,
         }
@@ -53,8 +65,9 @@ impl Boot {
 /// What envd is told once it answers: the template's defaults, the sandbox's env vars
 /// and identity, its access token.
 pub(super) struct Init {
-    /// Whose defaults (user, workdir, env) the envd starts with.
-    pub template_id: String,
+    /// The template store manifest whose defaults (user, workdir, env) the envd
+    /// starts with.
+    pub manifest_id: String,
     pub env_vars: StringMap,
     pub access_token: Option<String>,
     /// The token an envd restored from memory already holds: it only takes a new
@@ -162,12 +175,31 @@ async fn start_in_runtime(state: &AppState, id: &str, boot: Boot) -> Result<Star
         Boot::Restore {
             checkpoint_id,
             memory,
+            network,
         } => runtime
             .restore(&checkpoint_id, &owned, memory)
-            .map(|info| Started {
-                info,
-                memory_restored: memory,
+            .and_then(|info| {
+                if let Some(policy) = &network {
+                    if let Err(err) = runtime.set_network_policy(&owned, policy) {
+                        // Nothing may run under a policy the caller did not ask for.
+                        let _ = runtime.kill(&owned);
+                        return Err(err);
+                    }
+                }
+                Ok(Started {
+                    info,
+                    memory_restored: memory,
+                })
             }),
+        Boot::Claimed { info, network } => {
+            if let Some(policy) = &network {
+                runtime.set_network_policy(&owned, policy)?;
+            }
+            Ok(Started {
+                info: *info,
+                memory_restored: false,
+            })
+        }
     })
     .await?;
     Ok(started)
@@ -193,7 +225,7 @@ async fn initialise(
     if memory_restored && !init.after_memory_restore {
         return Ok(());
     }
-    let template = load_template(state, &init.template_id).await?;
+    let template = load_template(state, &init.manifest_id).await?;
     let request = init_request(&template, &init.env_vars, id, init.access_token.clone());
     let presented = init.presented_token.as_deref().filter(|_| memory_restored);
     envd::init(&state.runtime, id, &request, presented)

@@ -8,6 +8,7 @@ mod secrets;
 mod snapshots;
 mod teams;
 mod telemetry;
+mod templates;
 mod volumes;
 
 use time::OffsetDateTime;

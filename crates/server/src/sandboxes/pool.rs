@@ -1,0 +1,310 @@
+//! Warm pools: sandboxes started ahead of demand, so a create is a claim.
+//!
+//! For every template a create has used since start, up to `pool_size` sandboxes are
+//! kept started with envd answering but not yet initialised: no row, no event, no
+//! metrics, invisible to listings. A create that fits (same template and resources, no
+//! volumes) takes one — handed out once, under the pool's lock — and the pipeline then
+//! does what it does for any new sandbox from the envd-ready stage on: `/init` with the
+//! caller's env vars and a new access token, the network policy asked for, the row, the
+//! event. Its id was drawn at random when it was prepared and never shown before, so it
+//! is the claimant's own. Pooled sandboxes are fresh: none is ever given back.
+//!
+//! Refilling runs in the background one sandbox at a time (a CPU budget: a create is
+//! CPU-bound on small hosts and must not starve live sandboxes), only while the host has
+//! memory to spare. A template's pool is emptied when the template goes, every pool when
+//! the server stops; a pooled sandbox left by a crash has no row and is removed by
+//! recovery at the next start.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_runtime::{SandboxInfo, SandboxSpec};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use super::{blocking, kill_in_runtime, new_sandbox_id};
+use crate::error::Stage;
+use crate::{envd, AppState, SharedState};
+
+/// Refill stops while the host has less memory than this available.
+const MIN_AVAILABLE_BYTES: u64 = 1 << 30;
+/// Pause between two refills, so a burst of claims does not become a burst of creates.
+const REFILL_SPACING: Duration = Duration::from_millis(20);
+
+/// What pooled sandboxes are made of; a create can take one only on an exact match.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct PoolKey {
+    pub template: String,
+    pub layers: Vec<std::path::PathBuf>,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_size_mb: u64,
+}
+
+impl PoolKey {
+    pub fn of(spec: &SandboxSpec) -> PoolKey {
+        PoolKey {
+            template: spec.template.clone(),
+            layers: spec.layers.clone(),
+            cpu_count: spec.cpu_count,
+            memory_mb: spec.memory_mb,
+            disk_size_mb: spec.disk_size_mb,
+        }
+    }
+
+    fn spec(&self, id: String) -> SandboxSpec {
+        SandboxSpec {
+            id,
+            template: self.template.clone(),
+            layers: self.layers.clone(),
+            cpu_count: self.cpu_count,
+            memory_mb: self.memory_mb,
+            disk_size_mb: self.disk_size_mb,
+            volumes: Vec::new(),
+        }
+    }
+}
+
+/// A started, never-initialised sandbox.
+pub(super) struct Prepared {
+    pub info: SandboxInfo,
+}
+
+/// The pools of one server.
+pub struct WarmPools {
+    size: usize,
+    pools: Mutex<HashMap<PoolKey, VecDeque<Prepared>>>,
+    wakeup: Notify,
+}
+
+impl WarmPools {
+    /// Pools of `size` sandboxes per template (0: no pools).
+    pub fn new(size: usize) -> WarmPools {
+        WarmPools {
+            size,
+            pools: Mutex::new(HashMap::new()),
+            wakeup: Notify::new(),
+        }
+    }
+
+    /// A prepared sandbox of `key`, taken out of its pool; registers `key` for refilling
+    /// either way (the first create of a template starts its pool).
+    pub(super) fn claim(&self, key: &PoolKey) -> Option<Prepared> {
+        if self.size == 0 {
+            return None;
+        }
+        let claimed = self
+            .pools
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .pop_front();
+        self.wakeup.notify_one();
+        claimed
+    }
+
+    /// Sandboxes waiting in the pools.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.pools.lock().values().map(VecDeque::len).sum()
+    }
+
+    /// The key most short of sandboxes, if any is.
+    fn most_needed(&self) -> Option<PoolKey> {
+        self.pools
+            .lock()
+            .iter()
+            .filter(|(_, waiting)| waiting.len() < self.size)
+            .min_by_key(|(_, waiting)| waiting.len())
+            .map(|(key, _)| key.clone())
+    }
+
+    /// Removes and returns every pooled sandbox of `template` (all when `None`).
+    fn take_all(&self, template: Option<&str>) -> Vec<Prepared> {
+        let mut pools = self.pools.lock();
+        let mut taken = Vec::new();
+        pools.retain(|key, waiting| {
+            if template.is_none_or(|t| t == key.template) {
+                taken.extend(waiting.drain(..));
+                false
+            } else {
+                true
+            }
+        });
+        taken
+    }
+}
+
+/// Kill every pooled sandbox of `template` (every one when `None`) and forget its pool:
+/// the template is gone, or the server stops.
+pub async fn drain(state: &AppState, template: Option<&str>) {
+    for prepared in state.pools.take_all(template) {
+        if let Err(err) = kill_in_runtime(state, &prepared.info.id).await {
+            tracing::warn!(sandbox = %prepared.info.id, %err, "removing a pooled sandbox");
+        }
+    }
+}
+
+/// Keeps the pools full, one sandbox at a time, until the task is aborted.
+pub async fn refill(state: SharedState) {
+    loop {
+        let Some(key) = state.pools.most_needed() else {
+            state.pools.wakeup.notified().await;
+            continue;
+        };
+        if !memory_to_spare(key.memory_mb) {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            continue;
+        }
+        match prepare(&state, &key).await {
+            Ok(prepared) => {
+                let unwanted = {
+                    let mut pools = state.pools.pools.lock();
+                    match pools.get_mut(&key) {
+                        Some(waiting) => {
+                            waiting.push_back(prepared);
+                            None
+                        }
+                        // Drained meanwhile (template deleted, server stopping).
+                        None => Some(prepared.info.id),
+                    }
+                };
+                if let Some(id) = unwanted {
+                    let _ = kill_in_runtime(&state, &id).await;
+                }
+            }
+            Err(err) => {
+                tracing::warn!(template = %key.template, %err, "preparing a pooled sandbox; retrying later");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+        tokio::time::sleep(REFILL_SPACING).await;
+    }
+}
+
+/// One sandbox of `key`, started and answering `/health`.
+async fn prepare(state: &AppState, key: &PoolKey) -> Result<Prepared, crate::ServiceError> {
+    let id = new_sandbox_id();
+    let spec = key.spec(id.clone());
+    let runtime = state.runtime.clone();
+    let info = blocking(&id, Stage::Create, move || runtime.create(&spec)).await?;
+    if let Err(source) = envd::wait_healthy(&state.runtime, &id, envd::READY_LIMIT).await {
+        let _ = kill_in_runtime(state, &id).await;
+        return Err(crate::ServiceError::Envd {
+            sandbox: id,
+            stage: Stage::Create,
+            source,
+        });
+    }
+    Ok(Prepared { info })
+}
+
+/// Whether the host can hold another sandbox of `memory_mb` beside the floor.
+fn memory_to_spare(memory_mb: u64) -> bool {
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
+        return false;
+    };
+    let available_kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemAvailable:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse::<u64>().ok());
+    available_kib.is_some_and(|kib| kib * 1024 > MIN_AVAILABLE_BYTES + memory_mb * 1024 * 1024)
+}
+
+/// Claimed sandboxes leave the pool at once; this keeps a handle on the state for the
+/// refill task's lifetime.
+pub(crate) fn spawn_refill(state: &SharedState) -> Option<tokio::task::JoinHandle<()>> {
+    (state.pools.size > 0).then(|| tokio::spawn(refill(Arc::clone(state))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(template: &str) -> PoolKey {
+        PoolKey {
+            template: template.into(),
+            layers: vec!["/l".into()],
+            cpu_count: 1,
+            memory_mb: 128,
+            disk_size_mb: 64,
+        }
+    }
+
+    fn prepared(id: &str) -> Prepared {
+        let spec = key("t").spec(id.into());
+        Prepared {
+            info: SandboxInfo {
+                id: id.into(),
+                template: "t".into(),
+                init_pid: 1,
+                created_at: std::time::SystemTime::now(),
+                spec,
+            },
+        }
+    }
+
+    #[test]
+    fn a_sandbox_is_handed_out_once_and_only_for_its_key() {
+        let pools = WarmPools::new(2);
+        assert!(
+            pools.claim(&key("t")).is_none(),
+            "the first claim registers the pool"
+        );
+        pools
+            .pools
+            .lock()
+            .get_mut(&key("t"))
+            .unwrap()
+            .push_back(prepared("i1"));
+        assert!(pools.claim(&key("other")).is_none());
+        let mut other_resources = key("t");
+        other_resources.memory_mb = 256;
+        assert!(pools.claim(&other_resources).is_none());
+        assert_eq!(pools.claim(&key("t")).unwrap().info.id, "i1");
+        assert!(pools.claim(&key("t")).is_none());
+    }
+
+    #[test]
+    fn the_emptiest_pool_is_refilled_first_and_size_zero_pools_nothing() {
+        let pools = WarmPools::new(2);
+        pools.claim(&key("a"));
+        pools.claim(&key("b"));
+        pools
+            .pools
+            .lock()
+            .get_mut(&key("a"))
+            .unwrap()
+            .push_back(prepared("i1"));
+        assert_eq!(pools.most_needed().unwrap().template, "b");
+        let none = WarmPools::new(0);
+        assert!(none.claim(&key("a")).is_none());
+        assert!(none.most_needed().is_none());
+    }
+
+    #[test]
+    fn draining_a_template_takes_only_its_sandboxes() {
+        let pools = WarmPools::new(2);
+        pools.claim(&key("a"));
+        pools.claim(&key("b"));
+        pools
+            .pools
+            .lock()
+            .get_mut(&key("a"))
+            .unwrap()
+            .push_back(prepared("i1"));
+        pools
+            .pools
+            .lock()
+            .get_mut(&key("b"))
+            .unwrap()
+            .push_back(prepared("i2"));
+        let taken = pools.take_all(Some("a"));
+        assert_eq!(taken.len(), 1);
+        assert_eq!(pools.waiting(), 1);
+        assert_eq!(pools.take_all(None).len(), 1);
+        assert_eq!(pools.waiting(), 0);
+    }
+}
