@@ -30,6 +30,7 @@ apt_packages=(
     python3 python3-venv python3-pip
     ca-certificates curl git
     docker-registry skopeo umoci
+    tmux
 )
 
 step "system packages"

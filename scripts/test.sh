@@ -115,6 +115,12 @@ templates_js() {
     in_private_netns node --test --test-concurrency=1 --test-timeout=600000 tests/templates/js/
 }
 
+# Operating berth (tests/ops): the CLI's REST verbs (shell through tmux), against berth up.
+ops_suite() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    (cd tests/ops && in_private_netns ../../.venv/bin/python -m pytest)
+}
+
 mcp_suite() {
     [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
     in_private_netns .venv/bin/python -m pytest tests/mcp -p no:cacheprovider \
@@ -145,6 +151,7 @@ step "control plane: Python SDK suite" control_plane_suite
 step "control plane: JS SDK smoke" control_plane_js
 step "templates: Python SDK suite (tests/templates)" templates_suite
 step "templates: JS SDK (tests/templates/js)" templates_js
+step "ops: CLI (tests/ops)" ops_suite
 step "MCP suite (tests/mcp)" mcp_suite
 step "MCP conformance (tests/mcp/conformance)" mcp_conformance
 

@@ -9,6 +9,10 @@
 
 mod builds;
 mod egress;
+mod remote;
+mod sandbox_cli;
+mod shell;
+mod store_cli;
 mod template_cli;
 
 use std::net::SocketAddr;
@@ -65,12 +69,38 @@ enum Command {
     Mcp(McpArgs),
     /// Connect a user's E2B-compatible API key for the agent tools (key read from stdin).
     Connect(ConnectArgs),
-    /// Build, list and delete templates through the API of a running berth (or any
-    /// E2B-compatible endpoint).
+    /// Sandboxes of the key's team: ls, create, exec, shell, logs, kill, pause, resume,
+    /// fork, snapshot (through the API of a running berth or any E2B-compatible endpoint).
+    Sandbox {
+        #[command(flatten)]
+        api: remote::ApiArgs,
+        #[command(subcommand)]
+        command: sandbox_cli::SandboxCommand,
+    },
+    /// Build, list and delete templates through the API.
     Template {
+        #[command(flatten)]
+        api: remote::ApiArgs,
         #[command(subcommand)]
         command: template_cli::TemplateCommand,
     },
+    /// The team's volumes through the API.
+    Volume {
+        #[command(flatten)]
+        api: remote::ApiArgs,
+        #[command(subcommand)]
+        command: store_cli::VolumeCommand,
+    },
+    /// The team's secrets through the API (values read from stdin, never printed).
+    Secret {
+        #[command(flatten)]
+        api: remote::ApiArgs,
+        #[command(subcommand)]
+        command: store_cli::SecretCommand,
+    },
+    /// Print a shell completion script, e.g. `berth completions bash >
+    /// /etc/bash_completion.d/berth`.
+    Completions { shell: clap_complete::Shell },
     /// Add a key-encryption key version and re-encrypt every secret and MCP connection
     /// under it (also while `berth up` runs).
     RotateKek,
@@ -213,9 +243,45 @@ fn main() -> Result<()> {
         Command::Provision => provision(&cli.state_dir),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
-        Command::Template { command } => template_cli::run(command),
+        Command::Sandbox { api, command } => remote_command(&cli.state_dir, &api, |remote| {
+            Box::pin(async move { sandbox_cli::run(remote, command).await })
+        }),
+        Command::Template { api, command } => remote_command(&cli.state_dir, &api, |remote| {
+            Box::pin(async move { template_cli::run(remote, command).await.map(|()| 0) })
+        }),
+        Command::Volume { api, command } => remote_command(&cli.state_dir, &api, |remote| {
+            Box::pin(async move { store_cli::volume(remote, command).await.map(|()| 0) })
+        }),
+        Command::Secret { api, command } => remote_command(&cli.state_dir, &api, |remote| {
+            Box::pin(async move { store_cli::secret(remote, command).await.map(|()| 0) })
+        }),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "berth",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         Command::RotateKek => rotate_kek(&cli.state_dir),
     }
+}
+
+/// Runs one REST-talking verb and exits with its exit code. The process exits without
+/// dropping the tokio runtime: a shell's stdin reader may still be blocked in `read`.
+fn remote_command(
+    state_dir: &Path,
+    api: &remote::ApiArgs,
+    verb: impl for<'a> FnOnce(
+        &'a remote::Remote,
+    )
+        -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<i32>> + 'a>>,
+) -> Result<()> {
+    let remote = remote::Remote::connect(api, state_dir)?;
+    let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
+    let code = runtime.block_on(verb(&remote))?;
+    std::process::exit(code)
 }
 
 /// Where the secrets vault keeps its key-encryption keys (unless `BERTH_KEK` is set).
@@ -561,6 +627,7 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
                 .await
                 .context("starting the control plane")?;
         let url = client_url(listener.local_addr()?);
+        remote::record_api_url(&state_dir, &url)?;
         let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
         mcp_config.toolset = args.mcp_toolset;
         let listen_ip = args.listen.ip();

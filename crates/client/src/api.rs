@@ -167,23 +167,12 @@ impl ApiClient {
         limit: Option<u32>,
         next_token: Option<&str>,
     ) -> Result<Page<ListedSandbox>, ClientError> {
-        let mut query = Vec::new();
-        if let Some(limit) = limit {
-            query.push(("limit".to_owned(), limit.to_string()));
-        }
-        if let Some(token) = next_token {
-            query.push(("nextToken".to_owned(), token.to_owned()));
-        }
-        let response = self
-            .send::<()>(Method::GET, "/v2/sandboxes", &query, None)
-            .await?;
-        let next_token = next_token_of(&response);
-        let bytes = response.bytes().await.map_err(ClientError::transport)?;
-        let items = serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
-            what: "GET /v2/sandboxes",
-            source,
-        })?;
-        Ok(Page { items, next_token })
+        self.query_sandboxes(&SandboxQuery {
+            limit,
+            next_token: next_token.map(str::to_owned),
+            ..SandboxQuery::default()
+        })
+        .await
     }
 
     /// `DELETE /sandboxes/{id}`.
@@ -430,16 +419,6 @@ impl ApiClient {
             .into_iter()
             .collect();
         self.get_page("GET /snapshots", "/snapshots", &query).await
-    }
-
-    /// `DELETE /templates/{id}`: deletes a template, or a snapshot by its name or id.
-    pub async fn delete_template(&self, template_id: &str) -> Result<(), ClientError> {
-        self.call_without_answer::<()>(
-            Method::DELETE,
-            &format!("/templates/{}", encode_segment(template_id)),
-            None,
-        )
-        .await
     }
 
     /// `GET /v2/sandboxes/{id}/logs`.

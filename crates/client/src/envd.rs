@@ -324,50 +324,56 @@ impl PtyStream {
         self.pid
     }
 
-    /// Decodes envelopes until one event is known, or the stream ended (`None` after
-    /// [`PtyEvent::Exited`] or a cut stream).
-    async fn fill(&mut self) -> Result<(), ClientError> {
-        while self.pending.is_empty() && !self.done {
-            while let Some(envelope) = self.decoder.next_envelope()? {
-                if envelope.is_end_stream() {
-                    self.done = true;
-                    let end: EndStream =
-                        serde_json::from_slice(&envelope.payload).map_err(|source| {
-                            ClientError::Decode {
-                                what: "the end of the PTY stream",
-                                source,
-                            }
-                        })?;
-                    if let Some(error) = end.error {
-                        self.pending.push_back(PtyEvent::Exited {
-                            exit_code: None,
-                            error: Some(error.to_string()),
-                        });
-                    }
-                    return Ok(());
+    /// Decodes every envelope already received: output and the exit become pending
+    /// events, the start event sets the pid, the end-of-stream marks the stream done.
+    fn decode_buffered(&mut self) -> Result<(), ClientError> {
+        while let Some(envelope) = self.decoder.next_envelope()? {
+            if envelope.is_end_stream() {
+                self.done = true;
+                let end: EndStream =
+                    serde_json::from_slice(&envelope.payload).map_err(|source| {
+                        ClientError::Decode {
+                            what: "the end of the PTY stream",
+                            source,
+                        }
+                    })?;
+                if let Some(error) = end.error {
+                    self.pending.push_back(PtyEvent::Exited {
+                        exit_code: None,
+                        error: Some(error.to_string()),
+                    });
                 }
-                let message: StartResponse = Codec::Json
-                    .decode(&envelope.payload)
-                    .map_err(ClientError::Message)?;
-                match message.event.and_then(|event| event.event) {
-                    Some(Event::Data(data)) => match data.output {
-                        Some(
-                            data_event::Output::Pty(bytes)
-                            | data_event::Output::Stdout(bytes)
-                            | data_event::Output::Stderr(bytes),
-                        ) => self.pending.push_back(PtyEvent::Output(bytes.to_vec())),
-                        None => {}
-                    },
-                    Some(Event::End(end)) => self.pending.push_back(PtyEvent::Exited {
-                        exit_code: Some(end.exit_code),
-                        error: end.error,
-                    }),
-                    Some(Event::Start(start)) => self.pid = start.pid,
-                    Some(Event::Keepalive(_)) | None => {}
-                }
-                if !self.pending.is_empty() {
-                    return Ok(());
-                }
+                return Ok(());
+            }
+            let message: StartResponse = Codec::Json
+                .decode(&envelope.payload)
+                .map_err(ClientError::Message)?;
+            match message.event.and_then(|event| event.event) {
+                Some(Event::Data(data)) => match data.output {
+                    Some(
+                        data_event::Output::Pty(bytes)
+                        | data_event::Output::Stdout(bytes)
+                        | data_event::Output::Stderr(bytes),
+                    ) => self.pending.push_back(PtyEvent::Output(bytes.to_vec())),
+                    None => {}
+                },
+                Some(Event::End(end)) => self.pending.push_back(PtyEvent::Exited {
+                    exit_code: Some(end.exit_code),
+                    error: end.error,
+                }),
+                Some(Event::Start(start)) => self.pid = start.pid,
+                Some(Event::Keepalive(_)) | None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the stream until `ready` holds for what was decoded, or the stream is done.
+    async fn read_until(&mut self, ready: fn(&PtyStream) -> bool) -> Result<(), ClientError> {
+        loop {
+            self.decode_buffered()?;
+            if self.done || ready(self) {
+                return Ok(());
             }
             match self.body.next().await {
                 Some(chunk) => self.decoder.push(&chunk.map_err(ClientError::transport)?),
@@ -377,12 +383,13 @@ impl PtyStream {
                 }
             }
         }
-        Ok(())
     }
 
     /// The next event; `None` once the stream ended.
     pub async fn next_event(&mut self) -> Result<Option<PtyEvent>, ClientError> {
-        self.fill().await?;
+        if self.pending.is_empty() {
+            self.read_until(|stream| !stream.pending.is_empty()).await?;
+        }
         Ok(self.pending.pop_front())
     }
 }
@@ -421,7 +428,9 @@ impl EnvdClient {
             return Err(ClientError::from_response(response).await);
         }
         let bytes = response.bytes().await.map_err(ClientError::transport)?;
-        serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode { what, source })
+        Codec::Json
+            .decode(&bytes)
+            .map_err(|source| ClientError::Unary { what, source })
     }
 
     /// Starts a program on a new PTY and waits for its start event (its pid).
@@ -463,16 +472,8 @@ impl EnvdClient {
             pending: Default::default(),
             done: false,
         };
-        // The start event comes first; output never precedes it.
-        while stream.pid == 0 && stream.pending.is_empty() && !stream.done {
-            match stream.body.next().await {
-                Some(chunk) => {
-                    stream.decoder.push(&chunk.map_err(ClientError::transport)?);
-                    stream.fill_until_start()?;
-                }
-                None => return Err(ClientError::Unterminated),
-            }
-        }
+        // The start event comes first (it carries the pid input and resizes need).
+        stream.read_until(|stream| stream.pid != 0).await?;
         Ok(stream)
     }
 
@@ -481,7 +482,7 @@ impl EnvdClient {
         let request = SendInputRequest {
             process: by_pid(pid),
             input: Some(ProcessInput {
-                input: Some(process_input::Input::Pty(input.to_vec().into())),
+                input: Some(process_input::Input::Pty(input.to_vec())),
             }),
         };
         let _: SendInputResponse = self
@@ -538,39 +539,6 @@ impl EnvdClient {
             )
             .await?;
         Ok(response.entries)
-    }
-}
-
-impl PtyStream {
-    /// Decodes buffered envelopes without waiting, stopping after the start event.
-    fn fill_until_start(&mut self) -> Result<(), ClientError> {
-        while self.pid == 0 {
-            let Some(envelope) = self.decoder.next_envelope()? else {
-                return Ok(());
-            };
-            if envelope.is_end_stream() {
-                self.done = true;
-                let end: EndStream =
-                    serde_json::from_slice(&envelope.payload).map_err(|source| {
-                        ClientError::Decode {
-                            what: "the end of the PTY stream",
-                            source,
-                        }
-                    })?;
-                self.pending.push_back(PtyEvent::Exited {
-                    exit_code: None,
-                    error: end.error.map(|error| error.to_string()),
-                });
-                return Ok(());
-            }
-            let message: StartResponse = Codec::Json
-                .decode(&envelope.payload)
-                .map_err(ClientError::Message)?;
-            if let Some(Event::Start(start)) = message.event.and_then(|event| event.event) {
-                self.pid = start.pid;
-            }
-        }
-        Ok(())
     }
 }
 
