@@ -7,6 +7,8 @@ under test (`BERTH_BIN`, else the binary that fixture builds) picks them up like
 E2B client. Run as root from this directory:
 
     cd tests/ops && ../../.venv/bin/pytest
+
+Needs tests/ops/requirements.txt (prometheus-client's parser) besides the SDK suite's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ assert _spec is not None and _spec.loader is not None
 control_plane = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = control_plane  # dataclasses look their module up there
 _spec.loader.exec_module(control_plane)
+
+# `berth up` serves /metrics on a listener of its own (the fixture passes the
+# environment through to it).
+METRICS_ADDR = f"127.0.0.1:{control_plane.free_loopback_port()}"
+os.environ["BERTH_METRICS_LISTEN"] = METRICS_ADDR
 
 Berth = control_plane.Berth
 poll = control_plane.poll

@@ -206,6 +206,10 @@ struct UpArgs {
     /// `network.rules` domains (besides the host's trust store): private CAs, tests.
     #[arg(long, env = "BERTH_EGRESS_EXTRA_ROOTS")]
     egress_extra_roots: Option<PathBuf>,
+    /// Serve Prometheus metrics at `GET /metrics` on this address (a listener of its own,
+    /// without authentication: keep it on loopback or a private network).
+    #[arg(long, env = "BERTH_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Subcommand)]
@@ -626,6 +630,24 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             Server::start_with_builds(store.clone(), runtime, templates, config, Some(build_engine))
                 .await
                 .context("starting the control plane")?;
+        let metrics = match args.metrics_listen {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("listening for /metrics on {addr}"))?;
+                eprintln!("metrics on http://{}/metrics", listener.local_addr()?);
+                let stop = tokio_util::sync::CancellationToken::new();
+                let serving = axum::serve(listener, server.metrics_router())
+                    .with_graceful_shutdown(stop.clone().cancelled_owned());
+                tokio::spawn(async move {
+                    if let Err(err) = serving.await {
+                        eprintln!("warning: /metrics listener failed: {err}");
+                    }
+                });
+                Some(stop)
+            }
+            None => None,
+        };
         let url = client_url(listener.local_addr()?);
         remote::record_api_url(&state_dir, &url)?;
         let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
@@ -661,6 +683,9 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
         eprintln!("shutting down");
         let _ = stop_tx.send(());
         sweeping.cancel();
+        if let Some(metrics) = metrics {
+            metrics.cancel();
+        }
         // Long-lived proxied streams must not hold the shutdown forever.
         match tokio::time::timeout(SHUTDOWN_GRACE, serving).await {
             Ok(Ok(result)) => result.context("serving")?,

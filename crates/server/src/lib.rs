@@ -21,6 +21,7 @@ mod handlers;
 mod keyed_lock;
 mod metrics;
 mod openapi;
+mod prometheus;
 mod reaper;
 mod resolver;
 mod sandboxes;
@@ -133,6 +134,8 @@ pub(crate) struct AppState {
     pub secrets: Arc<SecretVault>,
     /// Sandboxes started ahead of demand, per template.
     pub pools: sandboxes::pool::WarmPools,
+    /// The operator's Prometheus metrics.
+    pub prometheus: prometheus::Metrics,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -198,6 +201,7 @@ impl Server {
             volume_mounting: tokio::sync::RwLock::new(()),
             secrets: Arc::new(SecretVault::new(vault)),
             pools: sandboxes::pool::WarmPools::new(pool_size),
+            prometheus: prometheus::Metrics::new(),
         });
         sandboxes::recover(&state).await?;
         templates::recover(&state).await?;
@@ -223,6 +227,30 @@ impl Server {
         )
     }
 
+    /// `GET /metrics`: the operator's Prometheus metrics, for a listener of its own
+    /// (`berth up --metrics-listen`): it has no authentication.
+    pub fn metrics_router(&self) -> axum::Router {
+        let state = self.state.clone();
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let state = state.clone();
+                async move {
+                    let text = tokio::task::spawn_blocking(move || state.prometheus.render(&state))
+                        .await
+                        .unwrap_or_default();
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        text,
+                    )
+                }
+            }),
+        )
+    }
+
     /// The API router with the sandbox proxy in front of it: requests addressed to a
     /// sandbox (headers, `<port>-<id>.` host, `/proxy/<id>/<port>/` path) are forwarded,
     /// everything else is the API.
@@ -239,17 +267,20 @@ impl Server {
             },
             self.state.connections.clone(),
         );
+        let state = self.state.clone();
         handlers::router(self.state.clone())
             .merge(extra)
             .layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| {
                     let proxy = proxy.clone();
+                    let state = state.clone();
                     async move {
                         match proxy.classify(&request) {
-                            Some(Ok(target)) => proxy
-                                .forward(request, target)
-                                .await
-                                .map(axum::body::Body::new),
+                            Some(Ok(target)) => {
+                                let response = proxy.forward(request, target).await;
+                                state.prometheus.proxied(response.status().as_u16());
+                                response.map(axum::body::Body::new)
+                            }
                             Some(Err(error)) => berth_proxy::ProxyError::from(error)
                                 .into_response()
                                 .map(axum::body::Body::new),

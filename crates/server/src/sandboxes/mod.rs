@@ -26,6 +26,7 @@ use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
 
 use crate::error::{ServiceError, Stage};
+use crate::prometheus::Operation;
 use crate::{events, AppState};
 
 pub use checkpoints::{delete_snapshot, fork, snapshot};
@@ -139,6 +140,16 @@ pub async fn create(
     state: &Arc<AppState>,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ServiceError> {
+    state
+        .prometheus
+        .timed(Operation::create, create_untimed(state, request))
+        .await
+}
+
+async fn create_untimed(
+    state: &Arc<AppState>,
+    request: CreateRequest,
+) -> Result<SandboxRecord, ServiceError> {
     if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
@@ -207,6 +218,18 @@ pub async fn pause(
     memory: bool,
     reason: &str,
 ) -> Result<SandboxRecord, ServiceError> {
+    state
+        .prometheus
+        .timed(Operation::pause, pause_untimed(state, id, memory, reason))
+        .await
+}
+
+async fn pause_untimed(
+    state: &AppState,
+    id: &str,
+    memory: bool,
+    reason: &str,
+) -> Result<SandboxRecord, ServiceError> {
     let _guard = state.sandbox_locks.lock(id.to_string()).await;
     let record = live(state, id)?;
     if let SandboxStatus::Paused { .. } = record.status {
@@ -251,6 +274,21 @@ pub enum Resumed {
 /// memory unless `keep_memory` is false. A running sandbox is returned as is. Emits
 /// `resumed`.
 pub async fn resume(
+    state: &Arc<AppState>,
+    id: &str,
+    timeout_secs: Option<i64>,
+    keep_memory: bool,
+) -> Result<Resumed, ServiceError> {
+    state
+        .prometheus
+        .timed(
+            Operation::resume,
+            resume_untimed(state, id, timeout_secs, keep_memory),
+        )
+        .await
+}
+
+async fn resume_untimed(
     state: &Arc<AppState>,
     id: &str,
     timeout_secs: Option<i64>,
