@@ -8,6 +8,7 @@
 //! library crates together and renders output; the behaviour lives in them.
 
 mod builds;
+mod doctor;
 mod egress;
 mod remote;
 mod sandbox_cli;
@@ -97,6 +98,16 @@ enum Command {
         api: remote::ApiArgs,
         #[command(subcommand)]
         command: store_cli::SecretCommand,
+    },
+    /// Check this host for what `berth up` needs and print the fix for what is missing
+    /// (exit status 1 when a check fails).
+    Doctor {
+        /// State directory whose `criu/` holds a provisioned CRIU (default: as `berth up`).
+        #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
+        criu_state_dir: Option<PathBuf>,
+        /// Print the checks as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a shell completion script, e.g. `berth completions bash >
     /// /etc/bash_completion.d/berth`.
@@ -259,6 +270,16 @@ fn main() -> Result<()> {
         Command::Secret { api, command } => remote_command(&cli.state_dir, &api, |remote| {
             Box::pin(async move { store_cli::secret(remote, command).await.map(|()| 0) })
         }),
+        Command::Doctor {
+            criu_state_dir: criu,
+            json,
+        } => {
+            let criu = criu_state_dir(&cli.state_dir, criu);
+            if !doctor::run(&cli.state_dir, &criu, json)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
