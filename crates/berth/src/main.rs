@@ -10,6 +10,7 @@
 mod builds;
 mod doctor;
 mod egress;
+mod gc;
 mod remote;
 mod sandbox_cli;
 mod shell;
@@ -106,6 +107,18 @@ enum Command {
         #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
         criu_state_dir: Option<PathBuf>,
         /// Print the checks as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List what no daemon owns any more (processes and cgroups of sandboxes whose
+    /// directory is gone, loop devices backed by their deleted disks); --yes removes it.
+    Gc {
+        /// Remove what was found.
+        #[arg(long)]
+        yes: bool,
+        /// Consider every daemon's orphans, not only --state-dir's.
+        #[arg(long)]
+        all_state_dirs: bool,
         #[arg(long)]
         json: bool,
     },
@@ -280,6 +293,11 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::Gc {
+            yes,
+            all_state_dirs,
+            json,
+        } => gc::run(&cli.state_dir, all_state_dirs, yes, json),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
