@@ -234,6 +234,28 @@ struct UpArgs {
     /// without authentication: keep it on loopback or a private network).
     #[arg(long, env = "BERTH_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Longest timeout a sandbox may be given, in seconds, or `unlimited`.
+    #[arg(long, env = "BERTH_MAX_SANDBOX_LIFETIME", default_value = "86400", value_parser = parse_lifetime)]
+    max_sandbox_lifetime: berth_server::MaxLifetime,
+    /// Most running sandboxes per team; creates, resumes and forks beyond it get E2B's
+    /// 429 (unset: no limit).
+    #[arg(long, env = "BERTH_TEAM_MAX_SANDBOXES")]
+    team_max_sandboxes: Option<usize>,
+}
+
+fn parse_lifetime(text: &str) -> Result<berth_server::MaxLifetime, String> {
+    if text.eq_ignore_ascii_case("unlimited") || text.eq_ignore_ascii_case("none") {
+        return Ok(berth_server::MaxLifetime::Unlimited);
+    }
+    match text.parse::<i64>() {
+        Ok(seconds) if seconds > 0 && seconds <= i64::from(i32::MAX) => {
+            Ok(berth_server::MaxLifetime::Seconds(seconds))
+        }
+        _ => Err(format!(
+            "expected seconds (1..={}) or `unlimited`, got {text:?}",
+            i32::MAX
+        )),
+    }
 }
 
 #[derive(Subcommand)]
@@ -663,6 +685,8 @@ fn up(state_dir: &Path, args: UpArgs) -> Result<()> {
             template_limits: args.builds.limits(),
             secrets_key_file: Some(secrets_key_file(&state_dir)),
             pool_size: args.pool_size,
+            max_lifetime: args.max_sandbox_lifetime,
+            team_max_sandboxes: args.team_max_sandboxes,
             ..Default::default()
         };
         let server =
@@ -756,6 +780,15 @@ mod tests {
             fresh.clone()
         };
         assert_eq!(criu_state_dir(&fresh, None), expected);
+    }
+
+    #[test]
+    fn lifetimes_are_seconds_or_unlimited() {
+        use berth_server::MaxLifetime;
+        assert_eq!(parse_lifetime("600"), Ok(MaxLifetime::Seconds(600)));
+        assert_eq!(parse_lifetime("unlimited"), Ok(MaxLifetime::Unlimited));
+        assert!(parse_lifetime("0").is_err());
+        assert!(parse_lifetime("1h").is_err());
     }
 
     #[test]

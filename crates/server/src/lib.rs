@@ -92,6 +92,35 @@ pub struct ServerConfig {
     pub secrets_key_file: Option<std::path::PathBuf>,
     /// Sandboxes kept started per template so a create is a claim (0: no pools).
     pub pool_size: usize,
+    /// The longest timeout a sandbox may be given (create, connect, resume, timeout).
+    pub max_lifetime: MaxLifetime,
+    /// Most running sandboxes one team may have at once (None: no limit); a create,
+    /// resume or fork beyond it is answered 429 as E2B does.
+    pub team_max_sandboxes: Option<usize>,
+}
+
+/// The longest a sandbox may be asked to live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxLifetime {
+    Seconds(i64),
+    /// Any timeout the API can express (int32 seconds).
+    Unlimited,
+}
+
+impl Default for MaxLifetime {
+    /// E2B's largest plan: 24 hours.
+    fn default() -> Self {
+        MaxLifetime::Seconds(24 * 60 * 60)
+    }
+}
+
+impl MaxLifetime {
+    pub fn seconds(self) -> i64 {
+        match self {
+            MaxLifetime::Seconds(seconds) => seconds,
+            MaxLifetime::Unlimited => i64::from(i32::MAX),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -169,6 +169,9 @@ async fn fork_untimed(
     count: usize,
     timeout_secs: i64,
 ) -> Result<Vec<Result<SandboxRecord, ServiceError>>, ServiceError> {
+    if let Some(source) = state.store.live_sandbox_any_team(id)? {
+        super::check_team_limit(state, &source.team_id, count)?;
+    }
     let checkpoint = format!("fork-{}", uuid::Uuid::new_v4());
     let (source, _) = checkpoint_running(state, id, &checkpoint).await?;
     let origin = Arc::new(Origin {

@@ -134,6 +134,23 @@ pub(crate) fn live(state: &AppState, id: &str) -> Result<SandboxRecord, ServiceE
         .ok_or_else(|| ServiceError::SandboxNotFound(id.to_string()))
 }
 
+/// Refuses to start `adding` more sandboxes for `team_id` beyond the operator's
+/// per-team limit. Concurrent starts may each pass before either runs: the limit holds
+/// to within the starts in flight.
+pub(crate) fn check_team_limit(
+    state: &AppState,
+    team_id: &str,
+    adding: usize,
+) -> Result<(), ServiceError> {
+    let Some(limit) = state.config.team_max_sandboxes else {
+        return Ok(());
+    };
+    if state.store.running_sandbox_count(team_id)? + adding > limit {
+        return Err(ServiceError::TeamSandboxLimit { limit });
+    }
+    Ok(())
+}
+
 /// Create a sandbox from a template (or a snapshot of that name) and wait until its
 /// envd is initialised.
 pub async fn create(
@@ -150,6 +167,7 @@ async fn create_untimed(
     state: &Arc<AppState>,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ServiceError> {
+    check_team_limit(state, &request.team_id, 1)?;
     if let Some(snapshot) = state.store.snapshot(&request.team_id, &request.template)? {
         return checkpoints::create_from_snapshot(state, &snapshot, request).await;
     }
@@ -299,6 +317,7 @@ async fn resume_untimed(
     if record.status == SandboxStatus::Running {
         return Ok(Resumed::WasRunning(record));
     }
+    check_team_limit(state, &record.team_id, 1)?;
     let plan = BringUp {
         id: id.to_string(),
         init: Init {
