@@ -35,6 +35,8 @@ _spec.loader.exec_module(control_plane)
 # environment through to it).
 METRICS_ADDR = f"127.0.0.1:{control_plane.free_loopback_port()}"
 os.environ["BERTH_METRICS_LISTEN"] = METRICS_ADDR
+# Its log as JSON lines, so tests can find a request's lines by its id.
+os.environ["BERTH_LOG_FORMAT"] = "json"
 
 Berth = control_plane.Berth
 poll = control_plane.poll

@@ -12,11 +12,11 @@ from typing import Iterator
 import httpx
 import pytest
 
-from conftest import Berth, Cli, control_plane, internet  # noqa: F401 (fixture)
+from conftest import Berth, Cli, control_plane
 
 
 @pytest.fixture(scope="module")
-def limited(berth: Berth, internet) -> Iterator[Berth]:  # noqa: F811
+def limited(berth: Berth, internet) -> Iterator[Berth]:
     state_dir = Path(tempfile.mkdtemp(prefix="berth-ops-limits-"))
     templates = berth.state_dir / "templates"
     if templates.is_symlink():

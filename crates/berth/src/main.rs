@@ -51,8 +51,18 @@ struct Cli {
         global = true
     )]
     state_dir: PathBuf,
+    /// Log lines on stderr as text, or as one JSON object per line (with the span
+    /// fields: request ids on every line of an API request, sandbox ids where known).
+    #[arg(long, env = "BERTH_LOG_FORMAT", default_value = "text", global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -279,14 +289,20 @@ enum KeysCommand {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
     match cli.command {
         Command::Up(args) => up(&cli.state_dir, args),
         Command::Keys { command } => keys(&cli.state_dir, command),

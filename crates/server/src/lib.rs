@@ -183,6 +183,63 @@ pub fn rotate_secrets_kek(
     Ok(secrets::rotate(store, &mut vault)?)
 }
 
+/// The id of one request: the trace id of a W3C `traceparent` header (OpenTelemetry's),
+/// else a client's well-formed `X-Request-Id`, else a new one.
+fn request_id(headers: &axum::http::HeaderMap) -> String {
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    if let Some(trace_id) = header("traceparent").and_then(|value| {
+        let parts: Vec<&str> = value.split('-').collect();
+        (parts.len() == 4
+            && parts[1].len() == 32
+            && parts[1].bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| parts[1].to_ascii_lowercase())
+    }) {
+        return trace_id;
+    }
+    if let Some(id) = header("x-request-id").filter(|id| {
+        !id.is_empty()
+            && id.len() <= 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    }) {
+        return id.to_owned();
+    }
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Runs every request (API and proxied) in a `request` span carrying its id, method,
+/// path (never the query: signed URLs carry their signatures there) and, for proxied
+/// ones, the sandbox id; logs one `request served` line with status and duration at
+/// info level, and answers the id in `X-Request-Id`.
+async fn request_span(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use tracing::Instrument;
+    let id = request_id(request.headers());
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %request.method(),
+        path = %request.uri().path(),
+        sandbox_id = tracing::field::Empty,
+    );
+    let started = std::time::Instant::now();
+    let mut response = next.run(request).instrument(span.clone()).await;
+    span.in_scope(|| {
+        tracing::info!(
+            status = response.status().as_u16(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "request served"
+        )
+    });
+    if let Ok(value) = axum::http::HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    response
+}
+
 /// A running control plane: state plus its background tasks.
 pub struct Server {
     state: SharedState,
@@ -306,6 +363,10 @@ impl Server {
                     async move {
                         match proxy.classify(&request) {
                             Some(Ok(target)) => {
+                                tracing::Span::current().record(
+                                    "sandbox_id",
+                                    tracing::field::display(&target.sandbox_id),
+                                );
                                 let response = proxy.forward(request, target).await;
                                 state.prometheus.proxied(response.status().as_u16());
                                 response.map(axum::body::Body::new)
@@ -318,6 +379,8 @@ impl Server {
                     }
                 },
             ))
+            // Outermost, so proxied requests are in a request span too.
+            .layer(axum::middleware::from_fn(request_span))
     }
 
     /// Serve the API, `extra` routes and the proxy on `listener` until `shutdown` resolves, then stop
@@ -357,5 +420,27 @@ impl Drop for Server {
         for task in &self.tasks {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_id;
+
+    #[test]
+    fn trace_ids_then_client_ids_then_new_ones() {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("x-request-id", "abc-1".parse().unwrap());
+        assert_eq!(request_id(&headers), "abc-1");
+        headers.insert(
+            "traceparent",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(request_id(&headers), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let mut odd = axum::http::HeaderMap::new();
+        odd.insert("x-request-id", "has spaces".parse().unwrap());
+        assert_eq!(request_id(&odd).len(), 32);
     }
 }
