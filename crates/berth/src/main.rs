@@ -11,6 +11,7 @@ mod builds;
 mod doctor;
 mod egress;
 mod gc;
+mod install;
 mod remote;
 mod sandbox_cli;
 mod shell;
@@ -132,6 +133,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write and enable a systemd unit running `berth up` at boot, and its env file
+    /// (`/etc/default/berth`, kept when present).
+    Install(install::InstallArgs),
     /// Print a shell completion script, e.g. `berth completions bash >
     /// /etc/bash_completion.d/berth`.
     Completions { shell: clap_complete::Shell },
@@ -336,6 +340,7 @@ fn main() -> Result<()> {
             all_state_dirs,
             json,
         } => gc::run(&cli.state_dir, all_state_dirs, yes, json),
+        Command::Install(args) => install::run(&cli.state_dir, args),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
