@@ -148,6 +148,8 @@ def test_shell_is_a_terminal(cli: Cli, berth: Berth) -> None:
         poll(lambda: "SHELL-EXIT=7" in screen(), timeout=30, what=f"the CLI to exit with the shell's code; screen:\n{screen()}")
     finally:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+        # kill-server leaves the socket file behind.
+        Path(os.environ.get("TMUX_TMPDIR", "/tmp"), f"tmux-{os.getuid()}", socket).unlink(missing_ok=True)
         cli.run("sandbox", "kill", sandbox_id)
 
 
