@@ -110,7 +110,7 @@ venv() {
 }
 
 step "python venv (.venv)"
-venv .venv tests/sdk/requirements.txt tests/mcp/requirements.txt tests/dashboard/requirements.txt
+venv .venv tests/sdk/requirements.txt tests/mcp/requirements.txt tests/dashboard/requirements.txt tests/ops/requirements.txt
 info "$(.venv/bin/python --version), e2b $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("e2b"))'), mcp $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("mcp"))')"
 
 info "playwright $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("playwright"))') (drives $(chromium --version 2>/dev/null || echo 'no chromium'))"

@@ -221,6 +221,12 @@ interpreter_js() {
         node --test --test-concurrency=1 --test-timeout=600000 tests/interpreter/js/
 }
 
+# Operating berth (tests/ops): the CLI's REST verbs (shell through tmux), against berth up.
+ops_suite() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    (cd tests/ops && in_private_netns ../../.venv/bin/python -m pytest)
+}
+
 mcp_suite() {
     [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
     in_private_netns .venv/bin/python -m pytest tests/mcp -p no:cacheprovider \
@@ -260,6 +266,7 @@ lanes \
     -- \
     "MCP suite (tests/mcp)" mcp_suite \
     "MCP conformance (tests/mcp/conformance)" mcp_conformance \
+    "ops: CLI, metrics, doctor, gc, limits (tests/ops)" ops_suite \
     -- \
     "interpreter: build code-interpreter-v1" interpreter_template \
     "interpreter: Python SDK suite (tests/interpreter)" interpreter_python \

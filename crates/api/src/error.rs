@@ -31,6 +31,9 @@ pub enum ApiError {
     /// A feature of E2B's API that berth does not provide yet; the message names it.
     #[error("{0} is not implemented by berth yet")]
     NotImplemented(String),
+    /// A team quota (e.g. concurrent sandboxes) is used up; E2B answers 429.
+    #[error("{0}")]
+    TooManyRequests(String),
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
@@ -47,6 +50,7 @@ impl ApiError {
             ApiError::NotFound(_) => 404,
             ApiError::Conflict(_) => 409,
             ApiError::PayloadTooLarge { .. } => 413,
+            ApiError::TooManyRequests(_) => 429,
             ApiError::Internal(_) => 500,
             ApiError::NotImplemented(_) => 501,
             ApiError::Unavailable(_) => 503,
@@ -106,6 +110,7 @@ mod tests {
             ApiError::PayloadTooLarge { limit: 1 },
             ApiError::NotImplemented(String::new()),
             ApiError::Unavailable(String::new()),
+            ApiError::TooManyRequests(String::new()),
             ApiError::Internal(String::new()),
         ];
         for err in all {

@@ -8,8 +8,15 @@
 //! library crates together and renders output; the behaviour lives in them.
 
 mod builds;
+mod doctor;
 mod egress;
+mod gc;
 mod host_templates;
+mod install;
+mod remote;
+mod sandbox_cli;
+mod shell;
+mod store_cli;
 mod template_cli;
 
 use std::net::SocketAddr;
@@ -48,8 +55,18 @@ struct Cli {
         global = true
     )]
     state_dir: PathBuf,
+    /// Log lines on stderr as text, or as one JSON object per line (with the span
+    /// fields: request ids on every line of an API request, sandbox ids where known).
+    #[arg(long, env = "BERTH_LOG_FORMAT", default_value = "text", global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -71,12 +88,63 @@ enum Command {
     Mcp(McpArgs),
     /// Connect a user's E2B-compatible API key for the agent tools (key read from stdin).
     Connect(ConnectArgs),
-    /// Build, list and delete templates through the API of a running berth (or any
-    /// E2B-compatible endpoint).
+    /// Sandboxes of the key's team: ls, create, exec, shell, logs, kill, pause, resume,
+    /// fork, snapshot (through the API of a running berth or any E2B-compatible endpoint).
+    Sandbox {
+        #[command(flatten)]
+        api: remote::ApiArgs,
+        #[command(subcommand)]
+        command: sandbox_cli::SandboxCommand,
+    },
+    /// Build, list and delete templates through the API.
     Template {
+        #[command(flatten)]
+        api: remote::ApiArgs,
         #[command(subcommand)]
         command: template_cli::TemplateCommand,
     },
+    /// The team's volumes through the API.
+    Volume {
+        #[command(flatten)]
+        api: remote::ApiArgs,
+        #[command(subcommand)]
+        command: store_cli::VolumeCommand,
+    },
+    /// The team's secrets through the API (values read from stdin, never printed).
+    Secret {
+        #[command(flatten)]
+        api: remote::ApiArgs,
+        #[command(subcommand)]
+        command: store_cli::SecretCommand,
+    },
+    /// Check this host for what `berth up` needs and print the fix for what is missing
+    /// (exit status 1 when a check fails).
+    Doctor {
+        /// State directory whose `criu/` holds a provisioned CRIU (default: as `berth up`).
+        #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
+        criu_state_dir: Option<PathBuf>,
+        /// Print the checks as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List what no daemon owns any more (processes and cgroups of sandboxes whose
+    /// directory is gone, loop devices backed by their deleted disks); --yes removes it.
+    Gc {
+        /// Remove what was found.
+        #[arg(long)]
+        yes: bool,
+        /// Consider every daemon's orphans, not only --state-dir's.
+        #[arg(long)]
+        all_state_dirs: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write and enable a systemd unit running `berth up` at boot, and its env file
+    /// (`/etc/default/berth`, kept when present).
+    Install(install::InstallArgs),
+    /// Print a shell completion script, e.g. `berth completions bash >
+    /// /etc/bash_completion.d/berth`.
+    Completions { shell: clap_complete::Shell },
     /// Add a key-encryption key version and re-encrypt every secret and MCP connection
     /// under it (also while `berth up` runs).
     RotateKek,
@@ -211,6 +279,32 @@ struct UpArgs {
     /// TLS-intercepting proxy in front of the package registries.
     #[arg(long, env = "BERTH_BUILD_CA_FILE")]
     build_ca_file: Option<PathBuf>,
+    /// Serve Prometheus metrics at `GET /metrics` on this address (a listener of its own,
+    /// without authentication: keep it on loopback or a private network).
+    #[arg(long, env = "BERTH_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    /// Longest timeout a sandbox may be given, in seconds, or `unlimited`.
+    #[arg(long, env = "BERTH_MAX_SANDBOX_LIFETIME", default_value = "86400", value_parser = parse_lifetime)]
+    max_sandbox_lifetime: berth_server::MaxLifetime,
+    /// Most running sandboxes per team; creates, resumes and forks beyond it get E2B's
+    /// 429 (unset: no limit).
+    #[arg(long, env = "BERTH_TEAM_MAX_SANDBOXES")]
+    team_max_sandboxes: Option<usize>,
+}
+
+fn parse_lifetime(text: &str) -> Result<berth_server::MaxLifetime, String> {
+    if text.eq_ignore_ascii_case("unlimited") || text.eq_ignore_ascii_case("none") {
+        return Ok(berth_server::MaxLifetime::Unlimited);
+    }
+    match text.parse::<i64>() {
+        Ok(seconds) if seconds > 0 && seconds <= i64::from(i32::MAX) => {
+            Ok(berth_server::MaxLifetime::Seconds(seconds))
+        }
+        _ => Err(format!(
+            "expected seconds (1..={}) or `unlimited`, got {text:?}",
+            i32::MAX
+        )),
+    }
 }
 
 #[derive(Subcommand)]
@@ -238,14 +332,20 @@ fn main() -> Result<()> {
     // checkpoints, keys, logs) is readable by root alone unless a mode is set on purpose
     // (the few directories sandboxes traverse, template content, sandboxes' own files).
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
     state_dir::secure(&cli.state_dir)?;
     match cli.command {
         Command::Up(args) => up(&cli.state_dir, args, &[]),
@@ -254,9 +354,61 @@ fn main() -> Result<()> {
         Command::Provision(args) => up(&cli.state_dir, args.up, &args.templates),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
-        Command::Template { command } => template_cli::run(command),
+        Command::Sandbox { api, command } => remote_command(&cli.state_dir, &api, |remote| {
+            Box::pin(async move { sandbox_cli::run(remote, command).await })
+        }),
+        Command::Template { api, command } => remote_command(&cli.state_dir, &api, |remote| {
+            Box::pin(async move { template_cli::run(remote, command).await.map(|()| 0) })
+        }),
+        Command::Volume { api, command } => remote_command(&cli.state_dir, &api, |remote| {
+            Box::pin(async move { store_cli::volume(remote, command).await.map(|()| 0) })
+        }),
+        Command::Secret { api, command } => remote_command(&cli.state_dir, &api, |remote| {
+            Box::pin(async move { store_cli::secret(remote, command).await.map(|()| 0) })
+        }),
+        Command::Doctor {
+            criu_state_dir: criu,
+            json,
+        } => {
+            let criu = criu_state_dir(&cli.state_dir, criu);
+            if !doctor::run(&cli.state_dir, &criu, json)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Gc {
+            yes,
+            all_state_dirs,
+            json,
+        } => gc::run(&cli.state_dir, all_state_dirs, yes, json),
+        Command::Install(args) => install::run(&cli.state_dir, args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "berth",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         Command::RotateKek => rotate_kek(&cli.state_dir),
     }
+}
+
+/// Runs one REST-talking verb and exits with its exit code. The process exits without
+/// dropping the tokio runtime: a shell's stdin reader may still be blocked in `read`.
+fn remote_command(
+    state_dir: &Path,
+    api: &remote::ApiArgs,
+    verb: impl for<'a> FnOnce(
+        &'a remote::Remote,
+    )
+        -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<i32>> + 'a>>,
+) -> Result<()> {
+    let remote = remote::Remote::connect(api, state_dir)?;
+    let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
+    let code = runtime.block_on(verb(&remote))?;
+    std::process::exit(code)
 }
 
 /// Where the secrets vault keeps its key-encryption keys (unless `BERTH_KEK` is set).
@@ -667,6 +819,8 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
                 0
             },
             host_templates,
+            max_lifetime: args.max_sandbox_lifetime,
+            team_max_sandboxes: args.team_max_sandboxes,
             ..Default::default()
         };
         let server = Server::start_with_builds(
@@ -685,7 +839,26 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
             }
             return built;
         }
+        let metrics = match args.metrics_listen {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("listening for /metrics on {addr}"))?;
+                eprintln!("metrics on http://{}/metrics", listener.local_addr()?);
+                let stop = tokio_util::sync::CancellationToken::new();
+                let serving = axum::serve(listener, server.metrics_router())
+                    .with_graceful_shutdown(stop.clone().cancelled_owned());
+                tokio::spawn(async move {
+                    if let Err(err) = serving.await {
+                        eprintln!("warning: /metrics listener failed: {err}");
+                    }
+                });
+                Some(stop)
+            }
+            None => None,
+        };
         let url = client_url(listener.local_addr()?);
+        remote::record_api_url(&state_dir, &url)?;
         let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
         mcp_config.toolset = args.mcp_toolset;
         let listen_ip = args.listen.ip();
@@ -728,6 +901,9 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         eprintln!("shutting down");
         let _ = stop_tx.send(());
         sweeping.cancel();
+        if let Some(metrics) = metrics {
+            metrics.cancel();
+        }
         // Long-lived proxied streams must not hold the shutdown forever.
         match tokio::time::timeout(SHUTDOWN_GRACE, serving).await {
             Ok(Ok(result)) => result.context("serving")?,
@@ -819,6 +995,15 @@ mod tests {
             fresh.clone()
         };
         assert_eq!(criu_state_dir(&fresh, None), expected);
+    }
+
+    #[test]
+    fn lifetimes_are_seconds_or_unlimited() {
+        use berth_server::MaxLifetime;
+        assert_eq!(parse_lifetime("600"), Ok(MaxLifetime::Seconds(600)));
+        assert_eq!(parse_lifetime("unlimited"), Ok(MaxLifetime::Unlimited));
+        assert!(parse_lifetime("0").is_err());
+        assert!(parse_lifetime("1h").is_err());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `berth template build|list|delete`: template management over the REST API (any
+//! `berth template build|ls|rm`: template management over the REST API (any
 //! E2B-compatible endpoint, `berth up` by default), with live step progress and logs.
 //!
 //! A build goes as the SDKs do it: `POST /v3/templates`, one upload per COPY source
@@ -15,34 +15,24 @@ use berth_api::{TemplateBuildRequestV3, TemplateBuildStartV2, TemplateBuildStatu
 use berth_client::ApiClient;
 use clap::{Args, Subcommand};
 
+use crate::remote::{print_json, Remote};
+
 /// How often a build's status is polled.
 const POLL_INTERVAL: Duration = Duration::from_millis(300);
-
-#[derive(Args)]
-pub struct ApiArgs {
-    /// The API to talk to.
-    #[arg(long, env = "E2B_API_URL", default_value = "http://127.0.0.1:3000")]
-    api_url: String,
-    /// API key of the team (as `berth up` printed it, or `berth keys create`).
-    #[arg(long, env = "E2B_API_KEY", hide_env_values = true)]
-    api_key: String,
-}
 
 #[derive(Subcommand)]
 pub enum TemplateCommand {
     /// Build a template from a Dockerfile, an image or another template.
     Build(BuildArgs),
     /// List the templates the team sees (installed on the host and its own).
-    List {
-        #[command(flatten)]
-        api: ApiArgs,
-    },
-    /// Delete one of the team's templates (by name or id) and the files only it used.
-    Delete {
+    #[command(alias = "list")]
+    Ls,
+    /// Delete one of the team's templates (by name or id) and the files only it used,
+    /// or a snapshot by its name.
+    #[command(alias = "delete")]
+    Rm {
         /// Template name or id.
         template: String,
-        #[command(flatten)]
-        api: ApiArgs,
     },
 }
 
@@ -81,62 +71,60 @@ pub struct BuildArgs {
     /// Rebuild every step, ignoring the cache.
     #[arg(long)]
     no_cache: bool,
-    #[command(flatten)]
-    api: ApiArgs,
 }
 
-pub fn run(command: TemplateCommand) -> Result<()> {
-    let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
-    runtime.block_on(async move {
-        match command {
-            TemplateCommand::Build(args) => build(args).await,
-            TemplateCommand::List { api } => list(api).await,
-            TemplateCommand::Delete { template, api } => {
-                client(&api)?
-                    .delete_template(&template)
-                    .await
-                    .with_context(|| format!("deleting template {template}"))?;
-                eprintln!("deleted template {template}");
-                Ok(())
-            }
+pub async fn run(remote: &Remote, command: TemplateCommand) -> Result<()> {
+    match command {
+        TemplateCommand::Build(args) => build(remote, args).await,
+        TemplateCommand::Ls => list(remote).await,
+        TemplateCommand::Rm { template } => {
+            remote
+                .client
+                .delete_template(&template)
+                .await
+                .map_err(|err| remote.explain(err, &format!("deleting template {template}")))?;
+            eprintln!("deleted template {template}");
+            Ok(())
         }
-    })
+    }
 }
 
-fn client(api: &ApiArgs) -> Result<ApiClient> {
-    ApiClient::new(&api.api_url, &api.api_key).context("making the API client")
-}
-
-async fn list(api: ApiArgs) -> Result<()> {
-    let client = client(&api)?;
-    println!(
-        "{:<22}  {:<28}  {:<7}  {:>4}  {:>7}  {:>8}  {:<8}  BUILD",
-        "ID", "NAME", "ACCESS", "CPUS", "MEM MiB", "DISK MiB", "STATUS"
-    );
+async fn list(remote: &Remote) -> Result<()> {
+    let client = &remote.client;
+    let mut templates = Vec::new();
     let mut token: Option<String> = None;
     loop {
         let page = client
             .list_templates(Some(100), token.as_deref())
             .await
-            .context("listing templates")?;
-        for t in &page.items {
-            println!(
-                "{:<22}  {:<28}  {:<7}  {:>4}  {:>7}  {:>8}  {:<8}  {}",
-                t.template_id,
-                t.names.join(","),
-                if t.public { "public" } else { "private" },
-                t.cpu_count,
-                t.memory_mb,
-                t.disk_size_mb,
-                format!("{:?}", t.build_status).to_lowercase(),
-                t.build_id
-            );
-        }
+            .map_err(|err| remote.explain(err, "listing templates"))?;
+        templates.extend(page.items);
         match page.next_token {
             Some(next) => token = Some(next),
-            None => return Ok(()),
+            None => break,
         }
     }
+    if remote.json {
+        return print_json(&templates);
+    }
+    println!(
+        "{:<22}  {:<28}  {:<7}  {:>4}  {:>7}  {:>8}  {:<8}  BUILD",
+        "ID", "NAME", "ACCESS", "CPUS", "MEM MiB", "DISK MiB", "STATUS"
+    );
+    for t in &templates {
+        println!(
+            "{:<22}  {:<28}  {:<7}  {:>4}  {:>7}  {:>8}  {:<8}  {}",
+            t.template_id,
+            t.names.join(","),
+            if t.public { "public" } else { "private" },
+            t.cpu_count,
+            t.memory_mb,
+            t.disk_size_mb,
+            format!("{:?}", t.build_status).to_lowercase(),
+            t.build_id
+        );
+    }
+    Ok(())
 }
 
 /// The build body and the directory COPY sources are read from.
@@ -198,8 +186,8 @@ fn plan(args: &BuildArgs) -> Result<Plan> {
     Ok(Plan { body, context })
 }
 
-async fn build(args: BuildArgs) -> Result<()> {
-    let client = client(&args.api)?;
+async fn build(remote: &Remote, args: BuildArgs) -> Result<()> {
+    let client = &remote.client;
     let mut plan = plan(&args)?;
     let requested = client
         .request_template_build(&TemplateBuildRequestV3 {
@@ -210,7 +198,7 @@ async fn build(args: BuildArgs) -> Result<()> {
             ..TemplateBuildRequestV3::default()
         })
         .await
-        .context("requesting the build")?;
+        .map_err(|err| remote.explain(err, "requesting the build"))?;
     let template_id = requested.template_id.clone();
     let build_id = requested.build_id.clone();
     eprintln!(
@@ -218,13 +206,13 @@ async fn build(args: BuildArgs) -> Result<()> {
         requested.names.join(","),
         requested.tags.join(",")
     );
-    upload_copies(&client, &template_id, &mut plan).await?;
+    upload_copies(client, &template_id, &mut plan).await?;
     client
         .start_template_build(&template_id, &build_id, &plan.body)
         .await
-        .context("starting the build")?;
+        .map_err(|err| remote.explain(err, "starting the build"))?;
     let steps = plan.body.steps.clone();
-    let follow = follow(&client, &template_id, &build_id, &steps);
+    let follow = follow(client, &template_id, &build_id, &steps);
     tokio::select! {
         result = follow => result,
         _ = tokio::signal::ctrl_c() => {

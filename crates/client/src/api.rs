@@ -1,7 +1,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use berth_api::{ConnectSandbox, ListedSandbox, NewSandbox, Sandbox, SandboxTimeoutRequest};
+use berth_api::{
+    ConnectSandbox, ListedSandbox, NewSandbox, NewSecret, NewVolume, ResumedSandbox, Sandbox,
+    SandboxDetail, SandboxEvent, SandboxForkRequest, SandboxForkResult, SandboxLogsV2Response,
+    SandboxMetric, SandboxPauseRequest, SandboxSnapshotRequest, SandboxTimeoutRequest, Secret,
+    SecretUpdate, SnapshotInfo, Volume, VolumeAndToken,
+};
 use reqwest::Method;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -162,23 +167,12 @@ impl ApiClient {
         limit: Option<u32>,
         next_token: Option<&str>,
     ) -> Result<Page<ListedSandbox>, ClientError> {
-        let mut query = Vec::new();
-        if let Some(limit) = limit {
-            query.push(("limit".to_owned(), limit.to_string()));
-        }
-        if let Some(token) = next_token {
-            query.push(("nextToken".to_owned(), token.to_owned()));
-        }
-        let response = self
-            .send::<()>(Method::GET, "/v2/sandboxes", &query, None)
-            .await?;
-        let next_token = next_token_of(&response);
-        let bytes = response.bytes().await.map_err(ClientError::transport)?;
-        let items = serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
-            what: "GET /v2/sandboxes",
-            source,
-        })?;
-        Ok(Page { items, next_token })
+        self.query_sandboxes(&SandboxQuery {
+            limit,
+            next_token: next_token.map(str::to_owned),
+            ..SandboxQuery::default()
+        })
+        .await
     }
 
     /// `DELETE /sandboxes/{id}`.
@@ -231,6 +225,332 @@ impl ApiClient {
     }
 }
 
+/// Filters of a sandbox listing (`GET /v2/sandboxes`); every field is optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxQuery {
+    /// Metadata pairs every listed sandbox must carry.
+    pub metadata: Vec<(String, String)>,
+    /// Template id or alias.
+    pub template: Option<String>,
+    /// Only running (`Some(Running)`) or only paused sandboxes; `None`: both.
+    pub state: Option<berth_api::SandboxState>,
+    pub limit: Option<u32>,
+    pub next_token: Option<String>,
+}
+
+impl SandboxQuery {
+    fn pairs(&self) -> Vec<(String, String)> {
+        let mut query = Vec::new();
+        if !self.metadata.is_empty() {
+            let encoded: Vec<String> = self
+                .metadata
+                .iter()
+                .map(|(key, value)| format!("{}={}", encode_segment(key), encode_segment(value)))
+                .collect();
+            query.push(("metadata".to_owned(), encoded.join("&")));
+        }
+        if let Some(template) = &self.template {
+            query.push(("template".to_owned(), template.clone()));
+        }
+        if let Some(state) = self.state {
+            let state = match state {
+                berth_api::SandboxState::Running => "running",
+                berth_api::SandboxState::Paused => "paused",
+            };
+            query.push(("state".to_owned(), state.to_owned()));
+        }
+        if let Some(limit) = self.limit {
+            query.push(("limit".to_owned(), limit.to_string()));
+        }
+        if let Some(token) = &self.next_token {
+            query.push(("nextToken".to_owned(), token.clone()));
+        }
+        query
+    }
+}
+
+/// Which log lines `GET /v2/sandboxes/{id}/logs` returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogQuery {
+    /// Lines at or after (forward) this time, in milliseconds since the epoch.
+    pub cursor_ms: Option<i64>,
+    pub limit: Option<u32>,
+    /// Lowest level returned.
+    pub level: Option<berth_api::LogLevel>,
+    /// Substring every message contains.
+    pub search: Option<String>,
+    /// Newest first instead of oldest first.
+    pub backward: bool,
+}
+
+impl LogQuery {
+    fn pairs(&self) -> Vec<(String, String)> {
+        let mut query = Vec::new();
+        if let Some(cursor) = self.cursor_ms {
+            query.push(("cursor".to_owned(), cursor.to_string()));
+        }
+        if let Some(limit) = self.limit {
+            query.push(("limit".to_owned(), limit.to_string()));
+        }
+        if let Some(level) = self.level {
+            query.push(("level".to_owned(), level.as_str().to_owned()));
+        }
+        if let Some(search) = &self.search {
+            query.push(("search".to_owned(), search.clone()));
+        }
+        if self.backward {
+            query.push(("direction".to_owned(), "backward".to_owned()));
+        }
+        query
+    }
+}
+
+impl ApiClient {
+    /// A GET with query pairs answered with the model `T`, with the page cursor.
+    async fn get_page<T: DeserializeOwned>(
+        &self,
+        what: &'static str,
+        path: &str,
+        query: &[(String, String)],
+    ) -> Result<Page<T>, ClientError> {
+        let response = self.send::<()>(Method::GET, path, query, None).await?;
+        let next_token = next_token_of(&response);
+        let bytes = response.bytes().await.map_err(ClientError::transport)?;
+        let items = serde_json::from_slice(&bytes)
+            .map_err(|source| ClientError::Decode { what, source })?;
+        Ok(Page { items, next_token })
+    }
+
+    /// `GET /v2/sandboxes` with filters: one page.
+    pub async fn query_sandboxes(
+        &self,
+        query: &SandboxQuery,
+    ) -> Result<Page<ListedSandbox>, ClientError> {
+        self.get_page("GET /v2/sandboxes", "/v2/sandboxes", &query.pairs())
+            .await
+    }
+
+    /// `GET /sandboxes/{id}`: a running or paused sandbox of the key's team.
+    pub async fn get_sandbox(&self, sandbox_id: &str) -> Result<SandboxDetail, ClientError> {
+        self.call::<(), _>(
+            "GET /sandboxes/{id}",
+            Method::GET,
+            &sandbox_path(sandbox_id, ""),
+            None,
+        )
+        .await
+    }
+
+    /// `POST /sandboxes/{id}/pause {memory}`: `memory` false keeps only the files.
+    pub async fn pause_sandbox_with(
+        &self,
+        sandbox_id: &str,
+        memory: bool,
+    ) -> Result<(), ClientError> {
+        let body = SandboxPauseRequest {
+            memory: Some(memory),
+            require_healthy_guest: None,
+        };
+        self.call_without_answer(
+            Method::POST,
+            &sandbox_path(sandbox_id, "/pause"),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// `POST /sandboxes/{id}/resume {timeout}`: a paused sandbox runs again (409 when it
+    /// already runs).
+    pub async fn resume_sandbox(
+        &self,
+        sandbox_id: &str,
+        timeout_seconds: u64,
+    ) -> Result<Sandbox, ClientError> {
+        let body = ResumedSandbox {
+            timeout: Some(seconds(timeout_seconds)),
+            auto_pause: None,
+        };
+        self.call(
+            "POST /sandboxes/{id}/resume",
+            Method::POST,
+            &sandbox_path(sandbox_id, "/resume"),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// `POST /sandboxes/{id}/fork`: one result per requested copy.
+    pub async fn fork_sandbox(
+        &self,
+        sandbox_id: &str,
+        request: &SandboxForkRequest,
+    ) -> Result<Vec<SandboxForkResult>, ClientError> {
+        self.call(
+            "POST /sandboxes/{id}/fork",
+            Method::POST,
+            &sandbox_path(sandbox_id, "/fork"),
+            Some(request),
+        )
+        .await
+    }
+
+    /// `POST /sandboxes/{id}/snapshots`.
+    pub async fn snapshot_sandbox(
+        &self,
+        sandbox_id: &str,
+        request: &SandboxSnapshotRequest,
+    ) -> Result<SnapshotInfo, ClientError> {
+        self.call(
+            "POST /sandboxes/{id}/snapshots",
+            Method::POST,
+            &sandbox_path(sandbox_id, "/snapshots"),
+            Some(request),
+        )
+        .await
+    }
+
+    /// `GET /snapshots`: one page.
+    pub async fn list_snapshots(
+        &self,
+        next_token: Option<&str>,
+    ) -> Result<Page<SnapshotInfo>, ClientError> {
+        let query: Vec<(String, String)> = next_token
+            .map(|token| ("nextToken".to_owned(), token.to_owned()))
+            .into_iter()
+            .collect();
+        self.get_page("GET /snapshots", "/snapshots", &query).await
+    }
+
+    /// `GET /v2/sandboxes/{id}/logs`.
+    pub async fn sandbox_logs(
+        &self,
+        sandbox_id: &str,
+        query: &LogQuery,
+    ) -> Result<SandboxLogsV2Response, ClientError> {
+        let path = format!("/v2/sandboxes/{}/logs", encode_segment(sandbox_id));
+        let response = self
+            .send::<()>(Method::GET, &path, &query.pairs(), None)
+            .await?;
+        let bytes = response.bytes().await.map_err(ClientError::transport)?;
+        serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
+            what: "GET /v2/sandboxes/{id}/logs",
+            source,
+        })
+    }
+
+    /// `GET /sandboxes/{id}/metrics`: samples between `start` and `end` (unix seconds).
+    pub async fn sandbox_metrics(
+        &self,
+        sandbox_id: &str,
+        start: Option<i64>,
+        end: Option<i64>,
+    ) -> Result<Vec<SandboxMetric>, ClientError> {
+        let mut query = Vec::new();
+        if let Some(start) = start {
+            query.push(("start".to_owned(), start.to_string()));
+        }
+        if let Some(end) = end {
+            query.push(("end".to_owned(), end.to_string()));
+        }
+        let page = self
+            .get_page(
+                "GET /sandboxes/{id}/metrics",
+                &sandbox_path(sandbox_id, "/metrics"),
+                &query,
+            )
+            .await?;
+        Ok(page.items)
+    }
+
+    /// `GET /events/sandboxes/{id}`: the sandbox's lifecycle events.
+    pub async fn sandbox_events(&self, sandbox_id: &str) -> Result<Vec<SandboxEvent>, ClientError> {
+        let path = format!("/events/sandboxes/{}", encode_segment(sandbox_id));
+        Ok(self
+            .get_page("GET /events/sandboxes/{id}", &path, &[])
+            .await?
+            .items)
+    }
+
+    /// `GET /volumes`.
+    pub async fn list_volumes(&self) -> Result<Vec<Volume>, ClientError> {
+        self.call::<(), _>("GET /volumes", Method::GET, "/volumes", None)
+            .await
+    }
+
+    /// `POST /volumes {name}`.
+    pub async fn create_volume(&self, name: &str) -> Result<VolumeAndToken, ClientError> {
+        let body = NewVolume {
+            name: name.to_owned(),
+        };
+        self.call("POST /volumes", Method::POST, "/volumes", Some(&body))
+            .await
+    }
+
+    /// `GET /volumes/{id}`.
+    pub async fn get_volume(&self, volume_id: &str) -> Result<VolumeAndToken, ClientError> {
+        self.call::<(), _>(
+            "GET /volumes/{id}",
+            Method::GET,
+            &format!("/volumes/{}", encode_segment(volume_id)),
+            None,
+        )
+        .await
+    }
+
+    /// `DELETE /volumes/{id}`.
+    pub async fn delete_volume(&self, volume_id: &str) -> Result<(), ClientError> {
+        self.call_without_answer::<()>(
+            Method::DELETE,
+            &format!("/volumes/{}", encode_segment(volume_id)),
+            None,
+        )
+        .await
+    }
+
+    /// `GET /secrets`: one page of the team's secrets (metadata only, never values).
+    pub async fn list_secrets(
+        &self,
+        next_token: Option<&str>,
+    ) -> Result<Page<Secret>, ClientError> {
+        let query: Vec<(String, String)> = next_token
+            .map(|token| ("nextToken".to_owned(), token.to_owned()))
+            .into_iter()
+            .collect();
+        self.get_page("GET /secrets", "/secrets", &query).await
+    }
+
+    /// `POST /secrets`.
+    pub async fn create_secret(&self, secret: &NewSecret) -> Result<Secret, ClientError> {
+        self.call("POST /secrets", Method::POST, "/secrets", Some(secret))
+            .await
+    }
+
+    /// `POST /secrets/{id}`: a new version of the value.
+    pub async fn update_secret(
+        &self,
+        id_or_name: &str,
+        update: &SecretUpdate,
+    ) -> Result<Secret, ClientError> {
+        self.call(
+            "POST /secrets/{id}",
+            Method::POST,
+            &format!("/secrets/{}", encode_segment(id_or_name)),
+            Some(update),
+        )
+        .await
+    }
+
+    /// `DELETE /secrets/{id}`.
+    pub async fn delete_secret(&self, id_or_name: &str) -> Result<(), ClientError> {
+        self.call_without_answer::<()>(
+            Method::DELETE,
+            &format!("/secrets/{}", encode_segment(id_or_name)),
+            None,
+        )
+        .await
+    }
+}
+
 /// The API's timeouts are int32 seconds; larger values mean "as long as allowed".
 fn seconds(timeout: u64) -> i64 {
     timeout.min(i32::MAX as u64) as i64
@@ -270,6 +590,39 @@ mod tests {
         assert_eq!(encode_segment("iabc123"), "iabc123");
         assert_eq!(encode_segment("../x"), "..%2Fx");
         assert_eq!(encode_segment("a b?"), "a%20b%3F");
+    }
+
+    #[test]
+    fn listing_filters_become_the_apis_query() {
+        let query = SandboxQuery {
+            metadata: vec![("user".into(), "a b".into()), ("app".into(), "x".into())],
+            template: Some("base".into()),
+            state: Some(berth_api::SandboxState::Paused),
+            limit: Some(5),
+            next_token: None,
+        };
+        assert_eq!(
+            query.pairs(),
+            vec![
+                ("metadata".to_owned(), "user=a%20b&app=x".to_owned()),
+                ("template".to_owned(), "base".to_owned()),
+                ("state".to_owned(), "paused".to_owned()),
+                ("limit".to_owned(), "5".to_owned()),
+            ]
+        );
+        assert!(SandboxQuery::default().pairs().is_empty());
+        let logs = LogQuery {
+            level: Some(berth_api::LogLevel::Warn),
+            backward: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            logs.pairs(),
+            vec![
+                ("level".to_owned(), "warn".to_owned()),
+                ("direction".to_owned(), "backward".to_owned()),
+            ]
+        );
     }
 
     #[test]

@@ -5,12 +5,17 @@ use std::time::Duration;
 use berth_envd_proto::connect::{
     encode_envelope, Codec, ConnectError, ContentType, EndStream, EnvelopeDecoder, PROTOCOL_VERSION,
 };
+use berth_envd_proto::filesystem::{EntryInfo as FsEntry, ListDirRequest, ListDirResponse};
 use berth_envd_proto::headers::{
     ACCESS_TOKEN, CONNECT_PROTOCOL_VERSION, CONNECT_TIMEOUT_MS, SANDBOX_ID, SANDBOX_PORT,
 };
 use berth_envd_proto::http::EntryInfo;
 use berth_envd_proto::process::process_event::{data_event, Event};
-use berth_envd_proto::process::{ProcessConfig, StartRequest, StartResponse};
+use berth_envd_proto::process::{
+    process_input, process_selector, pty, ProcessConfig, ProcessInput, ProcessSelector,
+    Pty as PtyConfig, SendInputRequest, SendInputResponse, SendSignalRequest, SendSignalResponse,
+    Signal, StartRequest, StartResponse, UpdateRequest, UpdateResponse,
+};
 use berth_envd_proto::{routes, ENVD_PORT};
 use futures::StreamExt;
 
@@ -18,6 +23,9 @@ use crate::error::ClientError;
 
 /// Largest process-stream message accepted (envd sends output in small chunks).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Longest wait for one unary envd call (input, resize, signal, listing).
+const UNARY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long past a command's own time limit the HTTP call may take before it is cut
 /// (envd ends the stream itself when the limit passes).
@@ -254,6 +262,283 @@ impl EnvdClient {
             what: "POST /files",
             source,
         })
+    }
+}
+
+/// A terminal program to start through `process.Process/Start` with a PTY.
+#[derive(Debug, Clone)]
+pub struct PtyRequest {
+    pub cmd: String,
+    pub args: Vec<String>,
+    pub envs: HashMap<String, String>,
+    pub cwd: Option<String>,
+    pub cols: u32,
+    pub rows: u32,
+}
+
+impl PtyRequest {
+    /// A login shell (`/bin/bash -i -l`) with `TERM=xterm-256color`, as the SDKs'
+    /// `pty.create` starts.
+    pub fn login_shell(cols: u32, rows: u32) -> Self {
+        PtyRequest {
+            cmd: "/bin/bash".into(),
+            args: vec!["-i".into(), "-l".into()],
+            envs: HashMap::from([("TERM".to_owned(), "xterm-256color".to_owned())]),
+            cwd: None,
+            cols,
+            rows,
+        }
+    }
+}
+
+/// What a PTY's stream delivers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PtyEvent {
+    /// Bytes the terminal printed.
+    Output(Vec<u8>),
+    /// The program ended (the last event).
+    Exited {
+        exit_code: Option<i32>,
+        error: Option<String>,
+    },
+}
+
+/// A running PTY program: its pid (for input, resize and signals through
+/// [`EnvdClient`]) and its output stream.
+pub struct PtyStream {
+    pid: u32,
+    body: futures::stream::BoxStream<'static, Result<bytes::Bytes, reqwest::Error>>,
+    decoder: EnvelopeDecoder,
+    pending: std::collections::VecDeque<PtyEvent>,
+    done: bool,
+}
+
+impl fmt::Debug for PtyStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PtyStream").field("pid", &self.pid).finish()
+    }
+}
+
+impl PtyStream {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Decodes every envelope already received: output and the exit become pending
+    /// events, the start event sets the pid, the end-of-stream marks the stream done.
+    fn decode_buffered(&mut self) -> Result<(), ClientError> {
+        while let Some(envelope) = self.decoder.next_envelope()? {
+            if envelope.is_end_stream() {
+                self.done = true;
+                let end: EndStream =
+                    serde_json::from_slice(&envelope.payload).map_err(|source| {
+                        ClientError::Decode {
+                            what: "the end of the PTY stream",
+                            source,
+                        }
+                    })?;
+                if let Some(error) = end.error {
+                    self.pending.push_back(PtyEvent::Exited {
+                        exit_code: None,
+                        error: Some(error.to_string()),
+                    });
+                }
+                return Ok(());
+            }
+            let message: StartResponse = Codec::Json
+                .decode(&envelope.payload)
+                .map_err(ClientError::Message)?;
+            match message.event.and_then(|event| event.event) {
+                Some(Event::Data(data)) => match data.output {
+                    Some(
+                        data_event::Output::Pty(bytes)
+                        | data_event::Output::Stdout(bytes)
+                        | data_event::Output::Stderr(bytes),
+                    ) => self.pending.push_back(PtyEvent::Output(bytes.to_vec())),
+                    None => {}
+                },
+                Some(Event::End(end)) => self.pending.push_back(PtyEvent::Exited {
+                    exit_code: Some(end.exit_code),
+                    error: end.error,
+                }),
+                Some(Event::Start(start)) => self.pid = start.pid,
+                Some(Event::Keepalive(_)) | None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the stream until `ready` holds for what was decoded, or the stream is done.
+    async fn read_until(&mut self, ready: fn(&PtyStream) -> bool) -> Result<(), ClientError> {
+        loop {
+            self.decode_buffered()?;
+            if self.done || ready(self) {
+                return Ok(());
+            }
+            match self.body.next().await {
+                Some(chunk) => self.decoder.push(&chunk.map_err(ClientError::transport)?),
+                None => {
+                    self.decoder.finish()?;
+                    return Err(ClientError::Unterminated);
+                }
+            }
+        }
+    }
+
+    /// The next event; `None` once the stream ended.
+    pub async fn next_event(&mut self) -> Result<Option<PtyEvent>, ClientError> {
+        if self.pending.is_empty() {
+            self.read_until(|stream| !stream.pending.is_empty()).await?;
+        }
+        Ok(self.pending.pop_front())
+    }
+}
+
+fn by_pid(pid: u32) -> Option<ProcessSelector> {
+    Some(ProcessSelector {
+        selector: Some(process_selector::Selector::Pid(pid)),
+    })
+}
+
+impl EnvdClient {
+    /// One unary Connect call with JSON messages.
+    async fn unary<Req, Resp>(
+        &self,
+        what: &'static str,
+        route: &str,
+        message: &Req,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: prost::Message + serde::Serialize,
+        Resp: prost::Message + serde::de::DeserializeOwned + Default,
+    {
+        let response = self
+            .request(reqwest::Method::POST, route)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                ContentType::UNARY_JSON.as_str(),
+            )
+            .header(CONNECT_PROTOCOL_VERSION, PROTOCOL_VERSION)
+            .body(Codec::Json.encode(message))
+            .timeout(UNARY_TIMEOUT)
+            .send()
+            .await
+            .map_err(ClientError::transport)?;
+        if !response.status().is_success() {
+            return Err(ClientError::from_response(response).await);
+        }
+        let bytes = response.bytes().await.map_err(ClientError::transport)?;
+        Codec::Json
+            .decode(&bytes)
+            .map_err(|source| ClientError::Unary { what, source })
+    }
+
+    /// Starts a program on a new PTY and waits for its start event (its pid).
+    pub async fn start_pty(&self, pty: &PtyRequest) -> Result<PtyStream, ClientError> {
+        let start = StartRequest {
+            process: Some(ProcessConfig {
+                cmd: pty.cmd.clone(),
+                args: pty.args.clone(),
+                envs: pty.envs.clone(),
+                cwd: pty.cwd.clone(),
+            }),
+            pty: Some(PtyConfig {
+                size: Some(pty::Size {
+                    cols: pty.cols,
+                    rows: pty.rows,
+                }),
+            }),
+            tag: None,
+            stdin: Some(true),
+        };
+        let response = self
+            .request(reqwest::Method::POST, routes::PROCESS_START)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                ContentType::STREAM_JSON.as_str(),
+            )
+            .header(CONNECT_PROTOCOL_VERSION, PROTOCOL_VERSION)
+            .body(encode_envelope(0, &Codec::Json.encode(&start)))
+            .send()
+            .await
+            .map_err(ClientError::transport)?;
+        if !response.status().is_success() {
+            return Err(ClientError::from_response(response).await);
+        }
+        let mut stream = PtyStream {
+            pid: 0,
+            body: response.bytes_stream().boxed(),
+            decoder: EnvelopeDecoder::new(MAX_MESSAGE_BYTES),
+            pending: Default::default(),
+            done: false,
+        };
+        // The start event comes first (it carries the pid input and resizes need).
+        stream.read_until(|stream| stream.pid != 0).await?;
+        Ok(stream)
+    }
+
+    /// Types `input` into PTY program `pid`.
+    pub async fn send_pty_input(&self, pid: u32, input: &[u8]) -> Result<(), ClientError> {
+        let request = SendInputRequest {
+            process: by_pid(pid),
+            input: Some(ProcessInput {
+                input: Some(process_input::Input::Pty(input.to_vec())),
+            }),
+        };
+        let _: SendInputResponse = self
+            .unary(
+                "process.Process/SendInput",
+                routes::PROCESS_SEND_INPUT,
+                &request,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Resizes the PTY of program `pid`.
+    pub async fn resize_pty(&self, pid: u32, cols: u32, rows: u32) -> Result<(), ClientError> {
+        let request = UpdateRequest {
+            process: by_pid(pid),
+            pty: Some(PtyConfig {
+                size: Some(pty::Size { cols, rows }),
+            }),
+        };
+        let _: UpdateResponse = self
+            .unary("process.Process/Update", routes::PROCESS_UPDATE, &request)
+            .await?;
+        Ok(())
+    }
+
+    /// SIGKILLs process `pid`.
+    pub async fn kill_process(&self, pid: u32) -> Result<(), ClientError> {
+        let request = SendSignalRequest {
+            process: by_pid(pid),
+            signal: Signal::Sigkill as i32,
+        };
+        let _: SendSignalResponse = self
+            .unary(
+                "process.Process/SendSignal",
+                routes::PROCESS_SEND_SIGNAL,
+                &request,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The entries of directory `path` (`depth` 1: its direct children).
+    pub async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<FsEntry>, ClientError> {
+        let request = ListDirRequest {
+            path: path.to_owned(),
+            depth,
+        };
+        let response: ListDirResponse = self
+            .unary(
+                "filesystem.Filesystem/ListDir",
+                routes::FILESYSTEM_LIST_DIR,
+                &request,
+            )
+            .await?;
+        Ok(response.entries)
     }
 }
 

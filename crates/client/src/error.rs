@@ -20,6 +20,14 @@ pub enum ClientError {
         #[source]
         source: serde_json::Error,
     },
+    /// A unary envd call (input, resize, signal, listing) answered 2xx with a body that
+    /// is not the message `what` promises.
+    #[error("the answer to {what} is not the expected message: {source}")]
+    Unary {
+        what: &'static str,
+        #[source]
+        source: ConnectError,
+    },
     /// envd's stream of `Process/Start` broke the Connect framing.
     #[error("malformed envelope in the process stream: {0}")]
     Envelope(#[from] EnvelopeError),

@@ -19,6 +19,11 @@ mod envd;
 mod error;
 mod templates;
 
-pub use api::{encode_segment, ApiClient, ApiResponse, Page};
-pub use envd::{EnvdClient, EnvdEndpoint, ExecError, ExecOutput, ExecRequest, OutputSink};
+pub use api::{encode_segment, ApiClient, ApiResponse, LogQuery, Page, SandboxQuery};
+/// envd's filesystem entry, as [`EnvdClient::list_dir`] returns it.
+pub use berth_envd_proto::filesystem::EntryInfo as FsEntry;
+pub use envd::{
+    EnvdClient, EnvdEndpoint, ExecError, ExecOutput, ExecRequest, OutputSink, PtyEvent, PtyRequest,
+    PtyStream,
+};
 pub use error::ClientError;

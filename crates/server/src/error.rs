@@ -86,6 +86,13 @@ pub enum ServiceError {
     TemplateListing(#[source] TemplateError),
     #[error("\"{0}\" is the name of a template; choose another snapshot name")]
     SnapshotNameTaken(String),
+    /// E2B's words for its concurrency limit, with the operator in place of sales.
+    #[error(
+        "You have reached the maximum number of concurrent E2B sandboxes ({limit}). If you \
+         need more, kill or pause some, or ask the operator of this berth to raise \
+         --team-max-sandboxes."
+    )]
+    TeamSandboxLimit { limit: usize },
     #[error(
         "snapshot \"{0}\" mounts its own volumes (those of the sandbox it was taken from); \
          leave volumeMounts out or repeat them exactly"
@@ -260,6 +267,7 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         | ServiceError::AlreadyRunning(_)
         | ServiceError::SnapshotNameTaken(_) => ApiError::Conflict(err.to_string()),
         ServiceError::TemplateNotFound(_) => ApiError::NotFound(err.to_string()),
+        ServiceError::TeamSandboxLimit { .. } => ApiError::TooManyRequests(err.to_string()),
         ServiceError::InvalidTemplate { .. } | ServiceError::SnapshotVolumeMounts(_) => {
             ApiError::BadRequest(err.to_string())
         }

@@ -21,6 +21,7 @@ mod handlers;
 mod keyed_lock;
 mod metrics;
 mod openapi;
+mod prometheus;
 mod reaper;
 mod resolver;
 mod sandboxes;
@@ -100,6 +101,35 @@ pub struct ServerConfig {
     pub pool_size: usize,
     /// Templates this host builds itself on first use (`code-interpreter-v1`).
     pub host_templates: Vec<HostTemplate>,
+    /// The longest timeout a sandbox may be given (create, connect, resume, timeout).
+    pub max_lifetime: MaxLifetime,
+    /// Most running sandboxes one team may have at once (None: no limit); a create,
+    /// resume or fork beyond it is answered 429 as E2B does.
+    pub team_max_sandboxes: Option<usize>,
+}
+
+/// The longest a sandbox may be asked to live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxLifetime {
+    Seconds(i64),
+    /// Any timeout the API can express (int32 seconds).
+    Unlimited,
+}
+
+impl Default for MaxLifetime {
+    /// E2B's largest plan: 24 hours.
+    fn default() -> Self {
+        MaxLifetime::Seconds(24 * 60 * 60)
+    }
+}
+
+impl MaxLifetime {
+    pub fn seconds(self) -> i64 {
+        match self {
+            MaxLifetime::Seconds(seconds) => seconds,
+            MaxLifetime::Unlimited => i64::from(i32::MAX),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +174,8 @@ pub(crate) struct AppState {
     pub secrets: Arc<SecretVault>,
     /// Sandboxes started ahead of demand, per template.
     pub pools: sandboxes::pool::WarmPools,
+    /// The operator's Prometheus metrics.
+    pub prometheus: prometheus::Metrics,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -160,6 +192,63 @@ pub fn rotate_secrets_kek(
 ) -> Result<RotationReport, ServerError> {
     let mut vault = berth_vault::Vault::load(key_file)?;
     Ok(secrets::rotate(store, &mut vault)?)
+}
+
+/// The id of one request: the trace id of a W3C `traceparent` header (OpenTelemetry's),
+/// else a client's well-formed `X-Request-Id`, else a new one.
+fn request_id(headers: &axum::http::HeaderMap) -> String {
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    if let Some(trace_id) = header("traceparent").and_then(|value| {
+        let parts: Vec<&str> = value.split('-').collect();
+        (parts.len() == 4
+            && parts[1].len() == 32
+            && parts[1].bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| parts[1].to_ascii_lowercase())
+    }) {
+        return trace_id;
+    }
+    if let Some(id) = header("x-request-id").filter(|id| {
+        !id.is_empty()
+            && id.len() <= 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    }) {
+        return id.to_owned();
+    }
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Runs every request (API and proxied) in a `request` span carrying its id, method,
+/// path (never the query: signed URLs carry their signatures there) and, for proxied
+/// ones, the sandbox id; logs one `request served` line with status and duration at
+/// info level, and answers the id in `X-Request-Id`.
+async fn request_span(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use tracing::Instrument;
+    let id = request_id(request.headers());
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %request.method(),
+        path = %request.uri().path(),
+        sandbox_id = tracing::field::Empty,
+    );
+    let started = std::time::Instant::now();
+    let mut response = next.run(request).instrument(span.clone()).await;
+    span.in_scope(|| {
+        tracing::info!(
+            status = response.status().as_u16(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "request served"
+        )
+    });
+    if let Ok(value) = axum::http::HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    response
 }
 
 /// A running control plane: state plus its background tasks.
@@ -210,6 +299,7 @@ impl Server {
             volume_mounting: tokio::sync::RwLock::new(()),
             secrets: Arc::new(SecretVault::new(vault)),
             pools: sandboxes::pool::WarmPools::new(pool_size),
+            prometheus: prometheus::Metrics::new(),
         });
         sandboxes::recover(&state).await?;
         templates::recover(&state).await?;
@@ -246,6 +336,30 @@ impl Server {
         )
     }
 
+    /// `GET /metrics`: the operator's Prometheus metrics, for a listener of its own
+    /// (`berth up --metrics-listen`): it has no authentication.
+    pub fn metrics_router(&self) -> axum::Router {
+        let state = self.state.clone();
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let state = state.clone();
+                async move {
+                    let text = tokio::task::spawn_blocking(move || state.prometheus.render(&state))
+                        .await
+                        .unwrap_or_default();
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        text,
+                    )
+                }
+            }),
+        )
+    }
+
     /// The API router with the sandbox proxy in front of it: requests addressed to a
     /// sandbox (headers, `<port>-<id>.` host, `/proxy/<id>/<port>/` path, or a signed
     /// `/files` URL's signature) are forwarded,
@@ -263,17 +377,24 @@ impl Server {
             },
             self.state.connections.clone(),
         );
+        let state = self.state.clone();
         handlers::router(self.state.clone())
             .merge(extra)
             .layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| {
                     let proxy = proxy.clone();
+                    let state = state.clone();
                     async move {
                         match proxy.classify(&request) {
-                            Some(Ok(target)) => proxy
-                                .forward(request, target)
-                                .await
-                                .map(axum::body::Body::new),
+                            Some(Ok(target)) => {
+                                tracing::Span::current().record(
+                                    "sandbox_id",
+                                    tracing::field::display(&target.sandbox_id),
+                                );
+                                let response = proxy.forward(request, target).await;
+                                state.prometheus.proxied(response.status().as_u16());
+                                response.map(axum::body::Body::new)
+                            }
                             Some(Err(error)) => berth_proxy::ProxyError::from(error)
                                 .into_response()
                                 .map(axum::body::Body::new),
@@ -288,6 +409,8 @@ impl Server {
                     }
                 },
             ))
+            // Outermost, so proxied requests are in a request span too.
+            .layer(axum::middleware::from_fn(request_span))
     }
 
     /// Serve the API, `extra` routes and the proxy on `listener` until `shutdown` resolves, then stop
@@ -327,5 +450,27 @@ impl Drop for Server {
         for task in &self.tasks {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_id;
+
+    #[test]
+    fn trace_ids_then_client_ids_then_new_ones() {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("x-request-id", "abc-1".parse().unwrap());
+        assert_eq!(request_id(&headers), "abc-1");
+        headers.insert(
+            "traceparent",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(request_id(&headers), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let mut odd = axum::http::HeaderMap::new();
+        odd.insert("x-request-id", "has spaces".parse().unwrap());
+        assert_eq!(request_id(&odd).len(), 32);
     }
 }

@@ -42,17 +42,24 @@ pub async fn run(state: SharedState) {
                                 ServiceError::AlreadyPaused(_) | ServiceError::SandboxNotFound(_),
                             ) => continue,
                             // Running past the end time forever is not an option either.
-                            Err(err) => tracing::error!(
-                                sandbox = %sandbox.id, %err, "auto-pause failed; killing instead"
-                            ),
+                            Err(err) => {
+                                state.prometheus.reaper_failed("pause");
+                                tracing::error!(
+                                    sandbox = %sandbox.id, %err, "auto-pause failed; killing instead"
+                                )
+                            }
                         }
                     }
                     if let Err(err) = sandboxes::kill(&state, &sandbox, "timeout").await {
+                        state.prometheus.reaper_failed("kill");
                         tracing::error!(sandbox = %sandbox.id, %err, "reaping sandbox");
                     }
                 }
             }
-            Err(err) => tracing::error!(%err, "listing expired sandboxes"),
+            Err(err) => {
+                state.prometheus.reaper_failed("list");
+                tracing::error!(%err, "listing expired sandboxes")
+            }
         }
         let sleep = match state.store.next_end_at() {
             Ok(Some(next)) => {

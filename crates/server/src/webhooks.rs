@@ -59,10 +59,12 @@ pub async fn run(state: SharedState) {
                         let stored = match outcome {
                             Ok(()) => state.store.finish_delivery(delivery.id),
                             Err(err) if delivery.attempts + 1 >= MAX_ATTEMPTS => {
+                                state.prometheus.webhook_failed("dropped");
                                 tracing::warn!(webhook = %delivery.webhook_id, %err, "giving up on webhook delivery");
                                 state.store.finish_delivery(delivery.id)
                             }
                             Err(err) => {
+                                state.prometheus.webhook_failed("retry");
                                 tracing::debug!(webhook = %delivery.webhook_id, %err, "webhook delivery failed; will retry");
                                 let next = OffsetDateTime::now_utc() + backoff(delivery.attempts);
                                 state.store.retry_delivery(delivery.id, next)

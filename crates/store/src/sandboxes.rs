@@ -390,6 +390,16 @@ impl Store {
         self.sandbox_where(&format!("id = ?1 AND {LIVE}"), [id])
     }
 
+    /// How many sandboxes of `team_id` are running now.
+    pub fn running_sandbox_count(&self, team_id: &str) -> Result<usize> {
+        let count: i64 = self.conn().query_row(
+            "SELECT COUNT(*) FROM sandboxes WHERE team_id = ?1 AND status = 'running'",
+            [team_id],
+            |row| row.get(0),
+        )?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+
     /// Every running sandbox of every team.
     pub fn all_running_sandboxes(&self) -> Result<Vec<SandboxRecord>> {
         self.sandboxes_where("status = 'running' ORDER BY started_at_ms, id", [])

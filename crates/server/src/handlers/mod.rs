@@ -35,14 +35,12 @@ pub use template_builds::*;
 pub use templates::*;
 pub use volumes::*;
 
-/// Longest time to live a sandbox may be given, in seconds (E2B's largest plan: 24 h).
-pub const MAX_TIMEOUT_SECS: i64 = 24 * 60 * 60;
-
-/// Check a requested time to live.
-pub(crate) fn validate_timeout(seconds: i64) -> Result<i64, ApiError> {
-    if !(0..=MAX_TIMEOUT_SECS).contains(&seconds) {
+/// Check a requested time to live against the operator's longest (`max`).
+pub(crate) fn validate_timeout(max: crate::MaxLifetime, seconds: i64) -> Result<i64, ApiError> {
+    let max = max.seconds();
+    if !(0..=max).contains(&seconds) {
         return Err(ApiError::BadRequest(format!(
-            "timeout must be between 0 and {MAX_TIMEOUT_SECS} seconds, got {seconds}"
+            "timeout must be between 0 and {max} seconds, got {seconds}"
         )));
     }
     Ok(seconds)
@@ -263,8 +261,15 @@ mod tests {
 
     #[test]
     fn timeouts_outside_range_are_refused() {
-        assert!(validate_timeout(-1).is_err());
-        assert!(validate_timeout(MAX_TIMEOUT_SECS + 1).is_err());
-        assert_eq!(validate_timeout(300).unwrap(), 300);
+        let day = crate::MaxLifetime::default();
+        assert!(validate_timeout(day, -1).is_err());
+        assert!(validate_timeout(day, 24 * 60 * 60 + 1).is_err());
+        assert_eq!(validate_timeout(day, 300).unwrap(), 300);
+        let unlimited = crate::MaxLifetime::Unlimited;
+        assert_eq!(
+            validate_timeout(unlimited, 400 * 24 * 3600).unwrap(),
+            400 * 24 * 3600
+        );
+        assert!(validate_timeout(unlimited, -1).is_err());
     }
 }

@@ -200,7 +200,10 @@ async fn create(
     refuse_unsupported(&body)?;
     let network = requested_network(&body)?;
     let lifecycle = requested_lifecycle(&body)?;
-    let timeout_secs = validate_timeout(body.timeout.unwrap_or(default_timeout))?;
+    let timeout_secs = validate_timeout(
+        state.config.max_lifetime,
+        body.timeout.unwrap_or(default_timeout),
+    )?;
     let idempotency_key = headers
         .get(IDEMPOTENCY_KEY_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -568,7 +571,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<SandboxTimeoutRequest>,
 ) -> Result<StatusCode, HttpError> {
-    let seconds = validate_timeout(body.timeout)?;
+    let seconds = validate_timeout(state.config.max_lifetime, body.timeout)?;
     let record = running_not_paused(&state, &caller, &id)?;
     set_end(
         &state,
@@ -616,7 +619,7 @@ async fn connect(
     timeout: i64,
     keep_memory: bool,
 ) -> Result<Response, HttpError> {
-    let seconds = validate_timeout(timeout)?;
+    let seconds = validate_timeout(state.config.max_lifetime, timeout)?;
     live(&state, &caller, &id)?;
     let mut record = match sandboxes::resume(&state, &id, Some(seconds), keep_memory).await? {
         Resumed::Resumed(record) => {
@@ -721,7 +724,10 @@ pub async fn resume_sandbox(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ResumedSandbox>,
 ) -> Result<Response, HttpError> {
-    let seconds = validate_timeout(body.timeout.unwrap_or(DEFAULT_TIMEOUT_V1))?;
+    let seconds = validate_timeout(
+        state.config.max_lifetime,
+        body.timeout.unwrap_or(DEFAULT_TIMEOUT_V1),
+    )?;
     live(&state, &caller, &id)?;
     if body.auto_pause == Some(true) {
         state.store.set_auto_pause(&id, true)?;

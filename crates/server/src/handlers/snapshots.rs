@@ -73,7 +73,10 @@ pub async fn fork_sandbox(
         ))
         .into());
     }
-    let timeout = validate_timeout(body.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT))?;
+    let timeout = validate_timeout(
+        state.config.max_lifetime,
+        body.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT),
+    )?;
     check_owner(&state, &caller, &id)?;
     let results = sandboxes::fork(&state, &id, count as usize, timeout).await?;
     let body: Vec<SandboxForkResult> = results

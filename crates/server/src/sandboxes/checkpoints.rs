@@ -154,6 +154,24 @@ pub async fn fork(
     count: usize,
     timeout_secs: i64,
 ) -> Result<Vec<Result<SandboxRecord, ServiceError>>, ServiceError> {
+    state
+        .prometheus
+        .timed(
+            crate::prometheus::Operation::fork,
+            fork_untimed(state, id, count, timeout_secs),
+        )
+        .await
+}
+
+async fn fork_untimed(
+    state: &Arc<AppState>,
+    id: &str,
+    count: usize,
+    timeout_secs: i64,
+) -> Result<Vec<Result<SandboxRecord, ServiceError>>, ServiceError> {
+    if let Some(source) = state.store.live_sandbox_any_team(id)? {
+        super::check_team_limit(state, &source.team_id, count)?;
+    }
     let checkpoint = format!("fork-{}", uuid::Uuid::new_v4());
     let (source, _) = checkpoint_running(state, id, &checkpoint).await?;
     let origin = Arc::new(Origin {
@@ -228,6 +246,21 @@ pub async fn fork(
 /// copy is consistent with a stopped instant; a filesystem-only one just never uses the
 /// memory.
 pub async fn snapshot(
+    state: &Arc<AppState>,
+    id: &str,
+    name: Option<String>,
+    memory: bool,
+) -> Result<SnapshotRecord, ServiceError> {
+    state
+        .prometheus
+        .timed(
+            crate::prometheus::Operation::snapshot,
+            snapshot_untimed(state, id, name, memory),
+        )
+        .await
+}
+
+async fn snapshot_untimed(
     state: &Arc<AppState>,
     id: &str,
     name: Option<String>,

@@ -26,6 +26,7 @@ use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
 
 use crate::error::{ServiceError, Stage};
+use crate::prometheus::Operation;
 use crate::{events, AppState};
 
 pub use checkpoints::{delete_snapshot, fork, snapshot};
@@ -133,12 +134,40 @@ pub(crate) fn live(state: &AppState, id: &str) -> Result<SandboxRecord, ServiceE
         .ok_or_else(|| ServiceError::SandboxNotFound(id.to_string()))
 }
 
+/// Refuses to start `adding` more sandboxes for `team_id` beyond the operator's
+/// per-team limit. Concurrent starts may each pass before either runs: the limit holds
+/// to within the starts in flight.
+pub(crate) fn check_team_limit(
+    state: &AppState,
+    team_id: &str,
+    adding: usize,
+) -> Result<(), ServiceError> {
+    let Some(limit) = state.config.team_max_sandboxes else {
+        return Ok(());
+    };
+    if state.store.running_sandbox_count(team_id)? + adding > limit {
+        return Err(ServiceError::TeamSandboxLimit { limit });
+    }
+    Ok(())
+}
+
 /// Create a sandbox from a template (or a snapshot of that name) and wait until its
 /// envd is initialised.
 pub async fn create(
     state: &Arc<AppState>,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ServiceError> {
+    state
+        .prometheus
+        .timed(Operation::create, create_untimed(state, request))
+        .await
+}
+
+async fn create_untimed(
+    state: &Arc<AppState>,
+    request: CreateRequest,
+) -> Result<SandboxRecord, ServiceError> {
+    check_team_limit(state, &request.team_id, 1)?;
     let team_slug =
         crate::templates::team_slug(&crate::templates::team(state, &request.team_id)?.name);
     let snapshot = match crate::templates::snapshot_name(&request.template, &team_slug) {
@@ -213,6 +242,18 @@ pub async fn pause(
     memory: bool,
     reason: &str,
 ) -> Result<SandboxRecord, ServiceError> {
+    state
+        .prometheus
+        .timed(Operation::pause, pause_untimed(state, id, memory, reason))
+        .await
+}
+
+async fn pause_untimed(
+    state: &AppState,
+    id: &str,
+    memory: bool,
+    reason: &str,
+) -> Result<SandboxRecord, ServiceError> {
     let _guard = state.sandbox_locks.lock(id.to_string()).await;
     let record = live(state, id)?;
     if let SandboxStatus::Paused { .. } = record.status {
@@ -262,11 +303,27 @@ pub async fn resume(
     timeout_secs: Option<i64>,
     keep_memory: bool,
 ) -> Result<Resumed, ServiceError> {
+    state
+        .prometheus
+        .timed(
+            Operation::resume,
+            resume_untimed(state, id, timeout_secs, keep_memory),
+        )
+        .await
+}
+
+async fn resume_untimed(
+    state: &Arc<AppState>,
+    id: &str,
+    timeout_secs: Option<i64>,
+    keep_memory: bool,
+) -> Result<Resumed, ServiceError> {
     let _guard = state.sandbox_locks.lock(id.to_string()).await;
     let record = live(state, id)?;
     if record.status == SandboxStatus::Running {
         return Ok(Resumed::WasRunning(record));
     }
+    check_team_limit(state, &record.team_id, 1)?;
     let plan = BringUp {
         id: id.to_string(),
         init: Init {

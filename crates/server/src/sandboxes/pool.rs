@@ -110,6 +110,15 @@ impl WarmPools {
         self.pools.lock().values().map(VecDeque::len).sum()
     }
 
+    /// Sandboxes waiting, per template (pools of one template with other sizes summed).
+    pub(crate) fn waiting_by_template(&self) -> HashMap<String, usize> {
+        let mut waiting = HashMap::new();
+        for (key, pool) in self.pools.lock().iter() {
+            *waiting.entry(key.template.clone()).or_default() += pool.len();
+        }
+        waiting
+    }
+
     /// The key most short of sandboxes, if any is.
     fn most_needed(&self) -> Option<PoolKey> {
         self.pools

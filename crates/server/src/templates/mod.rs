@@ -552,6 +552,15 @@ pub(crate) fn watch(state: Arc<AppState>, build_id: String) {
             message: "the build's record is gone".into(),
             step: None,
         };
+        if let Some(status) = &status {
+            let took_ms = status
+                .finished_at_ms
+                .unwrap_or(status.created_at_ms)
+                .saturating_sub(status.created_at_ms);
+            state
+                .prometheus
+                .build_finished(status.state == BuildState::Ready, took_ms as f64 / 1000.0);
+        }
         let result = match status {
             Some(status) if status.state == BuildState::Ready => {
                 state.store.finish_template_build(&build_id).map(drop)
