@@ -749,6 +749,7 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
     // Pause, resume, snapshots and fork need CRIU; find or provision it now, in the
     // background, so the first pause does not wait for a download.
     let provisioning = runtime.clone();
+    let network_owner = runtime.clone();
     std::thread::spawn(move || match provisioning.criu() {
         Ok(criu) => eprintln!("criu {} ready", criu.version()),
         Err(err) => eprintln!("warning: pause, snapshots and fork are unavailable: {err}"),
@@ -912,6 +913,11 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         }
         if let Some(egress) = egress {
             egress.shutdown(Duration::from_secs(1)).await;
+        }
+        match network_owner.release_network_if_idle() {
+            Ok(true) => eprintln!("no sandboxes left: the sandbox network is removed"),
+            Ok(false) => {}
+            Err(err) => eprintln!("warning: removing the sandbox network: {err}"),
         }
         Ok(())
     })

@@ -236,6 +236,25 @@ impl LinuxRuntime {
         })
     }
 
+    /// Removes the daemon's sandbox network (its nftables table and gateway link) when
+    /// it holds no sandbox, running or paused: the daemon is going away and nothing a
+    /// restart would reattach needs it. Returns whether it was removed. With sandboxes
+    /// left it stays, so they keep their network across a restart.
+    pub fn release_network_if_idle(&self) -> Result<bool, RuntimeError> {
+        let Some(network) = &self.network else {
+            return Ok(false);
+        };
+        let held = fs::read_dir(self.config.state_dir.join("sandboxes"))
+            .map_err(io_err("read state dir"))?
+            .filter_map(Result::ok)
+            .any(|entry| entry.path().is_dir());
+        if held || !self.list().is_empty() {
+            return Ok(false);
+        }
+        network.destroy()?;
+        Ok(true)
+    }
+
     pub fn config(&self) -> &LinuxRuntimeConfig {
         &self.config
     }
