@@ -5,12 +5,25 @@
 # `base` template (debootstrap, a few minutes, with progress) and creates an API key.
 #
 #   bash scripts/up.sh [--listen 127.0.0.1:3000] [--state-dir /var/lib/berth]
+#
+# When stdout is not a terminal, the same progress also goes to
+# /var/log/berth/up-<time>.log (BERTH_LOG_DIR to change); the first API key is then not
+# printed (make one with `berth keys create`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
 [[ $EUID -eq 0 ]] || { echo "berth needs root (namespaces, cgroups, mounts)" >&2; exit 1; }
+
+# Not on a terminal (a pipe, a service, CI): everything shown is also kept in a log.
+if [[ ! -t 1 ]]; then
+    log_dir="${BERTH_LOG_DIR:-/var/log/berth}"
+    mkdir -p -m 0700 "$log_dir"
+    log="$log_dir/up-$(date -u +%Y%m%dT%H%M%SZ).log"
+    echo "berth: progress and output are also written to $log" >&2
+    exec > >(tee -a "$log") 2> >(tee -a "$log" >&2)
+fi
 
 packages=(debootstrap e2fsprogs util-linux iproute2 ca-certificates curl build-essential pkg-config libnftables-dev nftables)
 missing=()

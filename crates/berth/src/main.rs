@@ -603,7 +603,50 @@ fn provision_base(templates: &TemplateStore) -> Result<()> {
     );
     spinner.enable_steady_tick(Duration::from_millis(120));
     spinner.set_message("checking");
-    let result = templates.ensure_base(|event| match event {
+    // Without a terminal the spinner draws nothing: progress goes out as lines instead,
+    // so a log (scripts/up.sh keeps one then) shows it too.
+    let plain = !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let result = templates.ensure_base(|event| {
+        if plain {
+            match &event {
+                BuildProgress::WaitingForBuilder { .. } => {
+                    eprintln!("template base: waiting for another berth process building it")
+                }
+                BuildProgress::Stage { name, detail } => {
+                    eprintln!("template base: {name}: {detail}")
+                }
+                BuildProgress::PackageRetrieved { count, name } if count % 25 == 0 => {
+                    eprintln!("template base: retrieved {count} packages ({name})")
+                }
+                BuildProgress::LayerReady {
+                    elapsed,
+                    size_bytes,
+                    ..
+                } => eprintln!(
+                    "template base: layer built in {:.1}s, {} MiB",
+                    elapsed.as_secs_f64(),
+                    size_bytes / (1024 * 1024)
+                ),
+                _ => {}
+            }
+        }
+        progress_event(&spinner, event)
+    });
+    match result {
+        Ok(_) => {
+            spinner.finish_with_message("ready");
+            Ok(())
+        }
+        Err(err) => {
+            spinner.abandon_with_message("failed");
+            Err(err).context("provisioning the base template")
+        }
+    }
+}
+
+/// The spinner's rendering of one base-template build event.
+fn progress_event(spinner: &indicatif::ProgressBar, event: BuildProgress) {
+    match event {
         BuildProgress::WaitingForBuilder { .. } => {
             spinner.set_message("waiting for another berth process building it")
         }
@@ -621,16 +664,6 @@ fn provision_base(templates: &TemplateStore) -> Result<()> {
             elapsed.as_secs_f64(),
             size_bytes / (1024 * 1024)
         )),
-    });
-    match result {
-        Ok(_) => {
-            spinner.finish_with_message("ready");
-            Ok(())
-        }
-        Err(err) => {
-            spinner.abandon_with_message("failed");
-            Err(err).context("provisioning the base template")
-        }
     }
 }
 
