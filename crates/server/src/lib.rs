@@ -255,6 +255,8 @@ async fn request_span(
 pub struct Server {
     state: SharedState,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The warm pools' refill, stopped cooperatively (see `WarmPools::stop`).
+    refill: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
@@ -303,13 +305,17 @@ impl Server {
         });
         sandboxes::recover(&state).await?;
         templates::recover(&state).await?;
-        let mut tasks = vec![
+        let tasks = vec![
             tokio::spawn(reaper::run(state.clone())),
             tokio::spawn(webhooks::run(state.clone())),
             tokio::spawn(metrics::run(state.clone())),
         ];
-        tasks.extend(sandboxes::pool::spawn_refill(&state));
-        Ok(Server { state, tasks })
+        let refill = sandboxes::pool::spawn_refill(&state);
+        Ok(Server {
+            state,
+            tasks,
+            refill,
+        })
     }
 
     /// Builds host template `name` unless it is built already (see
@@ -416,7 +422,7 @@ impl Server {
     /// Serve the API, `extra` routes and the proxy on `listener` until `shutdown` resolves, then stop
     /// the background tasks. Sandboxes keep running (a restart reattaches to them).
     pub async fn serve(
-        self,
+        mut self,
         listener: tokio::net::TcpListener,
         extra: axum::Router,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -439,16 +445,33 @@ impl Server {
         for task in &self.tasks {
             task.abort();
         }
+        // A sandbox being prepared is finished and pooled (aborting would leave its
+        // runtime create running with nobody to drain what it makes).
+        self.state.pools.stop();
+        if let Some(refill) = self.refill.take() {
+            if tokio::time::timeout(REFILL_STOP_LIMIT, refill)
+                .await
+                .is_err()
+            {
+                tracing::warn!("the warm-pool refill did not stop in time");
+            }
+        }
         // Pooled sandboxes are nobody's yet: they do not outlive the server.
         sandboxes::pool::drain(&self.state, None).await;
         Ok(())
     }
 }
 
+/// How long the server's stop waits for the sandbox the refill task is preparing.
+const REFILL_STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Drop for Server {
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
+        }
+        if let Some(refill) = &self.refill {
+            refill.abort();
         }
     }
 }

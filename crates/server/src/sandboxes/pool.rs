@@ -76,6 +76,9 @@ pub struct WarmPools {
     size: usize,
     pools: Mutex<HashMap<PoolKey, VecDeque<Prepared>>>,
     wakeup: Notify,
+    /// Set when the server stops: the refill task finishes the sandbox it is preparing
+    /// (a runtime create cannot be cancelled half way) and returns, so drain sees it.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl WarmPools {
@@ -85,6 +88,7 @@ impl WarmPools {
             size,
             pools: Mutex::new(HashMap::new()),
             wakeup: Notify::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -102,6 +106,17 @@ impl WarmPools {
             .pop_front();
         self.wakeup.notify_one();
         claimed
+    }
+
+    /// Asks the refill task to return after the sandbox it is preparing.
+    pub(crate) fn stop(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.wakeup.notify_one();
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Sandboxes waiting in the pools.
@@ -155,15 +170,18 @@ pub async fn drain(state: &AppState, template: Option<&str>) {
     }
 }
 
-/// Keeps the pools full, one sandbox at a time, until the task is aborted.
+/// Keeps the pools full, one sandbox at a time, until [`WarmPools::stop`].
 pub async fn refill(state: SharedState) {
     loop {
+        if state.pools.is_stopping() {
+            return;
+        }
         let Some(key) = state.pools.most_needed() else {
             state.pools.wakeup.notified().await;
             continue;
         };
         if !memory_to_spare(key.memory_mb) {
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            pause(&state, Duration::from_secs(5)).await;
             continue;
         }
         match prepare(&state, &key).await {
@@ -185,11 +203,18 @@ pub async fn refill(state: SharedState) {
             }
             Err(err) => {
                 tracing::warn!(template = %key.template, %err, "preparing a pooled sandbox; retrying later");
-                tokio::time::sleep(Duration::from_secs(5)).await;
+                pause(&state, Duration::from_secs(5)).await;
             }
         }
         tokio::time::sleep(REFILL_SPACING).await;
     }
+}
+
+/// Waits `delay`, or less when the server stops meanwhile.
+async fn pause(state: &AppState, delay: Duration) {
+    let _ = tokio::time::timeout(delay, state.pools.wakeup.notified()).await;
+    // A wakeup meant for the loop's own wait (a claim, or the stop) is passed on.
+    state.pools.wakeup.notify_one();
 }
 
 /// One sandbox of `key`, started and answering `/health`.
