@@ -38,11 +38,15 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from sandbox_pool import free_sandbox_pool  # noqa: E402
 
 MIB = 1024 * 1024
 TRANSFER_BYTES = 100 * MIB
@@ -60,28 +64,6 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[rank]
 
 
-def free_pool() -> str:
-    """A /20 for a daemon's sandboxes that no host route or address uses."""
-    import ipaddress
-    import random
-
-    words = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout.split()
-    words += subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.split()
-    taken = []
-    for word in words:
-        try:
-            net = ipaddress.ip_network(word, strict=False)
-        except ValueError:
-            continue
-        if net.prefixlen > 0:
-            taken.append(net)
-    for _ in range(200):
-        pool = ipaddress.ip_network(f"10.{random.randrange(128, 250)}.{random.randrange(0, 16) * 16}.0/20")
-        if not any(pool.overlaps(net) for net in taken):
-            return str(pool)
-    raise SystemExit("no free /20 for a sandbox pool")
-
-
 class Daemon:
     """One `berth up` of this benchmark."""
 
@@ -95,7 +77,7 @@ class Daemon:
             [berth, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", str(self.state)],
             env={
                 **os.environ,
-                "BERTH_SANDBOX_CIDR": free_pool(),
+                "BERTH_SANDBOX_CIDR": free_sandbox_pool(),
                 "BERTH_EGRESS_ALLOW": "198.18.0.0/15",
                 "BERTH_POOL_SIZE": str(pool_size),
                 **(extra_env or {}),

@@ -20,10 +20,8 @@ Binaries: `BERTH_BIN` (berth, with berth-envd and berth-launch beside it) and
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -35,6 +33,8 @@ from pathlib import Path
 from typing import Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from sandbox_pool import free_sandbox_pool  # noqa: E402
 TEMPLATE = "code-interpreter-v1"
 # What the template's build installs from: Debian (apt, security updates included),
 # PyPI (pip index and files) and npm (Deno's package).
@@ -82,22 +82,6 @@ def import_base(state: Path) -> None:
     (store / "manifests" / "base.json").write_bytes(manifest.read_bytes())
 
 
-def sandbox_pool() -> str:
-    """A /20 clear of the host's routes (two daemons on one host need distinct pools)."""
-    routes = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
-    taken = []
-    for word in routes.split():
-        try:
-            taken.append(ipaddress.ip_network(word, strict=False))
-        except ValueError:
-            pass
-    for _ in range(200):
-        pool = ipaddress.ip_network(f"10.{random.randrange(128, 250)}.{random.randrange(0, 16) * 16}.0/20")
-        if not any(pool.overlaps(net) for net in taken if net.prefixlen > 0):
-            return str(pool)
-    raise RuntimeError("no free /20 for the sandbox pool")
-
-
 def build_ca_file() -> dict[str, str]:
     """The host's local CAs (Debian's /usr/local/share/ca-certificates), for a machine
     whose route to the registries is a TLS-intercepting proxy: the template's build must
@@ -119,7 +103,7 @@ def berth_env() -> dict[str, str]:
         "BERTH_STATE_DIR": str(state_dir()),
         "BERTH_CRIU_STATE_DIR": os.environ.get("BERTH_CRIU_STATE_DIR", "/var/lib/berth"),
         "BERTH_INTERPRETER_BIN": str(interpreter_binary()),
-        "BERTH_SANDBOX_CIDR": sandbox_pool(),
+        "BERTH_SANDBOX_CIDR": free_sandbox_pool(),
         "BERTH_EGRESS_ALLOW": ",".join(REGISTRIES),
         "BERTH_POOL_SIZE": os.environ.get("BERTH_POOL_SIZE", "1"),
     }

@@ -10,12 +10,16 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sandbox_pool import free_sandbox_pool  # noqa: E402
 
 E2B_LINE = re.compile(r"^\s*(?:export\s+)?(E2B_API_URL|E2B_SANDBOX_URL|E2B_API_KEY)=(\S+)\s*$")
 STARTUP_TIMEOUT_S = float(os.environ.get("BERTH_STARTUP_TIMEOUT", "900"))
@@ -29,29 +33,14 @@ def free_port() -> int:
 
 
 def sandbox_network_env() -> dict[str, str]:
-    """Network flags for one `berth up` under test: a sandbox pool of its own (two
-    daemons on one host need distinct pools; the daemon checks the pool against the
-    host's routes) and an egress ceiling admitting only the benchmarking range tests
-    place their fake internet hosts in (ENVIRONMENT.md's network rule)."""
-    import ipaddress
-    import random
-    import subprocess as _subprocess
-
-    routes = _subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
-    taken = []
-    for word in routes.split():
-        try:
-            taken.append(ipaddress.ip_network(word, strict=False))
-        except ValueError:
-            pass
-    for _ in range(100):
-        pool = ipaddress.ip_network(f"10.{random.randrange(128, 250)}.{random.randrange(0, 16) * 16}.0/20")
-        if not any(pool.overlaps(net) for net in taken if net.prefixlen > 0):
-            break
+    """Network flags for one `berth up` under test: a sandbox pool of its own and an
+    egress ceiling admitting only the benchmarking range tests place their fake
+    internet hosts in (ENVIRONMENT.md's network rule)."""
     return {
-        "BERTH_SANDBOX_CIDR": str(pool),
+        "BERTH_SANDBOX_CIDR": free_sandbox_pool(),
         "BERTH_EGRESS_ALLOW": os.environ.get("BERTH_EGRESS_ALLOW", "198.18.0.0/15"),
     }
+
 
 def wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout

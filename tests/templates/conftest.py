@@ -46,7 +46,9 @@ import pytest
 # The control-plane suite's fake internet (hosts on 198.18.0.0/15 in a namespace of
 # their own): the only egress sandboxes of this suite's `berth up` may have.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sdk" / "control_plane"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from internet import FakeInternet  # noqa: E402
+from sandbox_pool import free_sandbox_pool  # noqa: E402
 
 for _var in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
     os.environ.pop(_var, None)
@@ -123,26 +125,6 @@ def import_base(state_dir: Path) -> None:
     for layer in layers:
         (store / "layers" / layer).symlink_to(shared / "layers" / layer)
     shutil.copy(manifest, store / "manifests" / "base.json")
-
-
-def sandbox_pool() -> str:
-    """A sandbox address pool of this `berth up`'s own, clear of the host's routes (two
-    daemons on one host need distinct pools)."""
-    import ipaddress
-    import random
-
-    routes = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
-    taken = []
-    for word in routes.split():
-        try:
-            taken.append(ipaddress.ip_network(word, strict=False))
-        except ValueError:
-            pass
-    for _ in range(100):
-        pool = ipaddress.ip_network(f"10.{random.randrange(128, 250)}.{random.randrange(0, 16) * 16}.0/20")
-        if not any(pool.overlaps(net) for net in taken if net.prefixlen > 0):
-            return str(pool)
-    raise AssertionError("no free /20 for the sandbox pool")
 
 
 @dataclass
@@ -317,7 +299,7 @@ def berth(request: pytest.FixtureRequest, internet: FakeInternet) -> Iterator[Be
         listen=f"127.0.0.1:{free_port()}",
         log_path=log_dir / "berth-up.log",
         network_env={
-            "BERTH_SANDBOX_CIDR": sandbox_pool(),
+            "BERTH_SANDBOX_CIDR": free_sandbox_pool(),
             "BERTH_EGRESS_ALLOW": internet.ceiling,
             "BERTH_DNS_UPSTREAM": f"{internet.dns_ip}:53",
         },

@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -39,6 +40,9 @@ import httpx
 import pytest
 
 from internet import FakeInternet
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from sandbox_pool import free_sandbox_pool  # noqa: E402
 
 if TYPE_CHECKING:
     from e2b import Sandbox
@@ -99,29 +103,14 @@ def poll(predicate: Callable[[], bool], timeout: float = 60.0, interval: float =
 
 
 def sandbox_network_env() -> dict[str, str]:
-    """Network flags for one `berth up` under test: a sandbox pool of its own (two
-    daemons on one host need distinct pools; the daemon checks the pool against the
-    host's routes) and an egress ceiling admitting only the benchmarking range tests
-    place their fake internet hosts in (ENVIRONMENT.md's network rule)."""
-    import ipaddress
-    import random
-    import subprocess as _subprocess
-
-    routes = _subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
-    taken = []
-    for word in routes.split():
-        try:
-            taken.append(ipaddress.ip_network(word, strict=False))
-        except ValueError:
-            pass
-    for _ in range(100):
-        pool = ipaddress.ip_network(f"10.{random.randrange(128, 250)}.{random.randrange(0, 16) * 16}.0/20")
-        if not any(pool.overlaps(net) for net in taken if net.prefixlen > 0):
-            break
+    """Network flags for one `berth up` under test: a sandbox pool of its own and an
+    egress ceiling admitting only the benchmarking range tests place their fake
+    internet hosts in (ENVIRONMENT.md's network rule)."""
     return {
-        "BERTH_SANDBOX_CIDR": str(pool),
+        "BERTH_SANDBOX_CIDR": free_sandbox_pool(),
         "BERTH_EGRESS_ALLOW": os.environ.get("BERTH_EGRESS_ALLOW", "198.18.0.0/15"),
     }
+
 
 @dataclass
 class Berth:
