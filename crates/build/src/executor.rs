@@ -442,14 +442,9 @@ impl<'a> Executor<'a> {
                     started.elapsed().as_secs_f64()
                 ),
             );
-            // A step that rewrites exactly what the step before it wrote (USER then
-            // WORKDIR of the same home) yields the same content, hence the same layer:
-            // one overlay cannot take one lower dir twice, and once is the same files.
-            if layers.last() == Some(&layer) {
-                self.say(name, "same files as the layer below: not stacked twice");
-            } else {
-                layers.push(layer);
-            }
+            // A step that changed nothing yields the layer below again; the runtime
+            // mounts a repeated layer once (`SandboxSpec::with_distinct_layers`).
+            layers.push(layer);
         }
         if stats.dropped_xattrs > 0 {
             (self.log)(
