@@ -256,6 +256,11 @@ impl Cgroups {
                 let state = self.dir("freezer", id).join("freezer.state");
                 let want = if frozen { "FROZEN" } else { "THAWED" };
                 fs::write(&state, want)?;
+                // The v1 freezer can stay FREEZING for good when a task forks or sleeps
+                // uninterruptibly during the freeze pass (a busy shell loop does): the
+                // write is repeated, and every 500 polls the group is thawed and the
+                // freeze started over, as runc does.
+                let mut polls = 0u32;
                 while fs::read_to_string(&state)?.trim() != want {
                     if Instant::now() > deadline {
                         return Err(io::Error::new(
@@ -264,6 +269,11 @@ impl Cgroups {
                         ));
                     }
                     std::thread::sleep(Duration::from_micros(200));
+                    polls += 1;
+                    if frozen && polls % 500 == 0 {
+                        fs::write(&state, "THAWED")?;
+                    }
+                    fs::write(&state, want)?;
                 }
             }
             Self::V2 { .. } => {

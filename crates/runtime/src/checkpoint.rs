@@ -327,16 +327,17 @@ impl LinuxRuntime {
             .map_err(io_err("create cgroups"))?;
         let image = dir.join(DISK_FILE);
         disk::copy_sparse(&checkpoint.join(DISK_FILE), &image).map_err(io_err("copy disk"))?;
+        // The copy is mounted once, here; the ownership shift and the sandbox's root use
+        // that one mount (mounting the image a second time right after unmounting it
+        // raced the first mount's teardown under load).
+        let disk = disk::mount_image(&image).map_err(io_err("mount disk copy"))?;
         if meta.uid_base != uid_base {
-            let mount = disk::mount_image(&image).map_err(io_err("mount disk copy"))?;
-            let root = PathBuf::from(format!("/proc/self/fd/{}", mount.as_raw_fd()));
+            let root = PathBuf::from(format!("/proc/self/fd/{}", disk.as_raw_fd()));
             shift_owners(&root, meta.uid_base, uid_base)
                 .map_err(io_err("move disk files into the sandbox's uid range"))?;
-            // Unmounted here (last reference), before HostRoot mounts the image again.
-            drop(mount);
         }
         let Some(criu) = criu else {
-            let (pidfd, pid, disk) = self.start(spec, slot, dir, DiskOrigin::Kept)?;
+            let (pidfd, pid, disk) = self.start(spec, slot, dir, DiskOrigin::Kept(Some(disk)))?;
             return Ok((pidfd, pid, Some(disk)));
         };
         let images = dir.join("restore-images");
@@ -356,7 +357,7 @@ impl LinuxRuntime {
         // Its own new namespace and address (attached by the caller), joined by CRIU.
         let netns = self.netns_for_start(&spec.id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
-        let root = HostRoot::mount(self, dir, spec, uid_base)?;
+        let root = HostRoot::mount(self, dir, spec, uid_base, Some(disk))?;
         let work = dir.join("restore");
         perms::create_dir(&work, perms::PRIVATE_DIR).map_err(io_err("create restore work dir"))?;
         let roots = self.cgroups.criu_roots(&spec.id);

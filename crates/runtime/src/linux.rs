@@ -113,13 +113,13 @@ impl LinuxRuntimeConfig {
 }
 
 /// Where a starting sandbox's disk comes from.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 enum DiskOrigin {
     /// A fresh disk (create).
     New,
     /// `disk.img` already in the sandbox directory (resume after a pause without memory,
-    /// a filesystem-only snapshot's copy).
-    Kept,
+    /// a filesystem-only snapshot's copy), and its mount if the caller already has one.
+    Kept(Option<OwnedFd>),
 }
 
 struct Sandbox {
@@ -520,7 +520,8 @@ impl LinuxRuntime {
                 .disks
                 .create(spec.disk_size_mb.max(16), &dir.join("disk.img"), uid_base)
                 .map_err(io_err("create sandbox disk"))?,
-            DiskOrigin::Kept => {
+            DiskOrigin::Kept(Some(mount)) => mount,
+            DiskOrigin::Kept(None) => {
                 disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount kept disk"))?
             }
         };

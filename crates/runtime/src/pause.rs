@@ -201,7 +201,7 @@ impl LinuxRuntime {
             .map_err(io_err("create cgroups"))?;
         let netns = self.netns_for_start(id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
-        let root = HostRoot::mount(self, &dir, &spec, self.uid_base_of(record.slot))?;
+        let root = HostRoot::mount(self, &dir, &spec, self.uid_base_of(record.slot), None)?;
         let work = dir.join("restore");
         crate::perms::create_dir_all(&work, crate::perms::PRIVATE_DIR)
             .map_err(io_err("create restore work dir"))?;
@@ -269,7 +269,7 @@ impl LinuxRuntime {
         let dir = self.sandbox_dir(id);
         let mut record = Record::read(&dir).map_err(io_err("read record"))?;
         let spec = record.spec.clone();
-        let (pidfd, pid, disk) = self.start(&spec, record.slot, &dir, DiskOrigin::Kept)?;
+        let (pidfd, pid, disk) = self.start(&spec, record.slot, &dir, DiskOrigin::Kept(None))?;
         record.init_pid = Some(pid);
         record.init_start_ticks = record::process_start_ticks(pid);
         let written = record
@@ -354,11 +354,14 @@ pub(super) struct HostRoot {
 }
 
 impl HostRoot {
+    /// Mounts the sandbox's root at `dir/root` on its layers and its disk: `disk` if the
+    /// caller already has `dir/disk.img` mounted, else a fresh mount of it.
     pub(super) fn mount(
         runtime: &LinuxRuntime,
         dir: &Path,
         spec: &crate::SandboxSpec,
         uid_base: u32,
+        disk: Option<OwnedFd>,
     ) -> Result<Self, RuntimeError> {
         let layers = &spec.layers;
         let mut root = Self {
@@ -402,7 +405,10 @@ impl HostRoot {
                 .map_err(io_err("overlay lowerdir+"))?;
             trees.push(tree);
         }
-        let disk = disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount disk"))?;
+        let disk = match disk {
+            Some(disk) => disk,
+            None => disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount disk"))?,
+        };
         for (key, sub) in [(c"upperdir", c"upper"), (c"workdir", c"work")] {
             let sub_dir = sys::open_dir_path(disk.as_fd(), sub)
                 .map_err(io_err(format!("open the disk's {}", sub.to_string_lossy())))?;
