@@ -4,6 +4,8 @@ included); each fork continues from the parent's state and then diverges."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from e2b_code_interpreter import Sandbox
 
@@ -59,3 +61,30 @@ def test_fork_gives_each_fork_the_parents_state(own_sandbox):
                 child.kill()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def test_kill_during_an_execution_ends_its_stream_with_an_error(own_sandbox):
+    """A sandbox killed while `run_code` streams: the call raises instead of hanging
+    until a read timeout, and what ran before the kill was delivered."""
+    started = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["execution"] = own_sandbox.run_code(
+                "import time\nprint('running', flush=True)\ntime.sleep(300)",
+                on_stdout=lambda _: started.set(),
+                timeout=0,
+            )
+        except Exception as error:  # noqa: BLE001 - the error is what is checked
+            outcome["error"] = error
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    assert started.wait(120), "the execution's first output never arrived"
+    assert Sandbox.kill(own_sandbox.sandbox_id) is True
+    # Liveness, not speed: well under the 300 s the code would sleep.
+    runner.join(120)
+    assert not runner.is_alive(), "run_code still waits on a killed sandbox"
+    assert "execution" not in outcome, outcome
+    assert isinstance(outcome.get("error"), Exception), outcome

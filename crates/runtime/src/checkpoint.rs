@@ -327,9 +327,11 @@ impl LinuxRuntime {
             .map_err(io_err("create cgroups"))?;
         let image = dir.join(DISK_FILE);
         disk::copy_sparse(&checkpoint.join(DISK_FILE), &image).map_err(io_err("copy disk"))?;
-        // The copy is mounted once, here; the ownership shift and the sandbox's root use
-        // that one mount (mounting the image a second time right after unmounting it
-        // raced the first mount's teardown under load).
+        // The copy is mounted once, here, and the ownership shift and the sandbox's root
+        // share that mount. Unmounting and mounting it again raced concurrent restores:
+        // a child another restore forked meanwhile held a copy of the first mount's
+        // descriptor, so the second filesystem read inodes the shift had not written
+        // back, and the fork's files kept the source's owners.
         let disk = disk::mount_image(&image).map_err(io_err("mount disk copy"))?;
         if meta.uid_base != uid_base {
             let root = PathBuf::from(format!("/proc/self/fd/{}", disk.as_raw_fd()));

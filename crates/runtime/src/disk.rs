@@ -430,6 +430,26 @@ pub(crate) fn mount_image(image: &Path) -> io::Result<OwnedFd> {
     mount
 }
 
+/// [`mount_image`] of an image this daemon mounted before (a paused sandbox's disk):
+/// first waits until no loop device backs it any more. Dropping the last mount of an
+/// image tears its filesystem down only when every copy of that descriptor is closed,
+/// and a child forked meanwhile (CRIU, a helper) holds copies until it execs or exits;
+/// a second filesystem mounted on the image before the first is gone would read inodes
+/// the first has not written back.
+pub(crate) fn mount_image_again(image: &Path) -> io::Result<OwnedFd> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while let Some(device) = loop_device_of(image)? {
+        if std::time::Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!("{} is still mounted through {device}", image.display()),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    mount_image(image)
+}
+
 /// A detached ext4 mount of block device `device_path`. When the device's filesystem is
 /// already mounted somewhere, the kernel hands out the same superblock again: this is
 /// how several mounts of one volume share its one filesystem.
@@ -583,6 +603,52 @@ mod tests {
             failures.is_empty(),
             "{} failed: {failures:?}",
             failures.len()
+        );
+    }
+
+    /// Privileged: a child forked by another thread holds a copy of a disk mount's
+    /// descriptor until it execs, so dropping ours does not unmount it. A second mount
+    /// of the image made then reads inodes the first has not written back (seen: an
+    /// owner change lost); `mount_image_again` waits for the first to go.
+    #[test]
+    fn mounting_again_waits_for_the_previous_mount_to_go() {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::process::CommandExt;
+
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        File::create(&image).unwrap().set_len(16 << 20).unwrap();
+        let mkfs = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "4096"])
+            .arg(&image)
+            .status()
+            .unwrap();
+        assert!(mkfs.success());
+        let mount = mount_image(&image).unwrap();
+        let entry = |mount: &OwnedFd| format!("/proc/self/fd/{}/lost+found", mount.as_raw_fd());
+        std::os::unix::fs::lchown(entry(&mount), Some(4242), None).unwrap();
+        let (forked_tx, forked_rx) = std::sync::mpsc::channel();
+        let spawner = std::thread::spawn(move || {
+            let mut command = Command::new("/bin/true");
+            // SAFETY: the hook only calls usleep(3), which is async-signal-safe.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::usleep(300_000);
+                    Ok(())
+                });
+            }
+            forked_tx.send(()).unwrap();
+            command.status().unwrap();
+        });
+        forked_rx.recv().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(mount);
+        let again = mount_image_again(&image).unwrap();
+        let owner = fs::symlink_metadata(entry(&again)).unwrap().uid();
+        spawner.join().unwrap();
+        assert_eq!(
+            owner, 4242,
+            "the second mount read inodes the first had not written"
         );
     }
 }

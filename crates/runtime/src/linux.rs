@@ -522,7 +522,7 @@ impl LinuxRuntime {
                 .map_err(io_err("create sandbox disk"))?,
             DiskOrigin::Kept(Some(mount)) => mount,
             DiskOrigin::Kept(None) => {
-                disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount kept disk"))?
+                disk::mount_image_again(&dir.join("disk.img")).map_err(io_err("mount kept disk"))?
             }
         };
         let limits = CgroupLimits {

@@ -407,7 +407,7 @@ impl HostRoot {
         }
         let disk = match disk {
             Some(disk) => disk,
-            None => disk::mount_image(&dir.join("disk.img")).map_err(io_err("mount disk"))?,
+            None => disk::mount_image_again(&dir.join("disk.img")).map_err(io_err("mount disk"))?,
         };
         for (key, sub) in [(c"upperdir", c"upper"), (c"workdir", c"work")] {
             let sub_dir = sys::open_dir_path(disk.as_fd(), sub)
