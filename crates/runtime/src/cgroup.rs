@@ -270,7 +270,7 @@ impl Cgroups {
                     }
                     std::thread::sleep(Duration::from_micros(200));
                     polls += 1;
-                    if frozen && polls % 500 == 0 {
+                    if frozen && polls.is_multiple_of(500) {
                         fs::write(&state, "THAWED")?;
                     }
                     fs::write(&state, want)?;

@@ -89,6 +89,8 @@ impl BaseRecipe {
             "coreutils",
             "python3",
             "python3-pip",
+            // `python` is Python 3, as in E2B's images.
+            "python-is-python3",
             "nodejs",
             "npm",
             "git",
@@ -559,6 +561,7 @@ mod tests {
         for wanted in [
             "python3",
             "python3-pip",
+            "python-is-python3",
             "nodejs",
             "npm",
             "git",

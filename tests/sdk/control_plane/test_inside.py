@@ -42,6 +42,15 @@ def test_commands(sandbox: Sandbox) -> None:
     )
 
 
+def test_base_template_has_what_e2b_base_has(sandbox: Sandbox) -> None:
+    """What agents call without asking: `python` is Python 3, `pip` works for `user`
+    (no venv needed), node, npm, git and curl are there."""
+    assert sandbox.commands.run("python --version").stdout.startswith("Python 3.")
+    assert "python 3." in sandbox.commands.run("pip --version").stdout
+    tools = sandbox.commands.run("for t in node npm git curl sudo; do command -v $t; done")
+    assert len(tools.stdout.split()) == 5, tools.stdout
+
+
 def test_files_round_trip_and_large_upload(sandbox: Sandbox) -> None:
     sandbox.files.write("/home/user/hello.txt", "hello from the suite")
     assert sandbox.files.read("/home/user/hello.txt") == "hello from the suite"

@@ -79,6 +79,10 @@ pub struct WarmPools {
     /// Set when the server stops: the refill task finishes the sandbox it is preparing
     /// (a runtime create cannot be cancelled half way) and returns, so drain sees it.
     stopping: std::sync::atomic::AtomicBool,
+    /// Held by the refill task from the start of a preparation until its sandbox is
+    /// pooled or, its pool drained meanwhile, killed; [`drain`] waits for it, so no
+    /// sandbox of a drained pool outlives the drain.
+    preparing: tokio::sync::Mutex<()>,
 }
 
 impl WarmPools {
@@ -89,6 +93,7 @@ impl WarmPools {
             pools: Mutex::new(HashMap::new()),
             wakeup: Notify::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            preparing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -163,7 +168,11 @@ impl WarmPools {
 /// Kill every pooled sandbox of `template` (every one when `None`) and forget its pool:
 /// the template is gone, or the server stops.
 pub async fn drain(state: &AppState, template: Option<&str>) {
-    for prepared in state.pools.take_all(template) {
+    let taken = state.pools.take_all(template);
+    // A sandbox being prepared for a drained pool is killed by the refill task when it
+    // is ready; wait for that.
+    drop(state.pools.preparing.lock().await);
+    for prepared in taken {
         if let Err(err) = kill_in_runtime(state, &prepared.info.id).await {
             tracing::warn!(sandbox = %prepared.info.id, %err, "removing a pooled sandbox");
         }
@@ -184,6 +193,11 @@ pub async fn refill(state: SharedState) {
             pause(&state, Duration::from_secs(5)).await;
             continue;
         }
+        let preparing = state.pools.preparing.lock().await;
+        // Drained between the pick and the lock: the drain did not wait for this one.
+        if !state.pools.pools.lock().contains_key(&key) {
+            continue;
+        }
         match prepare(&state, &key).await {
             Ok(prepared) => {
                 let unwanted = {
@@ -202,10 +216,13 @@ pub async fn refill(state: SharedState) {
                 }
             }
             Err(err) => {
+                drop(preparing);
                 tracing::warn!(template = %key.template, %err, "preparing a pooled sandbox; retrying later");
                 pause(&state, Duration::from_secs(5)).await;
+                continue;
             }
         }
+        drop(preparing);
         tokio::time::sleep(REFILL_SPACING).await;
     }
 }
