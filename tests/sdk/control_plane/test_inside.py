@@ -172,3 +172,22 @@ def test_private_traffic_needs_the_traffic_token(berth: Berth) -> None:
         assert refused.status_code == 403
     finally:
         sandbox.kill()
+
+
+def test_mountinfo_names_no_host_paths(berth: Berth, sandbox: Sandbox) -> None:
+    """What a sandbox learns of its host from its mounts, before and after a CRIU round
+    trip: no state-dir path (sandbox ids, disk images, layers) and no loop device. (The
+    envd binary's bind mount still shows that file's host path and block device: see
+    SECURITY.md.)"""
+
+    def check(when: str) -> None:
+        for path in ("/proc/self/mountinfo", "/proc/self/mounts", "/proc/1/mountinfo"):
+            text = sandbox.commands.run(f"cat {path}", user="root").stdout
+            assert text, path
+            for host_detail in (str(berth.state_dir), "/var/lib/berth", "/dev/loop", sandbox.sandbox_id):
+                assert host_detail not in text, f"{when}: {path} names {host_detail}:\n{text}"
+
+    check("created")
+    sandbox.pause()
+    sandbox.connect()
+    check("resumed")
