@@ -124,16 +124,24 @@ impl LinuxRuntime {
         }
         // The dump killed the tree; processes outside it go too.
         self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
-        // The last reference to the disk mount: ext4 shuts down, the loop device goes.
-        drop(
-            sandbox
-                .disk
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
+        // The daemon's last reference to the disk mount. Flushed first: a child forked
+        // meanwhile may hold a copy of the descriptor for a moment, and then the ext4
+        // shutdown (and its write-back) happens after this returns, not here.
+        let disk = sandbox
+            .disk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(disk) = &disk {
+            // The tree is already dumped and gone: a failed flush is reported, not undone
+            // (the kernel still writes the disk back when the filesystem goes).
+            if let Err(err) = sys::syncfs_mount(disk.as_fd()) {
+                tracing::warn!(sandbox = %id, %err, "flushing a paused sandbox's disk");
+            }
+        }
+        drop(disk);
         // CRIU does not fsync its images; one syncfs of the state filesystem does (it
-        // also flushes the disk image, written back when its mount went away).
+        // also flushes the disk image file the sandbox's filesystem wrote to).
         let images_dir = fs::File::open(images).map_err(io_err("open images dir"))?;
         sys::syncfs_mount(images_dir.as_fd()).map_err(io_err("sync checkpoint"))?;
         let marker = PausedMarker {
