@@ -124,22 +124,11 @@ impl LinuxRuntime {
         }
         // The dump killed the tree; processes outside it go too.
         self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
-        // The daemon's last reference to the disk mount. Flushed first: a child forked
-        // meanwhile may hold a copy of the descriptor for a moment, and then the ext4
-        // shutdown (and its write-back) happens after this returns, not here.
-        let disk = sandbox
-            .disk
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(disk) = &disk {
-            // The tree is already dumped and gone: a failed flush is reported, not undone
-            // (the kernel still writes the disk back when the filesystem goes).
-            if let Err(err) = sys::syncfs_mount(disk.as_fd()) {
-                tracing::warn!(sandbox = %id, %err, "flushing a paused sandbox's disk");
-            }
+        // The tree is already dumped and gone: a failed flush is reported, not undone
+        // (the kernel still writes the disk back when the filesystem goes).
+        if let Err(err) = release_disk_flushed(&sandbox) {
+            tracing::warn!(sandbox = %id, %err, "flushing a paused sandbox's disk");
         }
-        drop(disk);
         // CRIU does not fsync its images; one syncfs of the state filesystem does (it
         // also flushes the disk image file the sandbox's filesystem wrote to).
         let images_dir = fs::File::open(images).map_err(io_err("open images dir"))?;
@@ -166,16 +155,8 @@ impl LinuxRuntime {
         let _ = self.cgroups.set_frozen(id, false);
         kill_init(&sandbox.pidfd)?;
         self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
-        let disk = sandbox
-            .disk
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
         // Flush the disk before the marker says it is the sandbox's state.
-        if let Some(disk) = &disk {
-            sys::syncfs_mount(disk.as_fd()).map_err(io_err("sync sandbox disk"))?;
-        }
-        drop(disk);
+        release_disk_flushed(&sandbox).map_err(io_err("sync sandbox disk"))?;
         let marker = PausedMarker {
             images: None,
             paused_at: SystemTime::now(),
@@ -470,6 +451,19 @@ impl Drop for HostRoot {
             let _ = fs::remove_dir(dir);
         }
     }
+}
+
+/// Drops the daemon's last reference to `sandbox`'s disk mount, flushed first: a child
+/// forked meanwhile may hold a copy of the descriptor for a moment, and then the ext4
+/// shutdown (and its write-back) happens after this returns, not here.
+fn release_disk_flushed(sandbox: &super::Sandbox) -> io::Result<()> {
+    let disk = sandbox
+        .disk
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    disk.as_ref()
+        .map_or(Ok(()), |disk| sys::syncfs_mount(disk.as_fd()))
 }
 
 /// A user namespace whose uid/gid map is `0 uid_base 65536`, for idmapping mounts: made
