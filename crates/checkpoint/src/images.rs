@@ -13,6 +13,11 @@
 //! every other image from the shared, read-only checkpoint. Not symlinks: CRIU opens some
 //! images (e.g. `pagemap`) from restored tasks that have already switched to the
 //! sandbox's root, where an absolute link target does not resolve.
+//!
+//! [`ghost_names`] reads which names a restore will create in the restored filesystem:
+//! CRIU keeps the contents of a deleted file that a process still holds open (a "ghost")
+//! and, on restore, recreates it under a name beside the original (`criu/files-reg.c`,
+//! `ghost_path`) before reopening and unlinking it. A restore fails if that name exists.
 
 use std::fs;
 use std::io;
@@ -24,6 +29,14 @@ use prost::Message;
 const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 const USERNS_MAGIC: u32 = 0x5547_4906;
 const UTSNS_MAGIC: u32 = 0x5447_3203;
+/// `IMG_SERVICE_MAGIC`: the head of images that are not per-namespace (ghost files).
+const IMG_SERVICE_MAGIC: u32 = 0x5510_5940;
+/// `remap_type` GHOST of criu's `images/remap-file-path.proto`.
+const REMAP_TYPE_GHOST: i32 = 1;
+/// `fd_types` REG of criu's `images/fdinfo.proto`.
+const FD_TYPE_REG: i32 = 1;
+/// Old images mark ghost remaps with this bit of `remap_id` instead of `remap_type`.
+const REMAP_GHOST_BIT: u32 = 1 << 31;
 
 /// `uid_gid_extent` of criu's `images/userns.proto`.
 #[derive(Clone, PartialEq, Message)]
@@ -52,6 +65,157 @@ struct UtsnsEntry {
     nodename: String,
     #[prost(string, required, tag = "2")]
     domainname: String,
+}
+
+/// `remap_file_path_entry` of criu's `images/remap-file-path.proto`.
+#[derive(Clone, PartialEq, Message)]
+struct RemapFilePathEntry {
+    #[prost(uint32, required, tag = "1")]
+    orig_id: u32,
+    #[prost(uint32, required, tag = "2")]
+    remap_id: u32,
+    #[prost(int32, optional, tag = "3")]
+    remap_type: Option<i32>,
+}
+
+/// The fields of `file_entry` (criu's `images/fdinfo.proto`) read here.
+#[derive(Clone, PartialEq, Message)]
+struct FileEntry {
+    #[prost(int32, required, tag = "1")]
+    kind: i32,
+    #[prost(uint32, required, tag = "2")]
+    id: u32,
+    #[prost(message, optional, tag = "3")]
+    reg: Option<RegFileEntry>,
+}
+
+/// The fields of `reg_file_entry` (criu's `images/regfile.proto`) read here.
+#[derive(Clone, PartialEq, Message)]
+struct RegFileEntry {
+    #[prost(string, required, tag = "6")]
+    name: String,
+}
+
+/// The fields of `ghost_file_entry` (criu's `images/ghost-file.proto`) read here.
+#[derive(Clone, PartialEq, Message)]
+struct GhostFileEntry {
+    #[prost(uint32, required, tag = "3")]
+    mode: u32,
+}
+
+/// A name a restore creates in the restored filesystem for a deleted, still-open file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GhostName {
+    /// The deleted file, as an absolute path in the dumped mount namespace.
+    pub file: String,
+    /// The name CRIU creates for it (a deleted directory comes back at its own path).
+    /// When its parent directory is gone too, CRIU goes up one directory at a time, as
+    /// [`GhostName::candidates`] lists.
+    pub name: String,
+}
+
+impl GhostName {
+    /// `name`, then the same final component in each ancestor directory up to `/`:
+    /// the places CRIU tries in turn when a parent directory does not exist.
+    pub fn candidates(&self) -> Vec<String> {
+        let (dir, last) = self.name.rsplit_once('/').unwrap_or(("", &self.name));
+        let mut out = vec![self.name.clone()];
+        let mut dir = dir;
+        while let Some((parent, _)) = dir.rsplit_once('/') {
+            out.push(format!("{parent}/{last}"));
+            dir = parent;
+        }
+        out
+    }
+}
+
+/// The names every ghost file of the dump in `images` gets on restore.
+pub fn ghost_names(images: &Path) -> Result<Vec<GhostName>, ImageError> {
+    let remaps = images.join("remap-fpath.img");
+    if !remaps.exists() {
+        return Ok(Vec::new());
+    }
+    let mut ghosts = Vec::new();
+    for entry in read_entries(&remaps, None)? {
+        let remap = RemapFilePathEntry::decode(entry.as_slice())
+            .map_err(|e| ImageError::Malformed(remaps.display().to_string(), e.to_string()))?;
+        let ghost = match remap.remap_type {
+            Some(kind) => kind == REMAP_TYPE_GHOST,
+            None => remap.remap_id & REMAP_GHOST_BIT != 0,
+        };
+        if ghost {
+            ghosts.push((remap.orig_id, remap.remap_id & !REMAP_GHOST_BIT));
+        }
+    }
+    if ghosts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let files = images.join("files.img");
+    let mut paths = std::collections::HashMap::new();
+    for entry in read_entries(&files, None)? {
+        let file = FileEntry::decode(entry.as_slice())
+            .map_err(|e| ImageError::Malformed(files.display().to_string(), e.to_string()))?;
+        if let (FD_TYPE_REG, Some(reg)) = (file.kind, file.reg) {
+            paths.insert(file.id, reg.name);
+        }
+    }
+    let mut names = Vec::new();
+    for (orig_id, remap_id) in ghosts {
+        let Some(file) = paths.get(&orig_id) else {
+            return Err(ImageError::Malformed(
+                files.display().to_string(),
+                format!("no regular file {orig_id} for ghost {remap_id:x}"),
+            ));
+        };
+        let image = images.join(format!("ghost-file-{remap_id:x}.img"));
+        // The entry is followed by the file's raw contents, not by more entries.
+        let is_dir = match read_entries(&image, Some(1))?.first() {
+            Some(entry) => {
+                let ghost = GhostFileEntry::decode(entry.as_slice()).map_err(|e| {
+                    ImageError::Malformed(image.display().to_string(), e.to_string())
+                })?;
+                ghost.mode & libc::S_IFMT == libc::S_IFDIR
+            }
+            None => false,
+        };
+        let name = if is_dir {
+            file.clone()
+        } else {
+            format!("{file}.cr.{remap_id:x}.ghost")
+        };
+        names.push(GhostName {
+            file: file.clone(),
+            name,
+        });
+    }
+    Ok(names)
+}
+
+/// The protobuf bodies of the image at `path`, after its magic head: all of them, or
+/// the first `limit`.
+fn read_entries(path: &Path, limit: Option<usize>) -> Result<Vec<Vec<u8>>, ImageError> {
+    let shown = path.display().to_string();
+    let bytes = fs::read(path).map_err(io_err(format!("read {shown}")))?;
+    let bad = |why: &str| ImageError::Malformed(shown.clone(), why.to_owned());
+    let word = |at: usize| -> Option<u32> {
+        bytes
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let mut at = match word(0) {
+        Some(IMG_COMMON_MAGIC | IMG_SERVICE_MAGIC) => 8,
+        _ => return Err(bad("unexpected magic")),
+    };
+    let mut entries = Vec::new();
+    while at < bytes.len() && limit.is_none_or(|limit| entries.len() < limit) {
+        let len = word(at).ok_or_else(|| bad("truncated entry length"))? as usize;
+        let body = bytes
+            .get(at + 4..at + 4 + len)
+            .ok_or_else(|| bad("truncated entry"))?;
+        entries.push(body.to_vec());
+        at += 4 + len;
+    }
+    Ok(entries)
 }
 
 /// How a restore's images differ from the checkpoint's.
@@ -215,6 +379,90 @@ mod tests {
             lower_first,
             count,
         }
+    }
+
+    #[test]
+    fn ghost_names_are_beside_the_deleted_files_and_directories_keep_theirs() {
+        const REMAP_FPATH_MAGIC: u32 = 0x5944_2601;
+        const FILES_MAGIC: u32 = 0x5637_3004;
+        const GHOST_FILE_MAGIC: u32 = 0x5258_3605;
+        let dir = tempfile::tempdir().unwrap();
+        let remap = |orig_id, remap_id, remap_type| {
+            RemapFilePathEntry {
+                orig_id,
+                remap_id,
+                remap_type,
+            }
+            .encode_to_vec()
+        };
+        let reg = |id, name: &str| {
+            FileEntry {
+                kind: FD_TYPE_REG,
+                id,
+                reg: Some(RegFileEntry { name: name.into() }),
+            }
+            .encode_to_vec()
+        };
+        fs::write(
+            dir.path().join("remap-fpath.img"),
+            image(
+                REMAP_FPATH_MAGIC,
+                &[
+                    remap(3, 0x1a, Some(REMAP_TYPE_GHOST)),
+                    remap(4, 7, Some(0)),
+                    remap(5, 2 | REMAP_GHOST_BIT, None),
+                ],
+            ),
+        )
+        .unwrap();
+        fs::write(
+            dir.path().join("files.img"),
+            image(
+                FILES_MAGIC,
+                &[
+                    reg(3, "/home/user/held"),
+                    reg(4, "/tmp/linked"),
+                    reg(5, "/tmp/gone"),
+                ],
+            ),
+        )
+        .unwrap();
+        let ghost = |mode| {
+            let mut out = IMG_SERVICE_MAGIC.to_le_bytes().to_vec();
+            out.extend_from_slice(&GHOST_FILE_MAGIC.to_le_bytes());
+            let body = GhostFileEntry { mode }.encode_to_vec();
+            out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            out.extend_from_slice(&body);
+            out.extend_from_slice(b"the file's contents, not an entry");
+            out
+        };
+        fs::write(dir.path().join("ghost-file-1a.img"), ghost(0o100644)).unwrap();
+        fs::write(dir.path().join("ghost-file-2.img"), ghost(0o040755)).unwrap();
+        let names = ghost_names(dir.path()).unwrap();
+        assert_eq!(
+            names,
+            vec![
+                GhostName {
+                    file: "/home/user/held".into(),
+                    name: "/home/user/held.cr.1a.ghost".into(),
+                },
+                GhostName {
+                    file: "/tmp/gone".into(),
+                    name: "/tmp/gone".into(),
+                },
+            ]
+        );
+        assert_eq!(
+            names[0].candidates(),
+            [
+                "/home/user/held.cr.1a.ghost",
+                "/home/held.cr.1a.ghost",
+                "/held.cr.1a.ghost"
+            ]
+        );
+        // A dump without deleted files has no remap image at all.
+        let empty = tempfile::tempdir().unwrap();
+        assert!(ghost_names(empty.path()).unwrap().is_empty());
     }
 
     #[test]

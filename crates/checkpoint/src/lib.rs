@@ -7,10 +7,10 @@
 //! still verified against the host's Debian keyring) and runs through its own dynamic
 //! loader. It also reads and rewrites the few CRIU images that tie a dump to its source
 //! (user namespace id maps, hostname) so one checkpoint can be restored as several
-//! sandboxes ([`images`]). It knows nothing of HTTP or of sandboxes' layout.
+//! sandboxes, and lists the names a restore will create ([`images`]). It knows nothing of HTTP or of sandboxes' layout.
 
 pub mod criu;
 pub mod images;
 
 pub use criu::{Criu, CriuError, CriuVersion, Dump, Restore};
-pub use images::{prepare_restore_images, ImageError, ImageRewrite};
+pub use images::{ghost_names, prepare_restore_images, GhostName, ImageError, ImageRewrite};

@@ -10,30 +10,58 @@
 //! nothing else in the process can lose a child to it. Either way: every child envd
 //! starts must be spawned through [`Reaper::spawn`]; never use `tokio::process` or
 //! `Child::wait` in envd.
+//!
+//! Every fork happens on one dedicated thread, named [`SPAWNER_THREAD_NAME`]. A child
+//! starts in the cgroups of the thread that forked it, so the host moves that one
+//! thread into the sandbox's workload group (limits just below the sandbox's) and every
+//! command lands there, while envd's other threads keep the headroom above it: a fork
+//! bomb or a memory hog exhausts the workload group, never envd.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::oneshot;
+
+/// The name (`comm`) of the thread every child is forked from. A contract with the
+/// host: berth's runtime finds the thread by this name in `/proc/<init>/task` and moves
+/// it into the workload cgroup (`berth_runtime`'s `SPAWNER_THREAD`).
+pub const SPAWNER_THREAD_NAME: &str = "envd-spawn";
+
+/// A command for the spawner thread and where its result goes.
+type SpawnJob = (Command, mpsc::SyncSender<io::Result<Child>>);
 
 /// Dispatches child exit statuses by pid.
 #[derive(Debug)]
 pub struct Reaper {
     waiters: Mutex<HashMap<i32, oneshot::Sender<ExitStatus>>>,
     reap_orphans: bool,
+    spawner: Mutex<mpsc::Sender<SpawnJob>>,
 }
 
 impl Reaper {
     /// Starts listening for SIGCHLD; call inside the tokio runtime before spawning.
     /// `reap_orphans` should be true when envd is PID 1.
     pub fn start(reap_orphans: bool) -> io::Result<Arc<Self>> {
+        let (jobs, queue) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name(SPAWNER_THREAD_NAME.into())
+            .spawn(move || {
+                for (mut command, result) in queue {
+                    let child = command.spawn();
+                    // The parent's copies of the child's stdio (a PTY slave) close here.
+                    drop(command);
+                    let _ = result.send(child);
+                }
+            })?;
         let reaper = Arc::new(Self {
             waiters: Mutex::new(HashMap::new()),
             reap_orphans,
+            spawner: Mutex::new(jobs),
         });
         let mut sigchld = signal(SignalKind::child())?;
         let listener = Arc::clone(&reaper);
@@ -51,13 +79,19 @@ impl Reaper {
         self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Spawns `command` and returns the child with a receiver of its exit status.
-    pub fn spawn(
-        &self,
-        command: &mut Command,
-    ) -> io::Result<(Child, oneshot::Receiver<ExitStatus>)> {
+    /// Spawns `command` on the spawner thread and returns the child with a receiver of
+    /// its exit status. The command (and the parent's copies of its stdio) is dropped
+    /// once the child runs.
+    pub fn spawn(&self, command: Command) -> io::Result<(Child, oneshot::Receiver<ExitStatus>)> {
         let mut waiters = self.lock();
-        let child = command.spawn()?;
+        let (result, child) = mpsc::sync_channel(1);
+        let gone = || io::Error::other("envd's spawner thread is gone");
+        self.spawner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send((command, result))
+            .map_err(|_| gone())?;
+        let child = child.recv().map_err(|_| gone())??;
         let (sender, receiver) = oneshot::channel();
         let pid = i32::try_from(child.id()).expect("pids fit in i32");
         waiters.insert(pid, sender);
@@ -103,10 +137,10 @@ mod tests {
     #[tokio::test]
     async fn statuses_reach_their_spawners() {
         let reaper = Reaper::start(false).unwrap();
-        let (_ok, ok_status) = reaper.spawn(Command::new("true").arg("")).unwrap();
-        let (_fail, fail_status) = reaper
-            .spawn(Command::new("sh").args(["-c", "exit 3"]))
-            .unwrap();
+        let (_ok, ok_status) = reaper.spawn(Command::new("true")).unwrap();
+        let mut fail = Command::new("sh");
+        fail.args(["-c", "exit 3"]);
+        let (_fail, fail_status) = reaper.spawn(fail).unwrap();
         assert_eq!(ok_status.await.unwrap().code(), Some(0));
         assert_eq!(fail_status.await.unwrap().code(), Some(3));
     }
@@ -115,8 +149,24 @@ mod tests {
     async fn failed_exec_is_an_error_not_a_panic() {
         let reaper = Reaper::start(false).unwrap();
         let err = reaper
-            .spawn(&mut Command::new("/nonexistent/berth-test-binary"))
+            .spawn(Command::new("/nonexistent/berth-test-binary"))
             .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
+    async fn the_spawner_thread_runs_under_its_contract_name() {
+        let reaper = Reaper::start(false).unwrap();
+        // The host finds the thread by this name; which thread forked a child is proved
+        // end to end by the sandbox tests (commands run in the workload cgroup).
+        let (_child, status) = reaper.spawn(Command::new("true")).unwrap();
+        assert!(status.await.unwrap().success());
+        let names: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
+            .map(|name| name.trim_end().to_owned())
+            .collect();
+        assert!(names.iter().any(|n| n == SPAWNER_THREAD_NAME), "{names:?}");
     }
 }

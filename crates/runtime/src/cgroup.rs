@@ -4,6 +4,14 @@
 //! Paths are always absolute under the controller mounts (`/sys/fs/cgroup/<ctrl>/berth/<id>`
 //! or `/sys/fs/cgroup/berth/<id>`), never relative to the daemon's own group: the daemon
 //! may itself live in some nested group that has nothing to do with sandboxes.
+//!
+//! On v1 each sandbox's `memory` and `pids` groups have a child, [`WORKLOAD_GROUP`], with
+//! limits just below the sandbox's ([`CgroupLimits::workload`]). Commands run there:
+//! envd forks every child from one thread, which [`Cgroups::confine_spawner`] moves into
+//! the child group (v1 places threads, not only processes), so a fork bomb or a memory
+//! hog exhausts the workload group and envd keeps its reserve. cgroup v2 keeps a
+//! process's threads in one domain group, so there the workload shares the sandbox's
+//! group and envd is protected only by its OOM score.
 
 use std::fs;
 use std::io;
@@ -14,12 +22,34 @@ const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 const V1_CONTROLLERS: [&str; 5] = ["cpu", "cpuacct", "memory", "pids", "freezer"];
 const CFS_PERIOD_US: u64 = 100_000;
 
+/// The child group (v1 `memory` and `pids`) the sandbox's commands run in.
+pub(crate) const WORKLOAD_GROUP: &str = "workload";
+const WORKLOAD_CONTROLLERS: [&str; 2] = ["memory", "pids"];
+/// The thread of envd that forks every command (envd's `SPAWNER_THREAD_NAME`).
+pub(crate) const SPAWNER_THREAD: &str = "envd-spawn";
+
 /// Limits written into a sandbox's groups.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CgroupLimits {
     pub cpu_count: u32,
     pub memory_bytes: u64,
     pub pids_max: u64,
+}
+
+impl CgroupLimits {
+    /// The workload group's `(memory bytes, pids)`: the sandbox's less envd's reserve,
+    /// 1/16 of each, at least 16 MiB and 8 pids, at most 64 MiB and 256 pids, and never
+    /// more than half.
+    pub(crate) fn workload(&self) -> (u64, u64) {
+        let memory_reserve = (self.memory_bytes / 16)
+            .clamp(16 << 20, 64 << 20)
+            .min(self.memory_bytes / 2);
+        let pids_reserve = (self.pids_max / 16).clamp(8, 256).min(self.pids_max / 2);
+        (
+            self.memory_bytes - memory_reserve,
+            self.pids_max - pids_reserve,
+        )
+    }
 }
 
 /// Raw usage numbers read from a sandbox's groups.
@@ -159,6 +189,20 @@ impl Cgroups {
                     self.dir("pids", id).join("pids.max"),
                     limits.pids_max.to_string(),
                 )?;
+                let (workload_memory, workload_pids) = limits.workload();
+                let mem = mem.join(WORKLOAD_GROUP);
+                mkdir_ok_if_exists(&mem)?;
+                fs::write(
+                    mem.join("memory.limit_in_bytes"),
+                    workload_memory.to_string(),
+                )?;
+                let _ = fs::write(
+                    mem.join("memory.memsw.limit_in_bytes"),
+                    workload_memory.to_string(),
+                );
+                let pids = self.dir("pids", id).join(WORKLOAD_GROUP);
+                mkdir_ok_if_exists(&pids)?;
+                fs::write(pids.join("pids.max"), workload_pids.to_string())?;
             }
             Self::V2 { .. } => {
                 let dir = self.dir("", id);
@@ -171,6 +215,43 @@ impl Cgroups {
         Ok(())
     }
 
+    /// The groups a command joins: the workload group where there is one, else the
+    /// sandbox's own (one per v1 hierarchy).
+    pub(crate) fn workload_dirs(&self, id: &str) -> Vec<PathBuf> {
+        match self {
+            Self::V1 { mount, parent } => V1_CONTROLLERS
+                .iter()
+                .map(|c| {
+                    let dir = mount.join(c).join(parent).join(id);
+                    if WORKLOAD_CONTROLLERS.contains(c) {
+                        dir.join(WORKLOAD_GROUP)
+                    } else {
+                        dir
+                    }
+                })
+                .collect(),
+            Self::V2 { .. } => self.dirs(id),
+        }
+    }
+
+    /// Moves the thread of init `pid` named [`SPAWNER_THREAD`] into sandbox `id`'s
+    /// workload groups, so every command it forks starts there. False when there is
+    /// nothing to do: no such thread (an init that is not envd) or no workload group (v2).
+    pub(crate) fn confine_spawner(&self, id: &str, pid: libc::pid_t) -> io::Result<bool> {
+        if let Self::V2 { .. } = self {
+            return Ok(false);
+        }
+        let Some(tid) = thread_named(pid, SPAWNER_THREAD)? else {
+            return Ok(false);
+        };
+        for ctrl in WORKLOAD_CONTROLLERS {
+            let tasks = self.dir(ctrl, id).join(WORKLOAD_GROUP).join("tasks");
+            fs::write(&tasks, tid.to_string())
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tasks.display())))?;
+        }
+        Ok(true)
+    }
+
     /// Moves process `pid` into every group of sandbox `id`.
     pub(crate) fn attach(&self, id: &str, pid: libc::pid_t) -> io::Result<()> {
         let pid = pid.to_string();
@@ -180,22 +261,37 @@ impl Cgroups {
         Ok(())
     }
 
-    /// Host pids currently in the sandbox's groups.
+    /// Host pids currently in the sandbox's groups, its workload group included.
     pub(crate) fn pids(&self, id: &str) -> Vec<libc::pid_t> {
-        let procs = self.dir("pids", id).join("cgroup.procs");
-        fs::read_to_string(procs)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
+        let dir = self.dir("pids", id);
+        let mut pids: Vec<libc::pid_t> = [
+            dir.join("cgroup.procs"),
+            dir.join(WORKLOAD_GROUP).join("cgroup.procs"),
+        ]
+        .iter()
+        .flat_map(|procs| {
+            fs::read_to_string(procs)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
-    /// True when any of the sandbox's groups (on any v1 hierarchy) holds a process.
+    /// True when any of the sandbox's groups (on any v1 hierarchy, workload groups
+    /// included) holds a process.
     pub(crate) fn has_processes(&self, id: &str) -> bool {
-        self.dirs(id).iter().any(|dir| {
-            fs::read_to_string(dir.join("cgroup.procs"))
-                .is_ok_and(|procs| procs.lines().any(|line| !line.trim().is_empty()))
-        })
+        self.dirs(id)
+            .iter()
+            .flat_map(|dir| [dir.join(WORKLOAD_GROUP), dir.clone()])
+            .any(|dir| {
+                fs::read_to_string(dir.join("cgroup.procs"))
+                    .is_ok_and(|procs| procs.lines().any(|line| !line.trim().is_empty()))
+            })
     }
 
     /// Kills every process in the groups (v2: `cgroup.kill`; v1: SIGKILL each listed pid,
@@ -223,10 +319,15 @@ impl Cgroups {
         }
     }
 
-    /// Removes the groups, waiting briefly for exiting tasks to leave them.
+    /// Removes the groups (workload groups first), waiting briefly for exiting tasks to
+    /// leave them.
     pub(crate) fn remove(&self, id: &str) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
-        for dir in self.dirs(id) {
+        let dirs = self
+            .dirs(id)
+            .into_iter()
+            .flat_map(|dir| [dir.join(WORKLOAD_GROUP), dir]);
+        for dir in dirs {
             loop {
                 match fs::remove_dir(&dir) {
                     Ok(()) => break,
@@ -327,6 +428,17 @@ impl Cgroups {
     }
 }
 
+/// The host tid of the thread of process `pid` whose `comm` is `name`.
+fn thread_named(pid: libc::pid_t, name: &str) -> io::Result<Option<libc::pid_t>> {
+    for task in fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+        let comm = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            return Ok(task.file_name().to_str().and_then(|tid| tid.parse().ok()));
+        }
+    }
+    Ok(None)
+}
+
 fn mkdir_ok_if_exists(dir: &Path) -> io::Result<()> {
     match fs::create_dir(dir) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
@@ -356,7 +468,27 @@ fn stat_field(text: &str, key: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::stat_field;
+    use super::{stat_field, CgroupLimits};
+
+    fn limits(memory_mb: u64, pids_max: u64) -> CgroupLimits {
+        CgroupLimits {
+            cpu_count: 1,
+            memory_bytes: memory_mb << 20,
+            pids_max,
+        }
+    }
+
+    #[test]
+    fn the_workload_keeps_a_reserve_for_envd_below_every_limit() {
+        // Default sandbox: 1/16 of memory and pids.
+        assert_eq!(limits(512, 4096).workload(), (480 << 20, 3840));
+        // Small: the minimum reserve (16 MiB, 8 pids).
+        assert_eq!(limits(128, 64).workload(), (112 << 20, 56));
+        // Large: the maximum reserve (64 MiB, 256 pids).
+        assert_eq!(limits(8192, 100_000).workload(), (8128 << 20, 99_744));
+        // Tiny: never more than half goes to the reserve.
+        assert_eq!(limits(16, 10).workload(), (8 << 20, 5));
+    }
 
     #[test]
     fn stat_field_finds_exact_key() {

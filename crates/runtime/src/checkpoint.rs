@@ -53,9 +53,9 @@
 //! On failure everything of the new sandbox goes (processes, cgroups, slot, directory).
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use std::time::SystemTime;
@@ -69,6 +69,7 @@ use super::{
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::perms;
+use crate::restorable;
 use crate::sys;
 use crate::{RuntimeError, SandboxInfo, SandboxSpec};
 
@@ -175,10 +176,13 @@ impl LinuxRuntime {
             .and_then(|()| perms::create_dir(&images, perms::IMAGES_DIR))
             .map_err(io_err(format!("create {}", images.display())))?;
         let hook = tmp.join(HOOK_FILE);
-        write_hook(
+        let report = tmp.join(restorable::REFUSAL_FILE);
+        restorable::write_post_dump_hook(
             &hook,
-            &self.sandbox_dir(id).join(DISK_FILE),
-            &tmp.join(DISK_FILE),
+            &self.config.launcher_binary,
+            &images,
+            &report,
+            Some((&self.sandbox_dir(id).join(DISK_FILE), &tmp.join(DISK_FILE))),
         )
         .map_err(io_err("write post-dump hook"))?;
         let _ = self.cgroups.set_frozen(id, false);
@@ -194,10 +198,12 @@ impl LinuxRuntime {
             },
             &hook,
         )
-        .map_err(|source| RuntimeError::Criu {
-            id: id.to_owned(),
-            op: "dump",
-            source: Box::new(source),
+        .map_err(|source| {
+            restorable::refusal(id, &report).unwrap_or_else(|| RuntimeError::Criu {
+                id: id.to_owned(),
+                op: "dump",
+                source: Box::new(source),
+            })
         })?;
         fs::remove_file(&hook).map_err(io_err("remove post-dump hook"))?;
         let spec = &sandbox.info.spec;
@@ -407,34 +413,6 @@ fn tmp_path(dest: &Path) -> PathBuf {
     let mut name = dest.as_os_str().to_owned();
     name.push(".tmp");
     PathBuf::from(name)
-}
-
-/// The action script CRIU runs at each dump step; at `post-dump` (tasks still stopped)
-/// it flushes the sandbox's filesystem and copies its disk image.
-fn write_hook(path: &Path, disk: &Path, copy: &Path) -> io::Result<()> {
-    let script = format!(
-        "#!/bin/sh\n\
-         [ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n\
-         set -e\n\
-         sync -f \"/proc/$CRTOOLS_INIT_PID/root/\"\n\
-         cp --sparse=always {} {}\n",
-        shell_quote(disk)?,
-        shell_quote(copy)?
-    );
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o700)
-        .open(path)?;
-    file.write_all(script.as_bytes())
-}
-
-/// `path` as one single-quoted shell word.
-fn shell_quote(path: &Path) -> io::Result<String> {
-    let text = path
-        .to_str()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path is not UTF-8"))?;
-    Ok(format!("'{}'", text.replace('\'', r"'\''")))
 }
 
 /// Bytes allocated to the files under `dir`.

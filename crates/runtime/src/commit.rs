@@ -73,7 +73,7 @@ impl LinuxRuntime {
         cmd.arg("exec")
             .arg("--pid")
             .arg(sandbox.info.init_pid.to_string());
-        for dir in self.cgroups.dirs(id) {
+        for dir in self.cgroups.workload_dirs(id) {
             cmd.arg("--cgroup").arg(dir);
         }
         cmd.args(["--uid", &options.uid.to_string()])

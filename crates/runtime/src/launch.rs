@@ -249,9 +249,10 @@ pub fn launcher_main() -> ! {
     let result = match args.get(1).map(String::as_str) {
         Some("init") => init_main(),
         Some("exec") => exec_main(&args[2..]),
+        Some("check-dump") => crate::restorable::check_dump_main(&args[2..]),
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "usage: berth-launch init | exec ...",
+            "usage: berth-launch init | exec ... | check-dump ...",
         )),
     };
     match result {

@@ -108,6 +108,7 @@ pub mod launch;
 mod linux;
 mod perms;
 mod record;
+mod restorable;
 mod seccomp;
 mod slots;
 mod sys;
@@ -242,6 +243,9 @@ pub enum RuntimeError {
     CheckpointNotFound(String),
     #[error("checkpoint {0} already exists")]
     CheckpointExists(String),
+    /// The sandbox's own files would make the dump fail to restore; nothing was kept.
+    #[error("sandbox {id} cannot be checkpointed as it is: {reason}")]
+    Unrestorable { id: String, reason: String },
     #[error("checkpoint metadata {path} is unreadable: {source}")]
     BadCheckpoint {
         path: PathBuf,
@@ -324,6 +328,15 @@ pub trait Runtime: Send + Sync + 'static {
     fn kill(&self, id: &str) -> Result<(), RuntimeError>;
     fn freeze(&self, id: &str) -> Result<(), RuntimeError>;
     fn thaw(&self, id: &str) -> Result<(), RuntimeError>;
+    /// Puts what sandbox `id`'s envd starts from now on into the sandbox's workload
+    /// group, whose limits sit just below the sandbox's, so a workload that exhausts
+    /// them leaves envd its reserve. Call once envd answers, after every start, resume
+    /// or restore. False where the backend has no such group (then the workload shares
+    /// the sandbox's limits with envd).
+    fn confine_workload(&self, id: &str) -> Result<bool, RuntimeError> {
+        let _ = id;
+        Ok(false)
+    }
     fn stats(&self, id: &str) -> Result<SandboxStats, RuntimeError>;
     fn list(&self) -> Vec<SandboxInfo>;
     /// Find sandboxes recorded on disk by an earlier daemon; reattach or clean them.

@@ -477,7 +477,7 @@ impl LinuxRuntime {
         cmd.arg("exec")
             .arg("--pid")
             .arg(sandbox.info.init_pid.to_string());
-        for dir in self.cgroups.dirs(id) {
+        for dir in self.cgroups.workload_dirs(id) {
             cmd.arg("--cgroup").arg(dir);
         }
         let home = if uid == 0 {
@@ -804,6 +804,15 @@ impl Runtime for LinuxRuntime {
     fn thaw(&self, id: &str) -> Result<(), RuntimeError> {
         self.get(id)?;
         self.cgroups.set_frozen(id, false).map_err(io_err("thaw"))
+    }
+
+    fn confine_workload(&self, id: &str) -> Result<bool, RuntimeError> {
+        let sandbox = self.get(id)?;
+        self.cgroups
+            .confine_spawner(id, sandbox.info.init_pid)
+            .map_err(io_err(
+                "move envd's spawner thread into the workload cgroup",
+            ))
     }
 
     fn stats(&self, id: &str) -> Result<SandboxStats, RuntimeError> {

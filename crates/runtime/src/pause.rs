@@ -37,10 +37,13 @@ use super::{
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::record::{self, Record};
+use crate::restorable;
 use crate::sys::{self, cpath, FsContext, MOUNT_ATTR_NODEV};
 use crate::{RuntimeError, SandboxInfo};
 
 const PAUSED_FILE: &str = "paused.json";
+/// CRIU's action script for a memory pause, beside the record while the dump runs.
+const DUMP_HOOK_FILE: &str = "pause-dump-hook";
 
 /// What `paused.json` holds: where the checkpoint is, if memory was kept.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -108,9 +111,26 @@ impl LinuxRuntime {
             netns: self.sandbox_netns(id)?,
             external_mounts: volume_dump_externals(&sandbox.info.spec),
         };
-        if let Err(e) = criu.dump(&dump) {
+        let dir = self.sandbox_dir(id);
+        let hook = dir.join(DUMP_HOOK_FILE);
+        let report = dir.join(restorable::REFUSAL_FILE);
+        let _ = fs::remove_file(&hook);
+        let _ = fs::remove_file(&report);
+        restorable::write_post_dump_hook(
+            &hook,
+            &self.config.launcher_binary,
+            images,
+            &report,
+            None,
+        )
+        .map_err(io_err("write post-dump hook"))?;
+        let dumped = criu.dump_with_action_script(&dump, &hook);
+        let _ = fs::remove_file(&hook);
+        if let Err(e) = dumped {
             let _ = fs::remove_dir_all(images);
-            return Err(criu_err(id, "dump")(e));
+            let refused = restorable::refusal(id, &report);
+            let _ = fs::remove_file(&report);
+            return Err(refused.unwrap_or_else(|| criu_err(id, "dump")(e)));
         }
         let removed = self
             .sandboxes

@@ -17,7 +17,7 @@ fn pids_file(id: &str, parent_of: &TestRuntime, file: &str) -> Option<String> {
 }
 
 #[test]
-fn fork_bomb_stops_at_the_pids_limit() {
+fn fork_bomb_fills_the_workload_group_and_leaves_the_sandbox_a_reserve() {
     let t = TestRuntime::new();
     let bomb = t.rt.create(&t.spec("bomb")).unwrap();
     let neighbour = t.rt.create(&t.spec("calm")).unwrap();
@@ -33,27 +33,41 @@ fn fork_bomb_stops_at_the_pids_limit() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Wait until the bomb has hit the limit at least once.
+    let workload = format!("{}/workload", bomb.id);
+    let number = |group: &str, file: &str| -> u64 {
+        pids_file(group, &t, file).unwrap().trim().parse().unwrap()
+    };
+    let limit_hits = |group: &str| -> u64 {
+        let events = pids_file(group, &t, "pids.events").unwrap_or_default();
+        events
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    // Commands run in the workload group, whose limit sits below the sandbox's.
+    let workload_max = number(&workload, "pids.max");
+    assert!(workload_max < t.rt.config().pids_max, "{workload_max}");
+    // Wait until the bomb has hit the workload limit at least once.
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let events = pids_file(&bomb.id, &t, "pids.events").unwrap_or_default();
-        if events.split_whitespace().nth(1).is_some_and(|n| n != "0") {
-            break;
-        }
+    while limit_hits(&workload) == 0 {
         assert!(
             Instant::now() < deadline,
-            "fork bomb never reached the pids limit: {events}"
+            "fork bomb never reached the workload pids limit"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let current: u64 = pids_file(&bomb.id, &t, "pids.current")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let current = number(&workload, "pids.current");
     assert!(
-        current <= t.rt.config().pids_max,
+        current <= workload_max,
         "pids.current {current} above the limit"
+    );
+    // The sandbox's own group, where its init lives, keeps the reserve.
+    assert!(number(&bomb.id, "pids.current") < t.rt.config().pids_max);
+    assert_eq!(
+        limit_hits(&bomb.id),
+        0,
+        "the sandbox's own limit was reached"
     );
     // The host and a neighbour still answer.
     assert!(std::process::Command::new("true")

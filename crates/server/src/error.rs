@@ -226,7 +226,9 @@ fn runtime_to_api(err: &ServiceError, source: &RuntimeError) -> ApiError {
         RuntimeError::InvalidMountPath { .. } | RuntimeError::InvalidVolumeId(_) => {
             ApiError::BadRequest(err.to_string())
         }
-        RuntimeError::VolumeExists(_) => ApiError::Conflict(err.to_string()),
+        RuntimeError::VolumeExists(_) | RuntimeError::Unrestorable { .. } => {
+            ApiError::Conflict(err.to_string())
+        }
         RuntimeError::NoFreeSlot { .. } | RuntimeError::CriuUnavailable(_) => {
             ApiError::Unavailable(err.to_string())
         }

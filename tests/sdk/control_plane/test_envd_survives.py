@@ -1,13 +1,17 @@
 """envd (the sandbox's PID 1) outlives what runs inside: a memory hog run as `user` is
-killed with an OOM error in its own result, envd keeps answering and the next command
-works; even root inside cannot ptrace PID 1 (seccomp refuses it)."""
+killed with an OOM error in its own result, a fork bomb fills only the workload cgroup
+and leaves envd its reserve, envd keeps answering and the next command works; even root
+inside cannot ptrace PID 1 (seccomp refuses it)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from e2b import CommandExitException, Sandbox
+
+from conftest import poll
 
 # PTRACE_ATTACH (16) and PTRACE_SEIZE (0x4206) on PID 1; prints the result and errno.
 PTRACE_PID1 = """
@@ -35,6 +39,102 @@ def next_command_works(sandbox: Sandbox, timeout: float = 120) -> None:
 def envd_pid1_start(sandbox: Sandbox) -> str:
     """PID 1's start time: the same envd, not a restarted one."""
     return sandbox.commands.run("cut -d' ' -f22 /proc/1/stat", user="root").stdout.strip()
+
+
+# cgroup v1's pids hierarchy, where berth keeps sandbox `<id>` in `berth/<id>` and its
+# commands in `berth/<id>/workload`.
+PIDS_V1 = Path("/sys/fs/cgroup/pids/berth")
+MEMORY_V1 = Path("/sys/fs/cgroup/memory/berth")
+
+
+def pids_file(group: Path, name: str) -> str:
+    return (group / name).read_text().strip()
+
+
+def workload_exhausted(sandbox_id: str) -> bool:
+    """The workload group hit its pids limit, or its memory peaked at its limit."""
+    pids = PIDS_V1 / sandbox_id / "workload"
+    memory = MEMORY_V1 / sandbox_id / "workload"
+    return pids_file(pids, "pids.events").split()[1] != "0" or int(
+        pids_file(memory, "memory.max_usage_in_bytes")
+    ) >= int(pids_file(memory, "memory.limit_in_bytes"))
+
+
+@pytest.mark.skipif(not Path("/sys/fs/cgroup/pids").is_dir(), reason="cgroup v1 only")
+def test_a_fork_bomb_as_user_exhausts_only_the_workload_group(sandbox: Sandbox) -> None:
+    before = envd_pid1_start(sandbox)
+    assert in_workload_group(sandbox)
+    group = PIDS_V1 / sandbox.sandbox_id
+    workload = group / "workload"
+    assert int(pids_file(workload, "pids.max")) < int(pids_file(group, "pids.max"))
+
+    # Every process stays (waits for its children): the bomb grows until the workload
+    # group's pids or memory run out (which comes first depends on the host's timing).
+    bomb = sandbox.commands.run("f() { f | f & wait; }; f", user="user", background=True)
+    try:
+        poll(lambda: workload_exhausted(sandbox.sandbox_id), timeout=120, interval=0.2, what="the bomb to exhaust the workload group")
+        # envd answers without forking: files, and PID 1 is the same envd as before.
+        sandbox.files.write("/tmp/during-the-bomb", "envd is fine")
+        assert sandbox.files.read("/tmp/during-the-bomb") == "envd is fine"
+        assert sandbox.files.read("/proc/1/stat").split(" ")[21] == before
+        # The sandbox's own group, where envd lives, never reached its limit.
+        assert pids_file(group, "pids.events").split()[1] == "0"
+    finally:
+        bomb.kill()
+    next_command_works(sandbox)
+    assert envd_pid1_start(sandbox) == before, "the same envd answers"
+
+
+@pytest.mark.skipif(not Path("/sys/fs/cgroup/pids").is_dir(), reason="cgroup v1 only")
+def test_a_thread_storm_fills_the_workload_pids_and_leaves_envd_its_reserve(sandbox: Sandbox) -> None:
+    group = PIDS_V1 / sandbox.sandbox_id
+    workload = group / "workload"
+    # Threads count as pids and cost little memory: this reaches the pids limit itself.
+    storm = sandbox.commands.run(
+        "python3 -c 'import threading, time\n"
+        "threading.stack_size(64 << 10)\n"
+        "n = 0\n"
+        "while True:\n"
+        "    try: threading.Thread(target=time.sleep, args=(600,), daemon=True).start(); n += 1\n"
+        "    except RuntimeError: print(n, flush=True); time.sleep(600)'",
+        user="user",
+        background=True,
+    )
+    try:
+        poll(lambda: pids_file(workload, "pids.events").split()[1] != "0", timeout=120, interval=0.2, what="the workload pids limit")
+        assert int(pids_file(workload, "pids.current")) == int(pids_file(workload, "pids.max"))
+        assert int(pids_file(group, "pids.current")) < int(pids_file(group, "pids.max"))
+        sandbox.files.write("/tmp/during-the-storm", "envd is fine")
+        assert sandbox.files.read("/tmp/during-the-storm") == "envd is fine"
+    finally:
+        storm.kill()
+    next_command_works(sandbox)
+
+
+def in_workload_group(sandbox: Sandbox) -> bool:
+    groups = sandbox.commands.run("cat /proc/self/cgroup", user="user").stdout.splitlines()
+    return any(":pids:/workload" in line for line in groups) and any(
+        ":memory:/workload" in line for line in groups
+    )
+
+
+@pytest.mark.skipif(not Path("/sys/fs/cgroup/pids").is_dir(), reason="cgroup v1 only")
+def test_commands_stay_in_the_workload_group_across_pause_and_fork(sandbox: Sandbox) -> None:
+    # A process started before the pause comes back in the workload group too.
+    sleeper = sandbox.commands.run("sleep 600", user="user", background=True)
+    assert sandbox.pause() is True
+    resumed = Sandbox.connect(sandbox.sandbox_id, timeout=600)
+    assert in_workload_group(resumed)
+    kept = resumed.commands.run(f"cat /proc/{sleeper.pid}/cgroup", user="root").stdout
+    assert ":pids:/workload" in kept, kept
+    forks = [f for f in resumed.fork(count=1, timeout=300) if isinstance(f, Sandbox)]
+    try:
+        assert len(forks) == 1 and in_workload_group(forks[0])
+        workload = PIDS_V1 / forks[0].sandbox_id / "workload"
+        assert int(pids_file(workload, "pids.current")) >= 2, "the sleeper and the spawner thread"
+    finally:
+        for fork in forks:
+            fork.kill()
 
 
 def test_root_inside_cannot_ptrace_pid1(sandbox: Sandbox) -> None:

@@ -231,3 +231,35 @@ def test_pause_ends_an_active_stream_and_connect_reattaches(pausable: Sandbox) -
     last_before = max(int(line.strip().rsplit("-", 1)[1]) for chunk in seen for line in chunk.splitlines() if marker in line)
     assert numbers and min(numbers) > last_before, "the loop continued where it was"
     reattached.kill()
+
+
+# A process keeps a deleted file open (CRIU carries it in the dump as a "ghost" and
+# recreates it on restore under `<name>.cr.<hex id>.ghost`); root then creates every
+# name such a restore could need, which once made every later resume fail.
+GHOST_TRAP = (
+    "echo held-data > /home/user/held; "
+    "setsid sh -c 'exec 3</home/user/held; exec sleep 1000' >/dev/null 2>&1 & "
+    "echo $!; sleep 0.5; rm /home/user/held; "
+    "for i in $(seq 1 64); do touch /home/user/held.cr.$(printf %x $i).ghost; done"
+)
+
+
+def test_a_name_in_the_way_of_a_deleted_file_fails_pause_snapshot_and_fork(
+    api: httpx.Client, pausable: Sandbox
+) -> None:
+    holder = pausable.commands.run(GHOST_TRAP, user="root").stdout.strip()
+    sandbox_id = pausable.sandbox_id
+    for path, body in (("pause", None), ("snapshots", {}), ("fork", {"count": 1})):
+        refused = api.post(f"/sandboxes/{sandbox_id}/{path}", json=body)
+        assert refused.status_code == 409, (path, refused.text)
+        message = refused.json()["message"]
+        assert "/home/user/held.cr." in message and "/home/user/held " in message, message
+        assert sandbox_state(api, sandbox_id) == "running"
+    # The refused dumps left the sandbox as it was: the holder and its file live on.
+    assert pausable.commands.run(f"cat /proc/{holder}/fd/3", user="root").stdout == "held-data\n"
+
+    # Without the names in the way the same sandbox pauses and resumes, file and all.
+    pausable.commands.run("rm /home/user/held.cr.*.ghost", user="root")
+    assert pausable.pause() is True
+    resumed = Sandbox.connect(sandbox_id, timeout=600)
+    assert resumed.commands.run(f"cat /proc/{holder}/fd/3", user="root").stdout == "held-data\n"

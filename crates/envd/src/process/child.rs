@@ -165,9 +165,8 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> io::Result<SpawnedChild> {
         });
     }
 
-    let (mut child, exit) = reaper.spawn(&mut command)?;
-    // The parent's copies of the PTY slave go away with `command`.
-    drop(command);
+    // The parent's copies of the PTY slave go away with `command`, once the child runs.
+    let (mut child, exit) = reaper.spawn(command)?;
     let pid = i32::try_from(child.id()).expect("pids fit in i32");
     let stdin = child
         .stdin

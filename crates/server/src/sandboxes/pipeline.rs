@@ -6,6 +6,7 @@
 //! | claim | new id | the paused id, under its lock | new id |
 //! | root, disk, runtime start | `Runtime::create` | `Runtime::resume` | `Runtime::restore` |
 //! | envd ready | `/health` | `/health` | `/health` |
+//! | workload cgroup | `Runtime::confine_workload` | same | same |
 //! | `/init` | always | only after a fresh boot | always (new identity), presenting the old token if memory came back |
 //! | row | insert | mark resumed | insert |
 //! | event | `created` | `resumed` | `created` |
@@ -222,6 +223,9 @@ async fn initialise(
     envd::wait_healthy(&state.runtime, id, envd::READY_LIMIT)
         .await
         .map_err(envd_failed)?;
+    let runtime = state.runtime.clone();
+    let sandbox = id.to_string();
+    blocking(id, stage, move || runtime.confine_workload(&sandbox)).await?;
     if memory_restored && !init.after_memory_restore {
         return Ok(());
     }
