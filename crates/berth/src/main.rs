@@ -267,6 +267,17 @@ struct UpArgs {
     /// image is sparse on the host).
     #[arg(long, env = "BERTH_VOLUME_SIZE_MB", default_value_t = berth_runtime::DEFAULT_VOLUME_SIZE_MB)]
     volume_size_mb: u64,
+    /// Most each sandbox's disk is read, in MiB per second (0: no limit). Reads served
+    /// from the page cache do not count.
+    #[arg(long, env = "BERTH_SANDBOX_DISK_READ_MIBPS", default_value_t = 512)]
+    sandbox_disk_read_mibps: u64,
+    /// Most each sandbox's disk is written, in MiB per second (0: no limit), write-back
+    /// of its page cache included.
+    #[arg(long, env = "BERTH_SANDBOX_DISK_WRITE_MIBPS", default_value_t = 256)]
+    sandbox_disk_write_mibps: u64,
+    /// Most I/O operations per second on each sandbox's disk, each way (0: no limit).
+    #[arg(long, env = "BERTH_SANDBOX_DISK_IOPS", default_value_t = 0)]
+    sandbox_disk_iops: u64,
     /// PEM file of further roots the egress proxy trusts for upstream servers of
     /// `network.rules` domains (besides the host's trust store): private CAs, tests.
     #[arg(long, env = "BERTH_EGRESS_EXTRA_ROOTS")]
@@ -778,6 +789,12 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         runtime_config.network = Some(network);
     }
     runtime_config.volume_size_mb = args.volume_size_mb;
+    runtime_config.disk_limits = berth_runtime::DiskLimits {
+        read_bytes_per_sec: args.sandbox_disk_read_mibps << 20,
+        write_bytes_per_sec: args.sandbox_disk_write_mibps << 20,
+        read_iops: args.sandbox_disk_iops,
+        write_iops: args.sandbox_disk_iops,
+    };
     let runtime = Arc::new(LinuxRuntime::new(runtime_config).context("starting the runtime")?);
     // Pause, resume, snapshots and fork need CRIU; find or provision it now, in the
     // background, so the first pause does not wait for a download.

@@ -101,6 +101,7 @@
 //! `/dev`, the init binary bind and the overlay's lower layers; the disk (upper) is
 //! mounted inside the sandbox's namespace from a loop device.
 
+mod blkio;
 mod cgroup;
 mod disk;
 mod host;
@@ -114,6 +115,7 @@ mod slots;
 mod sys;
 mod volume;
 
+pub use blkio::DiskLimits;
 pub use host::HostRuntime;
 pub use linux::{
     CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS,

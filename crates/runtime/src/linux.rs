@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use crate::blkio::DiskThrottle;
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::disk::{self, DiskStore, Janitor};
 use crate::launch::{self, LaunchConfig, CONTROL_FD, ROOT_FD};
@@ -83,6 +84,8 @@ pub struct LinuxRuntimeConfig {
     pub network: Option<berth_net::NetConfig>,
     /// Size of every new volume (its ext4 image; sparse on the host). See `volume`.
     pub volume_size_mb: u64,
+    /// Bandwidth and IOPS limits of each sandbox's disk (default: none). See `blkio`.
+    pub disk_limits: crate::DiskLimits,
 }
 
 impl LinuxRuntimeConfig {
@@ -108,6 +111,7 @@ impl LinuxRuntimeConfig {
             disk_pool_size: 4,
             network: None,
             volume_size_mb: DEFAULT_VOLUME_SIZE_MB,
+            disk_limits: crate::DiskLimits::default(),
         }
     }
 }
@@ -138,6 +142,7 @@ struct Sandbox {
 pub struct LinuxRuntime {
     config: LinuxRuntimeConfig,
     cgroups: Cgroups,
+    throttle: DiskThrottle,
     disks: DiskStore,
     janitor: Janitor,
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
@@ -198,6 +203,7 @@ impl LinuxRuntime {
         }
         let cgroups = Cgroups::detect(&config.cgroup_mount, &config.cgroup_parent)
             .map_err(io_err("set up cgroups"))?;
+        let throttle = DiskThrottle::new(&config.cgroup_mount, config.disk_limits);
         let disks = DiskStore::new(&config.state_dir, config.disk_pool_size)
             .map_err(io_err("create disk template dir"))?;
         let janitor = Janitor::new(&config.state_dir).map_err(io_err("start janitor"))?;
@@ -227,6 +233,7 @@ impl LinuxRuntime {
             egress_ca: Mutex::new(None),
             config,
             cgroups,
+            throttle,
             disks,
             janitor,
             sandboxes: Mutex::new(HashMap::new()),
@@ -447,6 +454,11 @@ impl LinuxRuntime {
         own_child: bool,
         disk: Option<OwnedFd>,
     ) -> SandboxInfo {
+        if let Some(disk) = &disk {
+            if let Err(err) = self.throttle.apply(disk.as_fd()) {
+                tracing::warn!(sandbox = %info.id, %err, "limiting the sandbox's disk I/O");
+            }
+        }
         let sandbox = Arc::new(Sandbox {
             info: info.clone(),
             slot,
@@ -732,6 +744,22 @@ impl LinuxRuntime {
 }
 
 impl LinuxRuntime {
+    /// Takes `sandbox`'s disk mount from it (the daemon's reference), removing its
+    /// device's I/O limits.
+    fn take_disk(&self, sandbox: &Sandbox) -> Option<OwnedFd> {
+        let disk = sandbox
+            .disk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(disk) = &disk {
+            if let Err(err) = self.throttle.clear(disk.as_fd()) {
+                tracing::warn!(sandbox = %sandbox.info.id, %err, "removing the disk's I/O limits");
+            }
+        }
+        disk
+    }
+
     /// `create` with the sandbox's network policy (None: the default, internet access).
     fn create_with(
         &self,
@@ -786,11 +814,7 @@ impl Runtime for LinuxRuntime {
         };
         // A frozen sandbox cannot die; thaw is harmless otherwise.
         let _ = self.cgroups.set_frozen(id, false);
-        let disk = sandbox
-            .disk
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let disk = self.take_disk(&sandbox);
         let result = self.teardown(id, Some((&sandbox.pidfd, sandbox.own_child)), disk);
         self.release_slot(sandbox.slot, id);
         result

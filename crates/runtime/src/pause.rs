@@ -146,7 +146,7 @@ impl LinuxRuntime {
         self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
         // The tree is already dumped and gone: a failed flush is reported, not undone
         // (the kernel still writes the disk back when the filesystem goes).
-        if let Err(err) = release_disk_flushed(&sandbox) {
+        if let Err(err) = release_disk_flushed(self, &sandbox) {
             tracing::warn!(sandbox = %id, %err, "flushing a paused sandbox's disk");
         }
         // CRIU does not fsync its images; one syncfs of the state filesystem does (it
@@ -176,7 +176,7 @@ impl LinuxRuntime {
         kill_init(&sandbox.pidfd)?;
         self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
         // Flush the disk before the marker says it is the sandbox's state.
-        release_disk_flushed(&sandbox).map_err(io_err("sync sandbox disk"))?;
+        release_disk_flushed(self, &sandbox).map_err(io_err("sync sandbox disk"))?;
         let marker = PausedMarker {
             images: None,
             paused_at: SystemTime::now(),
@@ -476,12 +476,8 @@ impl Drop for HostRoot {
 /// Drops the daemon's last reference to `sandbox`'s disk mount, flushed first: a child
 /// forked meanwhile may hold a copy of the descriptor for a moment, and then the ext4
 /// shutdown (and its write-back) happens after this returns, not here.
-fn release_disk_flushed(sandbox: &super::Sandbox) -> io::Result<()> {
-    let disk = sandbox
-        .disk
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
+fn release_disk_flushed(runtime: &LinuxRuntime, sandbox: &super::Sandbox) -> io::Result<()> {
+    let disk = runtime.take_disk(sandbox);
     disk.as_ref()
         .map_or(Ok(()), |disk| sys::syncfs_mount(disk.as_fd()))
 }

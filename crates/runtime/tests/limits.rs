@@ -153,3 +153,64 @@ fn cpu_count_sets_the_cfs_quota() {
     t.sh(&info.id, 0, "timeout 0.3 sh -c 'while :; do :; done'");
     assert!(t.rt.stats(&info.id).unwrap().cpu_usage_ns > 0);
 }
+
+/// The device rules of the root blkio group (`major:minor bytes` lines) for `file`.
+fn throttle_rules(file: &str) -> String {
+    std::fs::read_to_string(format!("/sys/fs/cgroup/blkio/{file}")).unwrap_or_default()
+}
+
+#[test]
+fn a_sandbox_disk_gets_its_io_limits_while_it_runs_and_loses_them_after() {
+    if !std::path::Path::new("/sys/fs/cgroup/blkio").is_dir() {
+        eprintln!("skipped: no cgroup v1 blkio hierarchy on this host");
+        return;
+    }
+    let limits = berth_runtime::DiskLimits {
+        read_bytes_per_sec: 40 << 20,
+        write_bytes_per_sec: 20 << 20,
+        read_iops: 3000,
+        write_iops: 2000,
+    };
+    let t = TestRuntime::with(|config| config.disk_limits = limits);
+    let info = t.rt.create(&t.spec("throttled")).unwrap();
+    // The loop device under the sandbox's disk image, as `major:minor`.
+    let image = t.state.join("sandboxes").join(&info.id).join("disk.img");
+    let device = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .find(|d| {
+            std::fs::read_to_string(d.path().join("loop/backing_file"))
+                .is_ok_and(|b| std::path::Path::new(b.trim_end()) == image)
+        })
+        .map(|d| std::fs::read_to_string(d.path().join("dev")).unwrap())
+        .expect("a loop device backs the sandbox's disk");
+    let device = device.trim().to_owned();
+    let rule = |value: u64| format!("{device} {value}");
+    for (file, value) in [
+        ("blkio.throttle.read_bps_device", 40u64 << 20),
+        ("blkio.throttle.write_bps_device", 20 << 20),
+        ("blkio.throttle.read_iops_device", 3000),
+        ("blkio.throttle.write_iops_device", 2000),
+    ] {
+        let rules = throttle_rules(file);
+        assert!(rules.lines().any(|l| l == rule(value)), "{file}: {rules}");
+    }
+    // Writes past the limit still complete (the limit slows, it does not fail them).
+    t.sh_ok(
+        &info.id,
+        1000,
+        "dd if=/dev/zero of=/home/user/f bs=1M count=8 oflag=direct 2>/dev/null && echo ok",
+    );
+    t.rt.kill(&info.id).unwrap();
+    let prefix = format!("{device} ");
+    for file in [
+        "blkio.throttle.read_bps_device",
+        "blkio.throttle.write_bps_device",
+    ] {
+        let rules = throttle_rules(file);
+        assert!(
+            !rules.lines().any(|l| l.starts_with(&prefix)),
+            "{file} keeps a rule for a gone sandbox: {rules}"
+        );
+    }
+}
