@@ -42,8 +42,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let is_init = std::process::id() == 1;
     // Both listeners exist before any child can be spawned or any signal arrive.
     let reaper = Reaper::start(is_init).context("listening for SIGCHLD")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    // As a sandbox's PID 1, envd has no SIGTERM or SIGINT handler: the kernel then drops
+    // those (and every other signal but SIGCHLD's) when they come from inside the
+    // sandbox, so root inside cannot stop envd; the host ends a sandbox with SIGKILL.
+    let stop_signals = if is_init {
+        None
+    } else {
+        Some((
+            signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+            signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+        ))
+    };
 
     let state = Arc::new(EnvdState::default());
     let processes = ProcessService::new(Arc::clone(&state), reaper);
@@ -58,9 +67,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         listener.local_addr()?
     );
     let stop = async {
-        tokio::select! {
-            _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+        match stop_signals {
+            Some((mut sigterm, mut sigint)) => tokio::select! {
+                _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
+                _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+            },
+            None => std::future::pending().await,
         }
     };
     berth_envd::server::serve(listener, router, stop).await?;

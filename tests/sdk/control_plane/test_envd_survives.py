@@ -162,3 +162,16 @@ def test_a_memory_hog_is_killed_and_envd_keeps_answering(sandbox: Sandbox) -> No
     assert "out of memory: killed by the OOM killer" in hog.value.stderr, hog.value
     next_command_works(sandbox)
     assert envd_pid1_start(sandbox) == before, "the same envd answers"
+
+
+def test_root_inside_cannot_stop_envd_with_signals(sandbox: Sandbox) -> None:
+    before = envd_pid1_start(sandbox)
+    # Every one of these would end or stop an ordinary process; PID 1 of a namespace
+    # only gets signals it has a handler for, and envd as PID 1 has none but SIGCHLD's.
+    for name in ("STOP", "TERM", "INT", "HUP", "QUIT", "USR1", "KILL", "SEGV"):
+        sandbox.commands.run(f"kill -{name} 1", user="root")
+        assert sandbox.files.read("/proc/1/stat").split(" ")[21] == before, name
+        state = sandbox.files.read("/proc/1/status").split("State:")[1].split()[0]
+        assert state in ("S", "R"), (name, state)
+    assert sandbox.commands.run("echo alive").stdout == "alive\n"
+    assert envd_pid1_start(sandbox) == before
