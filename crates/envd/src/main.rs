@@ -7,6 +7,8 @@ use berth_envd::process::ProcessService;
 use berth_envd::reaper::Reaper;
 use berth_envd::state::EnvdState;
 use clap::Parser;
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::iterator::SignalsInfo;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// berth's in-sandbox daemon, wire-compatible with E2B's envd.
@@ -42,18 +44,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let is_init = std::process::id() == 1;
     // Both listeners exist before any child can be spawned or any signal arrive.
     let reaper = Reaper::start(is_init).context("listening for SIGCHLD")?;
-    // As a sandbox's PID 1, envd has no SIGTERM or SIGINT handler: the kernel then drops
-    // those (and every other signal but SIGCHLD's) when they come from inside the
-    // sandbox, so root inside cannot stop envd; the host ends a sandbox with SIGKILL.
-    let stop_signals = if is_init {
-        None
-    } else {
-        Some((
-            signal(SignalKind::terminate()).context("listening for SIGTERM")?,
-            signal(SignalKind::interrupt()).context("listening for SIGINT")?,
-        ))
-    };
-
+    let stop_requested = stop_signals(is_init)?;
     let state = Arc::new(EnvdState::default());
     let processes = ProcessService::new(Arc::clone(&state), reaper);
     let router = berth_envd::server::router(state, &processes);
@@ -67,15 +58,52 @@ async fn run(args: Args) -> anyhow::Result<()> {
         listener.local_addr()?
     );
     let stop = async {
-        match stop_signals {
-            Some((mut sigterm, mut sigint)) => tokio::select! {
-                _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
-                _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
-            },
-            None => std::future::pending().await,
-        }
+        let _ = stop_requested.await;
     };
     berth_envd::server::serve(listener, router, stop).await?;
     processes.terminate_all(SHUTDOWN_GRACE).await;
     Ok(())
+}
+
+/// Resolves when envd is asked to stop: SIGTERM or SIGINT. As a sandbox's PID 1 only a
+/// signal from outside the sandbox counts (its sender is invisible in the sandbox's pid
+/// namespace: `si_pid` 0); one sent from inside, even by root, is logged and ignored,
+/// and the kernel drops every other signal without a handler sent to a namespace's init
+/// from inside. So nothing inside can stop envd; the host ends a sandbox with SIGKILL.
+fn stop_signals(is_init: bool) -> anyhow::Result<tokio::sync::oneshot::Receiver<()>> {
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    if !is_init {
+        let mut sigterm = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        let mut sigint = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
+                _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+            }
+            let _ = stop.send(());
+        });
+        return Ok(stopped);
+    }
+    let mut signals = SignalsInfo::<WithOrigin>::new([libc::SIGTERM, libc::SIGINT])
+        .context("listening for SIGTERM and SIGINT")?;
+    std::thread::Builder::new()
+        .name("envd-signals".into())
+        .spawn(move || {
+            for origin in signals.forever() {
+                match origin.process.map(|sender| sender.pid) {
+                    Some(sender) if sender != 0 => tracing::warn!(
+                        signal = origin.signal,
+                        sender,
+                        "ignoring a stop signal sent from inside the sandbox"
+                    ),
+                    _ => {
+                        tracing::info!(signal = origin.signal, "stopping");
+                        let _ = stop.send(());
+                        return;
+                    }
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(stopped)
 }

@@ -1,6 +1,6 @@
 //! berth-envd as PID 1 of a fresh pid namespace (as in a sandbox): it reaps orphans
-//! re-parented to it, still reports its own children's exit statuses, and stops on
-//! SIGTERM. Needs root (for `unshare --pid`), like the rest of berth's runtime tests.
+//! re-parented to it, still reports its own children's exit statuses, ignores SIGTERM
+//! sent from inside its namespace and stops on SIGTERM from outside. Needs root (for `unshare --pid`), like the rest of berth's runtime tests.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -116,7 +116,7 @@ fn ureq_post(url: &str, body: &[u8]) -> Vec<u8> {
 }
 
 #[test]
-fn as_init_it_reaps_orphans_keeps_exit_codes_and_stops_on_sigterm() {
+fn as_init_it_reaps_orphans_keeps_exit_codes_and_stops_on_sigterm_from_outside_only() {
     let mut envd = NamespacedEnvd::start();
 
     let (stdout, end) = envd.run("echo $$; exit 7");
@@ -143,6 +143,15 @@ fn as_init_it_reaps_orphans_keeps_exit_codes_and_stops_on_sigterm() {
     let (parent, _) = envd.run("sleep 60 & echo $!");
     let parent: u32 = parent.trim().parse().unwrap();
     assert!(parent > 1);
+
+    // Root inside cannot stop envd: a SIGTERM from inside the namespace is ignored.
+    envd.run("kill -TERM 1; kill -INT 1");
+    let (alive, _) = envd.run("echo alive");
+    assert_eq!(
+        alive.trim(),
+        "alive",
+        "envd stopped on a SIGTERM from inside"
+    );
 
     // unshare blocks SIGTERM while it waits, so signal envd (its child, the namespace's
     // init) directly: an init with a handler does receive signals from outside. envd

@@ -430,26 +430,37 @@ pub(crate) fn mount_image(image: &Path) -> io::Result<OwnedFd> {
     mount
 }
 
-/// [`mount_image`] of an image this daemon mounted before (a paused sandbox's disk):
-/// first waits, up to 2 s, until no loop device backs it any more. Dropping the last
-/// mount of an image tears its filesystem down only when every copy of that descriptor
-/// is closed, and a child forked meanwhile (CRIU, a helper) holds copies until it execs
-/// or exits; a second filesystem mounted on the image before the first is gone reads
-/// inodes the first has not written back. Past the wait the image is mounted anyway,
-/// with a warning: something holds the old filesystem for longer (seen in CI, not yet
-/// identified), and pause flushes the disk before letting go of it, so nothing written
-/// before the pause is missing.
+/// [`mount_image`] of an image this daemon mounted before (a paused sandbox's disk).
+/// Dropping the last mount of an image tears its filesystem down only when every copy
+/// of that descriptor is closed, and copies outlive ours: a child forked meanwhile (CRIU,
+/// a helper) holds them until it execs, and a mount namespace copied from the host's
+/// while a restore had the sandbox's root mounted there (any `unshare`, `ip netns exec`
+/// elsewhere on the host) keeps one for as long as it lives. A second filesystem mounted
+/// on the image while the first is alive would read inodes the first has not written
+/// back, and the first would still write to the image when it finally goes. So while a
+/// loop device still backs the image, its filesystem is mounted again: the kernel hands
+/// out that same, living superblock. Otherwise the image gets a new loop device.
 pub(crate) fn mount_image_again(image: &Path) -> io::Result<OwnedFd> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while let Some(device) = loop_device_of(image)? {
-        if std::time::Instant::now() > deadline {
-            tracing::warn!(
-                image = %image.display(), %device,
-                "the previous filesystem on this disk image is still alive; mounting it again"
-            );
-            break;
+    if let Some(device_path) = loop_device_of(image)? {
+        // Held open, the device cannot be auto-cleared under the mount below.
+        let held = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&device_path);
+        if let Ok(held) = held {
+            if loop_device_of(image)?.as_deref() == Some(device_path.as_str()) {
+                let mount = mount_device(&device_path);
+                drop(held);
+                match mount {
+                    Ok(mount) => return Ok(mount),
+                    Err(err) => tracing::warn!(
+                        image = %image.display(), device = %device_path, %err,
+                        "mounting the living filesystem of a disk image again; attaching the image anew"
+                    ),
+                }
+            }
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
     }
     mount_image(image)
 }
@@ -611,11 +622,11 @@ mod tests {
     }
 
     /// Privileged: a child forked by another thread holds a copy of a disk mount's
-    /// descriptor until it execs, so dropping ours does not unmount it. A second mount
-    /// of the image made then reads inodes the first has not written back (seen: an
-    /// owner change lost); `mount_image_again` waits for the first to go.
+    /// descriptor until it execs, so dropping ours does not unmount it. A second
+    /// filesystem on the image made then would read inodes the first has not written
+    /// back (seen: an owner change lost); `mount_image_again` mounts the living one.
     #[test]
-    fn mounting_again_waits_for_the_previous_mount_to_go() {
+    fn mounting_again_while_a_forked_child_holds_the_mount_sees_its_changes() {
         use std::os::unix::fs::MetadataExt;
         use std::os::unix::process::CommandExt;
 
@@ -654,5 +665,40 @@ mod tests {
             owner, 4242,
             "the second mount read inodes the first had not written"
         );
+    }
+
+    /// Privileged: while some other holder keeps the first filesystem of an image alive
+    /// for good (a copied mount namespace does), mounting the image again gives the same
+    /// filesystem, not a second one on the same blocks.
+    #[test]
+    fn mounting_again_while_the_filesystem_lives_shares_it() {
+        use std::os::unix::fs::MetadataExt;
+
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        File::create(&image).unwrap().set_len(16 << 20).unwrap();
+        let mkfs = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "4096"])
+            .arg(&image)
+            .status()
+            .unwrap();
+        assert!(mkfs.success());
+        let first = mount_image(&image).unwrap();
+        let held = first.try_clone().unwrap();
+        drop(first);
+        let again = mount_image_again(&image).unwrap();
+        let root = |mount: &OwnedFd| format!("/proc/self/fd/{}", mount.as_raw_fd());
+        assert_eq!(
+            fs::metadata(root(&held)).unwrap().dev(),
+            fs::metadata(root(&again)).unwrap().dev(),
+            "a second filesystem on the image"
+        );
+        fs::write(format!("{}/written-again", root(&again)), "x").unwrap();
+        assert_eq!(
+            fs::read_to_string(format!("{}/written-again", root(&held))).unwrap(),
+            "x"
+        );
+        drop(again);
+        drop(held);
     }
 }

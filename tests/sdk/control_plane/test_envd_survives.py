@@ -70,7 +70,11 @@ def test_a_fork_bomb_as_user_exhausts_only_the_workload_group(sandbox: Sandbox) 
 
     # Every process stays (waits for its children): the bomb grows until the workload
     # group's pids or memory run out (which comes first depends on the host's timing).
-    bomb = sandbox.commands.run("f() { f | f & wait; }; f", user="user", background=True)
+    # Its processes volunteer for the OOM killer (score 1000) so it never takes the
+    # command's own shell, whose process group the kill below ends.
+    bomb = sandbox.commands.run(
+        "f() { echo 1000 > /proc/self/oom_score_adj; f | f & wait; }; f", user="user", background=True
+    )
     try:
         poll(lambda: workload_exhausted(sandbox.sandbox_id), timeout=120, interval=0.2, what="the bomb to exhaust the workload group")
         # envd answers without forking: files, and PID 1 is the same envd as before.
