@@ -333,6 +333,18 @@ impl Runtime for HostRuntime {
         })
     }
 
+    fn exited(&self) -> Vec<String> {
+        self.sandboxes()
+            .values_mut()
+            .filter_map(|s| match &mut s.state {
+                State::Running(child) => {
+                    matches!(child.try_wait(), Ok(Some(_)) | Err(_)).then(|| s.info.id.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     fn list(&self) -> Vec<SandboxInfo> {
         self.sandboxes()
             .values()

@@ -340,6 +340,12 @@ pub trait Runtime: Send + Sync + 'static {
         Ok(false)
     }
     fn stats(&self, id: &str) -> Result<SandboxStats, RuntimeError>;
+    /// Ids of running sandboxes whose init (envd) has exited on its own: crashed, or
+    /// ended from outside berth. Their processes are gone; the caller kills them to free
+    /// what they still hold and to report them gone.
+    fn exited(&self) -> Vec<String> {
+        Vec::new()
+    }
     fn list(&self) -> Vec<SandboxInfo>;
     /// Find sandboxes recorded on disk by an earlier daemon; reattach or clean them.
     fn recover(&self) -> Result<RecoveryReport, RuntimeError>;

@@ -860,6 +860,16 @@ impl Runtime for LinuxRuntime {
         })
     }
 
+    fn exited(&self) -> Vec<String> {
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|s| sys::pidfd_wait_exit(s.pidfd.as_fd(), 0).unwrap_or(false))
+            .map(|s| s.info.id.clone())
+            .collect()
+    }
+
     fn list(&self) -> Vec<SandboxInfo> {
         self.sandboxes
             .lock()

@@ -1,5 +1,6 @@
 //! The reaper: at each sandbox's end time, kills it, or pauses it when it asked for
-//! `autoPause`.
+//! `autoPause`; and within a few seconds of a sandbox's envd exiting on its own, reports
+//! it killed and frees what it held.
 
 use std::time::Duration;
 
@@ -59,6 +60,15 @@ pub async fn run(state: SharedState) {
             Err(err) => {
                 state.prometheus.reaper_failed("list");
                 tracing::error!(%err, "listing expired sandboxes")
+            }
+        }
+        let runtime = state.runtime.clone();
+        if let Ok(exited) = tokio::task::spawn_blocking(move || runtime.exited()).await {
+            for id in exited {
+                if let Err(err) = sandboxes::reap_exited(&state, &id).await {
+                    state.prometheus.reaper_failed("exited");
+                    tracing::error!(sandbox = %id, %err, "reaping a sandbox whose envd exited");
+                }
             }
         }
         let sleep = match state.store.next_end_at() {

@@ -536,3 +536,62 @@ async fn installed_templates_are_listed_resolved_and_read_only() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_sandbox_whose_envd_exits_is_reported_killed_and_freed() {
+    let api = start(None).await;
+    let sandbox = api.create(&api.key_a).await;
+    // The host runtime's envd is a host process; the command's parent is it.
+    let (_, envd_pid) = api.run(&sandbox, "echo $PPID").await;
+    let envd_pid: i32 = envd_pid.trim().parse().unwrap();
+    // SAFETY: kill(2) of the envd this test's runtime started.
+    assert_eq!(unsafe { libc::kill(envd_pid, libc::SIGKILL) }, 0);
+    let path = format!("/sandboxes/{}", id(&sandbox));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (status, _) = api
+            .call(&api.key_a, reqwest::Method::GET, &path, None)
+            .await;
+        if status == 404 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a sandbox whose envd exited is still listed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (status, events) = api
+        .call(
+            &api.key_a,
+            reqwest::Method::GET,
+            &format!("/events/sandboxes/{}?orderAsc=true", id(&sandbox)),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{events}");
+    let kinds: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert_eq!(
+        kinds.last().copied(),
+        Some("sandbox.lifecycle.killed"),
+        "{kinds:?}"
+    );
+    let (status, logs) = api
+        .call(
+            &api.key_a,
+            reqwest::Method::GET,
+            &format!("/v2/sandboxes/{}/logs", id(&sandbox)),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{logs}");
+    assert!(
+        logs.to_string().contains("its envd (PID 1) exited"),
+        "{logs}"
+    );
+}

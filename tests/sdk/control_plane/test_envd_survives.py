@@ -179,3 +179,31 @@ def test_root_inside_cannot_stop_envd_with_signals(sandbox: Sandbox) -> None:
         assert state in ("S", "R"), (name, state)
     assert sandbox.commands.run("echo alive").stdout == "alive\n"
     assert envd_pid1_start(sandbox) == before
+
+
+def test_a_sandbox_whose_envd_dies_is_reported_killed(berth, api) -> None:
+    """If envd dies anyway (here: killed from the host), the sandbox is reported gone
+    within seconds instead of being listed as running with nothing answering."""
+    import json
+    import os
+    import signal
+
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        record = json.loads((berth.state_dir / "sandboxes" / sandbox.sandbox_id / "record.json").read_text())
+        # The sandbox's init, which this test's berth started.
+        os.kill(record["init_pid"], signal.SIGKILL)
+        poll(
+            lambda: api.get(f"/sandboxes/{sandbox.sandbox_id}").status_code == 404,
+            timeout=60,
+            interval=0.2,
+            what="the sandbox to be reported gone",
+        )
+        events = api.get(f"/events/sandboxes/{sandbox.sandbox_id}", params={"orderAsc": "true"}).json()
+        assert events[-1]["type"] == "sandbox.lifecycle.killed", events
+        assert not (berth.state_dir / "sandboxes" / sandbox.sandbox_id).exists(), "its files are freed"
+    finally:
+        try:
+            sandbox.kill()
+        except Exception:  # noqa: BLE001 - already gone is the expected case
+            pass

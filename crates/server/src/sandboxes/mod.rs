@@ -432,6 +432,48 @@ pub async fn kill(
     Ok(was_running)
 }
 
+/// A running sandbox whose envd (its init) exited on its own, so nothing inside answers
+/// any more: removed from the runtime, marked killed and reported (`killed` event, an
+/// error line in its log), as E2B reports a sandbox that died. Under the sandbox's lock
+/// the runtime is asked again, because a pause that was dumping it (the dump ends its
+/// processes) has the sandbox out of the runtime's list by the time the lock is free.
+pub async fn reap_exited(state: &AppState, id: &str) -> Result<(), ServiceError> {
+    let _guard = state.sandbox_locks.lock(id.to_string()).await;
+    let runtime = state.runtime.clone();
+    let still_exited = tokio::task::spawn_blocking(move || runtime.exited())
+        .await
+        .map_err(|source| ServiceError::Task {
+            what: "runtime call",
+            source,
+        })?
+        .iter()
+        .any(|exited| exited == id);
+    let record = state.store.live_sandbox_any_team(id)?;
+    let Some(record) = record.filter(|r| still_exited && r.status == SandboxStatus::Running) else {
+        return Ok(());
+    };
+    kill_in_runtime(state, id)
+        .await
+        .map_err(|source| ServiceError::Runtime {
+            sandbox: id.to_string(),
+            stage: Stage::Kill,
+            source,
+        })?;
+    state.connections.close_all(id);
+    if state.store.mark_killed(id)? {
+        log(
+            state,
+            id,
+            LogLevel::Error,
+            "sandbox ended: its envd (PID 1) exited, taking every process with it",
+        );
+        events::record(state, &record, events::KILLED, None);
+        crate::metrics::forget(state, id);
+        tracing::warn!(sandbox = %id, "sandbox ended: its envd exited");
+    }
+    Ok(())
+}
+
 /// Append a log line to a sandbox's log; failures are only traced.
 pub fn log(state: &AppState, sandbox_id: &str, level: LogLevel, message: &str) {
     if let Err(err) = state.store.append_log(sandbox_id, level, message) {
