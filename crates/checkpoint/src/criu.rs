@@ -390,6 +390,9 @@ impl Criu {
         if let Some(cgroup_root) = &restore.cgroup_root {
             cmd.arg("--cgroup-root").arg(cgroup_root);
         }
+        if restore.leave_stopped {
+            cmd.arg("--leave-stopped");
+        }
         for (controller, root) in cgroup_roots {
             cmd.arg("--cgroup-root").arg(format!("{controller}:{root}"));
         }
@@ -517,6 +520,9 @@ pub struct Restore {
     /// For each key of [`Dump::external_mounts`]: the path (in the restoring CRIU's
     /// mount namespace) bound at that mount point.
     pub external_mounts: Vec<(String, PathBuf)>,
+    /// Leave every restored task stopped (`--leave-stopped`): a trial restore that
+    /// proves the images restore without running anything of them.
+    pub leave_stopped: bool,
 }
 
 /// The error lines of a CRIU log, minus the harmless ones this host always prints.

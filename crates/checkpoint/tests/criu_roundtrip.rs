@@ -103,6 +103,7 @@ fn dump_and_restore_keep_memory() {
             cgroup_root: None,
             netns: None,
             external_mounts: Vec::new(),
+            leave_stopped: false,
         })
         .expect("criu restore");
     assert_eq!(restored, pid, "CRIU restores the tree under its old pid");

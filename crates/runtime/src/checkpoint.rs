@@ -258,7 +258,30 @@ impl LinuxRuntime {
         checkpoint: &Path,
         spec: &SandboxSpec,
     ) -> Result<SandboxInfo, RuntimeError> {
-        self.restore_checkpoint_as(Some(criu), checkpoint, spec)
+        self.restore_checkpoint_as(Some(criu), checkpoint, spec, false)
+    }
+
+    /// Proves the checkpoint at `checkpoint` restores: a trial restore of it, as sandbox
+    /// `trial_id`, with every task left stopped (nothing of it runs, so nothing it would
+    /// do happens twice), removed again at once. The error is the restore's.
+    pub fn verify_checkpoint_at(
+        &self,
+        criu: &Criu,
+        checkpoint: &Path,
+        trial_id: &str,
+    ) -> Result<(), RuntimeError> {
+        let source = Metadata::read(checkpoint)?.info;
+        let spec = SandboxSpec {
+            id: trial_id.to_owned(),
+            template: source.template,
+            layers: source.layers,
+            cpu_count: source.cpu_count,
+            memory_mb: source.memory_mb,
+            disk_size_mb: source.disk_size_mb,
+            volumes: source.volumes,
+        };
+        self.restore_checkpoint_as(Some(criu), checkpoint, &spec, true)?;
+        crate::Runtime::kill(self, trial_id)
     }
 
     /// Like [`LinuxRuntime::restore_checkpoint`], but only the checkpoint's disk is used:
@@ -268,15 +291,17 @@ impl LinuxRuntime {
         checkpoint: &Path,
         spec: &SandboxSpec,
     ) -> Result<SandboxInfo, RuntimeError> {
-        self.restore_checkpoint_as(None, checkpoint, spec)
+        self.restore_checkpoint_as(None, checkpoint, spec, false)
     }
 
-    /// The restore with memory (`criu` given) or of the disk alone.
+    /// The restore with memory (`criu` given; its tasks left stopped with `trial`) or of
+    /// the disk alone.
     fn restore_checkpoint_as(
         &self,
         criu: Option<&Criu>,
         checkpoint: &Path,
         spec: &SandboxSpec,
+        trial: bool,
     ) -> Result<SandboxInfo, RuntimeError> {
         if !valid_id(&spec.id) {
             return Err(RuntimeError::InvalidId(spec.id.clone()));
@@ -300,7 +325,7 @@ impl LinuxRuntime {
         // boot's init is our child.
         self.bring_up(spec, criu.is_none(), |slot, dir| {
             self.attach_network(&spec.id, meta.info.network.as_ref())?;
-            self.restore_into(criu, checkpoint, &meta, spec, slot, dir)
+            self.restore_into(criu, checkpoint, &meta, spec, slot, dir, trial)
         })
     }
 
@@ -319,6 +344,7 @@ impl LinuxRuntime {
         spec: &SandboxSpec,
         slot: u32,
         dir: &Path,
+        trial: bool,
     ) -> Result<(OwnedFd, i32, Option<OwnedFd>), RuntimeError> {
         let uid_base = self.uid_base_of(slot);
         self.cgroups
@@ -386,6 +412,7 @@ impl LinuxRuntime {
                     cgroup_root: global,
                     netns,
                     external_mounts: root.volume_externals(),
+                    leave_stopped: trial,
                 },
                 &per_controller,
             )

@@ -375,6 +375,13 @@ pub trait Runtime: Send + Sync + 'static {
         id: &str,
         memory: bool,
     ) -> Result<SandboxInfo, RuntimeError>;
+    /// Proves checkpoint `checkpoint_id` restores with its memory: a trial restore with
+    /// nothing of it running, removed at once. Backends without memory checkpoints have
+    /// nothing to prove.
+    fn verify_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError> {
+        let _ = checkpoint_id;
+        Ok(())
+    }
     /// Delete checkpoint `checkpoint_id`; deleting one that does not exist is not an error.
     fn delete_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError>;
     /// Ids of every checkpoint the runtime holds (to reconcile with what owns them).

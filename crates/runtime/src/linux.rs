@@ -1007,6 +1007,18 @@ impl Runtime for LinuxRuntime {
         self.checkpoint_into(&criu, id, &dest)
     }
 
+    fn verify_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError> {
+        let checkpoint = self.checkpoint_dir(checkpoint_id)?;
+        if !checkpoint.is_dir() {
+            return Err(RuntimeError::CheckpointNotFound(checkpoint_id.to_owned()));
+        }
+        let mut random = [0u8; 8];
+        // SAFETY: getrandom into a buffer we own; a short read only repeats zeros.
+        unsafe { libc::getrandom(random.as_mut_ptr().cast(), random.len(), 0) };
+        let trial_id = format!("trial-{:016x}", u64::from_ne_bytes(random));
+        self.verify_checkpoint_at(&self.criu()?, &checkpoint, &trial_id)
+    }
+
     fn restore(
         &self,
         checkpoint_id: &str,

@@ -221,6 +221,7 @@ impl LinuxRuntime {
             cgroup_root: None,
             netns,
             external_mounts: root.volume_externals(),
+            leave_stopped: false,
         });
         let pid = restored.map_err(criu_err(id, "restore"))?;
         let disk = root.release();

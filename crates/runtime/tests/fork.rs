@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use berth_runtime::{LinuxRuntime, Runtime, SandboxInfo};
+use berth_runtime::{LinuxRuntime, Runtime, RuntimeError, SandboxInfo};
 use common::checkpoint::{alive, ask, assert_clean, criu, start_holder, KillGuard};
 use common::TestRuntime;
 
@@ -218,4 +218,41 @@ fn restored_disk_matches_restored_memory() {
     t.rt.kill(src).unwrap();
     assert_clean(&t, &fork.id, &[]);
     assert_clean(&t, src, &[]);
+}
+
+/// A trial restore proves a checkpoint good without running it and leaves nothing; a
+/// checkpoint whose images are damaged fails it with CRIU's restore error.
+#[test]
+fn a_trial_restore_proves_a_checkpoint_and_leaves_nothing() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let source = t.rt.create(&t.spec("trial-source")).unwrap();
+    let _guard = KillGuard {
+        rt: &t.rt,
+        id: source.id.clone(),
+    };
+    let checkpoint = checkpoint_path(&t, "trial-checkpoint");
+    t.rt.checkpoint_into(&criu, &source.id, &checkpoint)
+        .unwrap();
+
+    let trial = "trial-good";
+    t.rt.verify_checkpoint_at(&criu, &checkpoint, trial)
+        .expect("a good checkpoint restores");
+    assert!(t.rt.list().iter().all(|s| s.id != trial));
+    assert_clean(&t, trial, &[]);
+    // The source never stopped.
+    assert_eq!(t.sh_ok(&source.id, 0, "echo alive"), "alive");
+
+    // Damage the process tree image: the trial restore fails, and says it was CRIU's.
+    std::fs::write(checkpoint.join("images").join("pstree.img"), b"broken").unwrap();
+    let damaged = "trial-damaged";
+    let err =
+        t.rt.verify_checkpoint_at(&criu, &checkpoint, damaged)
+            .unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::Criu { op: "restore", .. }),
+        "{err}"
+    );
+    assert_clean(&t, damaged, &[]);
+    let _ = std::fs::remove_dir_all(&checkpoint);
 }

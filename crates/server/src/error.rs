@@ -86,6 +86,9 @@ pub enum ServiceError {
     TemplateListing(#[source] TemplateError),
     #[error("\"{0}\" is the name of a template; choose another snapshot name")]
     SnapshotNameTaken(String),
+    /// The snapshot's trial restore failed; the snapshot was deleted, not reported made.
+    #[error("the snapshot was taken but does not restore, so it was discarded: {0}")]
+    SnapshotUnrestorable(#[source] Box<ServiceError>),
     /// E2B's words for its concurrency limit, with the operator in place of sales.
     #[error(
         "You have reached the maximum number of concurrent E2B sandboxes ({limit}). If you \
@@ -269,6 +272,17 @@ pub fn to_api(err: &ServiceError) -> ApiError {
         | ServiceError::AlreadyRunning(_)
         | ServiceError::SnapshotNameTaken(_) => ApiError::Conflict(err.to_string()),
         ServiceError::TemplateNotFound(_) => ApiError::NotFound(err.to_string()),
+        // A full host is 503 (the trial needs a slot); any other failure is berth's.
+        ServiceError::SnapshotUnrestorable(cause) => match cause.as_ref() {
+            ServiceError::Runtime { source, .. } if source.is_capacity() => {
+                ApiError::Unavailable(err.to_string())
+            }
+            ServiceError::Runtime {
+                source: RuntimeError::NoFreeSlot { .. },
+                ..
+            } => ApiError::Unavailable(err.to_string()),
+            _ => ApiError::Internal(err.to_string()),
+        },
         ServiceError::TeamSandboxLimit { .. } => ApiError::TooManyRequests(err.to_string()),
         ServiceError::InvalidTemplate { .. } | ServiceError::SnapshotVolumeMounts(_) => {
             ApiError::BadRequest(err.to_string())

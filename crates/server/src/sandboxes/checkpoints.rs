@@ -274,6 +274,20 @@ async fn snapshot_untimed(
     let snapshot_id = format!("s{}", &new_sandbox_id()[1..]);
     let name = name.unwrap_or_else(|| snapshot_id.clone());
     let (source, info) = checkpoint_running(state, id, &snapshot_id).await?;
+    if memory {
+        // A snapshot is reported made only once it is known to restore: a trial restore
+        // with nothing of it running (the source is not locked meanwhile).
+        let runtime = state.runtime.clone();
+        let checkpoint = snapshot_id.clone();
+        if let Err(err) = blocking(id, Stage::Checkpoint, move || {
+            runtime.verify_checkpoint(&checkpoint)
+        })
+        .await
+        {
+            delete_checkpoint(state, &snapshot_id).await;
+            return Err(ServiceError::SnapshotUnrestorable(Box::new(err)));
+        }
+    }
     let record = SnapshotRecord {
         id: snapshot_id.clone(),
         team_id: source.team_id.clone(),
