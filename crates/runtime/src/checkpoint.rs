@@ -258,7 +258,7 @@ impl LinuxRuntime {
         checkpoint: &Path,
         spec: &SandboxSpec,
     ) -> Result<SandboxInfo, RuntimeError> {
-        self.restore_checkpoint_as(Some(criu), checkpoint, spec, false)
+        self.restore_checkpoint_as(Revival::Memory(criu), checkpoint, spec)
     }
 
     /// Proves the checkpoint at `checkpoint` restores: a trial restore of it, as sandbox
@@ -280,7 +280,7 @@ impl LinuxRuntime {
             disk_size_mb: source.disk_size_mb,
             volumes: source.volumes,
         };
-        self.restore_checkpoint_as(Some(criu), checkpoint, &spec, true)?;
+        self.restore_checkpoint_as(Revival::Trial(criu), checkpoint, &spec)?;
         crate::Runtime::kill(self, trial_id)
     }
 
@@ -291,17 +291,15 @@ impl LinuxRuntime {
         checkpoint: &Path,
         spec: &SandboxSpec,
     ) -> Result<SandboxInfo, RuntimeError> {
-        self.restore_checkpoint_as(None, checkpoint, spec, false)
+        self.restore_checkpoint_as(Revival::Disk, checkpoint, spec)
     }
 
-    /// The restore with memory (`criu` given; its tasks left stopped with `trial`) or of
-    /// the disk alone.
+    /// The restore, of the memory or of the disk alone, as `how` says.
     fn restore_checkpoint_as(
         &self,
-        criu: Option<&Criu>,
+        how: Revival<'_>,
         checkpoint: &Path,
         spec: &SandboxSpec,
-        trial: bool,
     ) -> Result<SandboxInfo, RuntimeError> {
         if !valid_id(&spec.id) {
             return Err(RuntimeError::InvalidId(spec.id.clone()));
@@ -323,9 +321,9 @@ impl LinuxRuntime {
         }
         // CRIU detaches the restored tree: tracked by pidfd, never reaped by us. A fresh
         // boot's init is our child.
-        self.bring_up(spec, criu.is_none(), |slot, dir| {
+        self.bring_up(spec, matches!(how, Revival::Disk), |slot, dir| {
             self.attach_network(&spec.id, meta.info.network.as_ref())?;
-            self.restore_into(criu, checkpoint, &meta, spec, slot, dir, trial)
+            self.restore_into(how, checkpoint, &meta, spec, slot, dir)
         })
     }
 
@@ -338,13 +336,12 @@ impl LinuxRuntime {
     /// copy, images, root, CRIU. Returns the init's pidfd and pid and the disk mount.
     fn restore_into(
         &self,
-        criu: Option<&Criu>,
+        how: Revival<'_>,
         checkpoint: &Path,
         meta: &Metadata,
         spec: &SandboxSpec,
         slot: u32,
         dir: &Path,
-        trial: bool,
     ) -> Result<(OwnedFd, i32, Option<OwnedFd>), RuntimeError> {
         let uid_base = self.uid_base_of(slot);
         self.cgroups
@@ -370,9 +367,14 @@ impl LinuxRuntime {
             shift_owners(&root, meta.uid_base, uid_base)
                 .map_err(io_err("move disk files into the sandbox's uid range"))?;
         }
-        let Some(criu) = criu else {
-            let (pidfd, pid, disk) = self.start(spec, slot, dir, DiskOrigin::Kept(Some(disk)))?;
-            return Ok((pidfd, pid, Some(disk)));
+        let (criu, trial) = match how {
+            Revival::Memory(criu) => (criu, false),
+            Revival::Trial(criu) => (criu, true),
+            Revival::Disk => {
+                let (pidfd, pid, disk) =
+                    self.start(spec, slot, dir, DiskOrigin::Kept(Some(disk)))?;
+                return Ok((pidfd, pid, Some(disk)));
+            }
         };
         let images = dir.join("restore-images");
         prepare_restore_images(
@@ -427,6 +429,17 @@ impl LinuxRuntime {
         let _ = fs::remove_dir_all(&work);
         Ok((pidfd, pid, disk))
     }
+}
+
+/// How a checkpoint comes back as a sandbox.
+#[derive(Clone, Copy)]
+enum Revival<'a> {
+    /// Its processes continue from its memory.
+    Memory(&'a Criu),
+    /// From its memory with every task left stopped: a trial that runs nothing.
+    Trial(&'a Criu),
+    /// A fresh init boots on a copy of its disk.
+    Disk,
 }
 
 /// Flushes the whole filesystem holding `file`.
