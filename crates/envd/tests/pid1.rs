@@ -24,14 +24,15 @@ impl NamespacedEnvd {
             let probe = TcpListener::bind("127.0.0.1:0").unwrap();
             probe.local_addr().unwrap().port()
         };
-        // --kill-child: envd gets SIGTERM when unshare dies, so a failed test leaves
-        // nothing behind.
+        // --kill-child: envd gets SIGKILL when unshare dies, so a failed test leaves
+        // nothing behind (a SIGKILL, because what a test may be checking is that envd
+        // does not stop on other signals).
         let unshare = Command::new("unshare")
             .args([
                 "--pid",
                 "--mount",
                 "--mount-proc",
-                "--kill-child=SIGTERM",
+                "--kill-child=SIGKILL",
                 "--",
             ])
             .arg(env!("CARGO_BIN_EXE_berth-envd"))
