@@ -888,6 +888,10 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
             if let Some(egress) = egress {
                 egress.shutdown(Duration::from_secs(1)).await;
             }
+            // Like a stop: no network table or envd filesystem left behind.
+            if let Err(err) = network_owner.release_network_if_idle() {
+                eprintln!("warning: removing the sandbox network: {err}");
+            }
             return built;
         }
         let metrics = match args.metrics_listen {

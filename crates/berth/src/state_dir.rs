@@ -12,6 +12,9 @@
 //!   own 0700 directory) through them; every other entry is 0700 or 0600, so a 0711
 //!   directory lets other users reach nothing;
 //! - `sandboxes/` is 0700 (the runtime tightens what is inside);
+//! - `envd/` (the tmpfs sandboxes bind the envd binary from) and its directories are
+//!   0711: the sandbox's root uid reaches the binary (0755, as shipped: it holds no
+//!   state), nobody lists them;
 //! - `templates/` and its direct subdirectories, and each layer's directory, are 0700,
 //!   its manifests 0600, its checkpoints owner-only throughout (CRIU images as the
 //!   runtime keeps them: see `berth_runtime::tighten_private_tree`); a layer's `rootfs`
@@ -80,6 +83,9 @@ fn tighten_state(state_dir: &Path) -> io::Result<usize> {
             // Restores mount volumes below it, in directories of the sandboxes' own
             // root uids (see berth-runtime's `volume_mounts_dir`).
             "volume-mounts" => usize::from(set_mode(&path, 0o711)?),
+            // The tmpfs sandboxes bind envd from: traversable, never listable (see
+            // berth-runtime's `envd_fs`).
+            "envd" => usize::from(set_mode(&path, 0o711)?),
             "templates" => tighten_templates(&path)?,
             name if PRIVATE_TREES.contains(&name) => berth_runtime::tighten_private_tree(&path)?,
             _ => usize::from(set_mode(&path, 0o700)?),

@@ -34,6 +34,8 @@ impl Drop for Fixture {
         for info in self.rt.list() {
             let _ = self.rt.kill(&info.id);
         }
+        // Unmounts the envd binary's filesystem under the state dir before it goes.
+        let _ = self.rt.release_network_if_idle();
         for ctrl in ["cpu", "cpuacct", "memory", "pids", "freezer", ""] {
             let _ = std::fs::remove_dir(
                 Path::new("/sys/fs/cgroup")

@@ -393,6 +393,7 @@ impl LinuxRuntime {
         // Its own new namespace and address (attached by the caller), joined by CRIU.
         let netns = self.netns_for_start(&spec.id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
+        self.ensure_init_binary()?;
         let root = HostRoot::mount(self, dir, spec, uid_base, Some(disk))?;
         let work = dir.join("restore");
         perms::create_dir(&work, perms::PRIVATE_DIR).map_err(io_err("create restore work dir"))?;

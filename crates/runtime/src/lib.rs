@@ -104,6 +104,7 @@
 mod blkio;
 mod cgroup;
 mod disk;
+mod envd_fs;
 mod host;
 pub mod launch;
 mod linux;

@@ -15,6 +15,7 @@ use std::time::SystemTime;
 use crate::blkio::DiskThrottle;
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::disk::{self, DiskStore, Janitor};
+use crate::envd_fs;
 use crate::launch::{self, LaunchConfig, CONTROL_FD, ROOT_FD};
 use crate::perms;
 use crate::record::{self, Record};
@@ -143,6 +144,10 @@ pub struct LinuxRuntime {
     config: LinuxRuntimeConfig,
     cgroups: Cgroups,
     throttle: DiskThrottle,
+    /// The envd binary sandboxes bind, on its own filesystem (see `envd_fs`); the lock
+    /// serialises putting it back after the filesystem was released.
+    init_binary: PathBuf,
+    init_binary_lock: Mutex<()>,
     disks: DiskStore,
     janitor: Janitor,
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
@@ -220,6 +225,8 @@ impl LinuxRuntime {
                 });
             }
         }
+        let init_binary = envd_fs::install(&config.state_dir, &config.envd_binary)
+            .map_err(io_err("install the envd binary on its filesystem"))?;
         let network = config
             .network
             .clone()
@@ -234,6 +241,8 @@ impl LinuxRuntime {
             config,
             cgroups,
             throttle,
+            init_binary,
+            init_binary_lock: Mutex::new(()),
             disks,
             janitor,
             sandboxes: Mutex::new(HashMap::new()),
@@ -243,21 +252,50 @@ impl LinuxRuntime {
         })
     }
 
+    /// Makes sure the init binary sandboxes bind is in place: its filesystem may have
+    /// been released while no sandbox was held (by this runtime or another instance on
+    /// the same state dir). Call before anything binds or restores it.
+    pub(crate) fn ensure_init_binary(&self) -> Result<(), RuntimeError> {
+        let _one = self
+            .init_binary_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if self.init_binary.is_file() {
+            return Ok(());
+        }
+        envd_fs::install(&self.config.state_dir, &self.config.envd_binary)
+            .map(drop)
+            .map_err(io_err("install the envd binary on its filesystem"))
+    }
+
+    /// True when the daemon holds no sandbox, running or paused.
+    fn idle(&self) -> Result<bool, RuntimeError> {
+        let held = match fs::read_dir(self.config.state_dir.join("sandboxes")) {
+            Ok(entries) => entries
+                .filter_map(Result::ok)
+                .any(|entry| entry.path().is_dir()),
+            // A state dir removed under the runtime (tests do) holds nothing.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(e) => return Err(io_err("read state dir")(e)),
+        };
+        Ok(!held && self.list().is_empty())
+    }
+
     /// Removes the daemon's sandbox network (its nftables table and gateway link) when
     /// it holds no sandbox, running or paused: the daemon is going away and nothing a
     /// restart would reattach needs it. Returns whether it was removed. With sandboxes
     /// left it stays, so they keep their network across a restart.
+    ///
+    /// The envd binary's filesystem (`envd_fs`) goes in the same case, network or not.
     pub fn release_network_if_idle(&self) -> Result<bool, RuntimeError> {
+        if !self.idle()? {
+            return Ok(false);
+        }
+        envd_fs::release(&self.config.state_dir)
+            .map_err(io_err("unmount the envd binary's filesystem"))?;
         let Some(network) = &self.network else {
             return Ok(false);
         };
-        let held = fs::read_dir(self.config.state_dir.join("sandboxes"))
-            .map_err(io_err("read state dir"))?
-            .filter_map(Result::ok)
-            .any(|entry| entry.path().is_dir());
-        if held || !self.list().is_empty() {
-            return Ok(false);
-        }
         network.destroy()?;
         Ok(true)
     }
@@ -545,13 +583,14 @@ impl LinuxRuntime {
         self.cgroups
             .create(&spec.id, limits)
             .map_err(io_err("create cgroups"))?;
+        self.ensure_init_binary()?;
         let root = dir.join("root");
         perms::create_dir_all(&root, perms::PRIVATE_DIR)
             .map_err(io_err("create root mountpoint"))?;
         let launch_config = LaunchConfig {
             hostname: spec.id.clone(),
             layers: spec.layers.len(),
-            init_binary: self.config.envd_binary.clone(),
+            init_binary: self.init_binary.clone(),
             init_args: self.config.envd_args.clone(),
             init_env: vec![
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
@@ -1333,4 +1372,16 @@ unsafe fn child_exec(
         libc::syscall(libc::SYS_execve, path, argv.as_ptr(), envp.as_ptr());
     }
     fail(127)
+}
+
+impl Drop for LinuxRuntime {
+    /// A runtime holding no sandbox leaves no envd filesystem mounted behind it; with
+    /// sandboxes left it stays for them and for the next daemon.
+    fn drop(&mut self) {
+        if self.idle().unwrap_or(false) {
+            if let Err(err) = envd_fs::release(&self.config.state_dir) {
+                tracing::warn!(%err, "unmounting the envd binary's filesystem");
+            }
+        }
+    }
 }

@@ -210,6 +210,7 @@ impl LinuxRuntime {
             .map_err(io_err("create cgroups"))?;
         let netns = self.netns_for_start(id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
+        self.ensure_init_binary()?;
         let root = HostRoot::mount(self, &dir, &spec, self.uid_base_of(record.slot), None)?;
         let work = dir.join("restore");
         crate::perms::create_dir_all(&work, crate::perms::PRIVATE_DIR)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from pathlib import Path
 
 import httpx
 import pytest
@@ -176,16 +177,21 @@ def test_private_traffic_needs_the_traffic_token(berth: Berth) -> None:
 
 def test_mountinfo_names_no_host_paths(berth: Berth, sandbox: Sandbox) -> None:
     """What a sandbox learns of its host from its mounts, before and after a CRIU round
-    trip: no state-dir path (sandbox ids, disk images, layers) and no loop device. (The
-    envd binary's bind mount still shows that file's host path and block device: see
-    SECURITY.md.)"""
+    trip: no state-dir path (sandbox ids, disk images, layers), no loop device, and for
+    the envd binary neither its host path nor the host's block device: it is bound from a
+    tmpfs of berth's own (`berth-envd`). (Mount options still show host uids and the
+    host's memory size: see SECURITY.md.)"""
+    envd_host_path = str(berth.binary.parent / "berth-envd")
+    host_devices = [f"/dev/{dev.name}" for dev in Path("/sys/block").iterdir() if not dev.name.startswith("loop")]
 
     def check(when: str) -> None:
         for path in ("/proc/self/mountinfo", "/proc/self/mounts", "/proc/1/mountinfo"):
             text = sandbox.commands.run(f"cat {path}", user="root").stdout
             assert text, path
-            for host_detail in (str(berth.state_dir), "/var/lib/berth", "/dev/loop", sandbox.sandbox_id):
+            for host_detail in (str(berth.state_dir), "/var/lib/berth", "/dev/loop", sandbox.sandbox_id, envd_host_path, *host_devices):
                 assert host_detail not in text, f"{when}: {path} names {host_detail}:\n{text}"
+        envd = [line for line in sandbox.commands.run("cat /proc/1/mountinfo").stdout.splitlines() if " /run/berth/berth-envd " in line]
+        assert len(envd) == 1 and " - tmpfs berth-envd " in envd[0], envd
 
     check("created")
     sandbox.pause()

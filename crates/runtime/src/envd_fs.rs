@@ -1,0 +1,155 @@
+//! The filesystem a sandbox's init binary (envd) is bound from: a small tmpfs of the
+//! daemon's at `<state>/envd`, holding each init binary by content
+//! (`<sha256 prefix>/<file name>`).
+//!
+//! Bound from there, a sandbox's `/proc/self/mountinfo` shows `/<hash>/berth-envd` on a
+//! tmpfs named `berth-envd`, not the binary's host path and the host's block device.
+//! CRIU records the bind as an external mount by its host path (`--external mnt[]`), so
+//! the tmpfs stays mounted while the daemon holds any sandbox, running or paused, and
+//! across daemon restarts; [`release`] removes it when none is left. A checkpoint
+//! restores wherever the same binary, by content, is installed again, which every
+//! start does for the daemon's own envd.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::sys::{self, FsContext, MOUNT_ATTR_NODEV};
+
+const DIR: &str = "envd";
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// The mode of the filesystem's directories: the launcher (as the sandbox's root, an
+/// unprivileged host uid) reaches the binary through them; nobody else lists them.
+const TRAVERSE_ONLY: u32 = 0o711;
+/// The binaries' mode: readable as well as executable, because a process that execs a
+/// file it cannot read is not dumpable, and CRIU could not checkpoint the sandbox. They
+/// hold no state (the same binaries berth ships world-readable).
+const BINARY: u32 = 0o755;
+/// Room for a few envd versions (8 MiB each) at once.
+const SIZE: &std::ffi::CStr = c"64m";
+
+/// Copies `binary` into the daemon's envd filesystem under `state_dir` (mounting it
+/// first when it is not mounted) and returns the path of the copy.
+pub(crate) fn install(state_dir: &Path, binary: &Path) -> io::Result<PathBuf> {
+    let root = state_dir.join(DIR);
+    if !is_tmpfs_mount(&root)? {
+        crate::perms::create_dir_all(&root, crate::perms::TRAVERSE_DIR)?;
+        mount(&root)?;
+    }
+    let mut source = fs::File::open(binary)?;
+    let mut contents = Vec::new();
+    source.read_to_end(&mut contents)?;
+    let hash = Sha256::digest(&contents);
+    let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let name = binary
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "init binary has no name"))?;
+    let dir = root.join(hex);
+    let installed = dir.join(name);
+    if installed.is_file() {
+        return Ok(installed);
+    }
+    match fs::create_dir(&dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => fs::set_permissions(&dir, fs::Permissions::from_mode(TRAVERSE_ONLY))?,
+    }
+    // Written beside and renamed: a daemon starting meanwhile never binds half a file.
+    let partial = dir.join(format!(".{}.partial", std::process::id()));
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(BINARY)
+        .open(&partial)?;
+    file.write_all(&contents)?;
+    file.set_permissions(fs::Permissions::from_mode(BINARY))?;
+    drop(file);
+    fs::rename(&partial, &installed)?;
+    Ok(installed)
+}
+
+/// Unmounts the daemon's envd filesystem under `state_dir`, if mounted. Only when the
+/// daemon holds no sandbox: running ones keep their bind either way, but a paused one's
+/// restore needs the path.
+pub(crate) fn release(state_dir: &Path) -> io::Result<bool> {
+    let root = state_dir.join(DIR);
+    if !is_tmpfs_mount(&root)? {
+        return Ok(false);
+    }
+    let path = sys::cpath(&root)?;
+    // SAFETY: umount2 with a valid NUL-terminated path.
+    sys::check(unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) }.into())?;
+    let _ = fs::remove_dir(&root);
+    Ok(true)
+}
+
+/// True when `dir` is the root of a tmpfs mount (not merely inside one).
+fn is_tmpfs_mount(dir: &Path) -> io::Result<bool> {
+    let meta = match fs::metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let parent = fs::metadata(dir.parent().unwrap_or(Path::new("/")))?;
+    if meta.dev() == parent.dev() {
+        return Ok(false);
+    }
+    let path = sys::cpath(dir)?;
+    // SAFETY: statfs is plain data; zeroed is valid.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-pointer.
+    sys::check(unsafe { libc::statfs(path.as_ptr(), &mut st) }.into())?;
+    Ok(st.f_type as i64 == TMPFS_MAGIC)
+}
+
+fn mount(root: &Path) -> io::Result<()> {
+    let fs = FsContext::open(c"tmpfs")?;
+    fs.set_string(c"source", c"berth-envd")?;
+    fs.set_string(c"size", SIZE)?;
+    fs.set_string(c"mode", c"0711")?;
+    let mount = fs.create_mount(MOUNT_ATTR_NODEV | sys::MOUNT_ATTR_NOSUID)?;
+    sys::move_mount_to(mount.as_fd(), &sys::cpath(root)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Privileged: installs into a fresh tmpfs, is idempotent per content, and a new
+    /// binary gets its own directory beside the first.
+    #[test]
+    fn binaries_are_kept_by_content_on_a_tmpfs_of_their_own() {
+        let state = tempfile::tempdir().unwrap();
+        let first = state.path().join("bin-a");
+        fs::create_dir(&first).unwrap();
+        fs::write(first.join("berth-envd"), b"version one").unwrap();
+        let installed = install(state.path(), &first.join("berth-envd")).unwrap();
+        assert!(is_tmpfs_mount(&state.path().join(DIR)).unwrap());
+        assert_eq!(fs::read(&installed).unwrap(), b"version one");
+        assert_eq!(fs::metadata(&installed).unwrap().mode() & 0o777, BINARY);
+        assert_eq!(
+            fs::metadata(installed.parent().unwrap()).unwrap().mode() & 0o777,
+            TRAVERSE_ONLY
+        );
+        assert_eq!(
+            fs::metadata(state.path().join(DIR)).unwrap().mode() & 0o777,
+            TRAVERSE_ONLY
+        );
+        assert_eq!(installed.file_name().unwrap(), "berth-envd");
+        assert_eq!(
+            install(state.path(), &first.join("berth-envd")).unwrap(),
+            installed
+        );
+        fs::write(first.join("berth-envd"), b"version two").unwrap();
+        let second = install(state.path(), &first.join("berth-envd")).unwrap();
+        assert_ne!(second.parent(), installed.parent());
+        assert_eq!(fs::read(&installed).unwrap(), b"version one");
+        assert!(release(state.path()).unwrap());
+        assert!(!state.path().join(DIR).exists());
+        assert!(!release(state.path()).unwrap());
+    }
+}
