@@ -70,10 +70,13 @@ def test_a_fork_bomb_as_user_exhausts_only_the_workload_group(sandbox: Sandbox) 
 
     # Every process stays (waits for its children): the bomb grows until the workload
     # group's pids or memory run out (which comes first depends on the host's timing).
-    # Its processes volunteer for the OOM killer (score 1000) so it never takes the
-    # command's own shell, whose process group the kill below ends.
+    # The bomb runs in a child shell whose processes volunteer for the OOM killer (score
+    # 1000), so it never takes the command's own shell (`; true` keeps bash from exec'ing
+    # the child in its place): the kill below ends that shell's process group.
     bomb = sandbox.commands.run(
-        "f() { echo 1000 > /proc/self/oom_score_adj; f | f & wait; }; f", user="user", background=True
+        "bash -c 'f() { echo 1000 > /proc/self/oom_score_adj; f | f & wait; }; f'; true",
+        user="user",
+        background=True,
     )
     try:
         poll(lambda: workload_exhausted(sandbox.sandbox_id), timeout=120, interval=0.2, what="the bomb to exhaust the workload group")
@@ -85,8 +88,32 @@ def test_a_fork_bomb_as_user_exhausts_only_the_workload_group(sandbox: Sandbox) 
         assert pids_file(group, "pids.events").split()[1] == "0"
     finally:
         bomb.kill()
+        end_the_rest_of_the_bomb(sandbox.sandbox_id)
     next_command_works(sandbox)
     assert envd_pid1_start(sandbox) == before, "the same envd answers"
+
+
+def end_the_rest_of_the_bomb(sandbox_id: str) -> None:
+    """SIGKILLs, from the host, what is left in the sandbox's workload group but envd
+    (whose spawner thread lives there). Under heavy load the OOM killer can still take
+    the bomb command's own shell; envd has then reaped it and cannot kill the rest of its
+    process group (a known gap, see SECURITY.md), so the test ends the processes it made."""
+    import os
+    import signal
+
+    procs = PIDS_V1 / sandbox_id / "workload" / "cgroup.procs"
+    envd = {int(pid) for pid in (PIDS_V1 / sandbox_id / "cgroup.procs").read_text().split()}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        left = [int(pid) for pid in procs.read_text().split() if int(pid) not in envd]
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
 
 
 @pytest.mark.skipif(not Path("/sys/fs/cgroup/pids").is_dir(), reason="cgroup v1 only")
