@@ -104,6 +104,22 @@ pub struct CheckpointInfo {
     pub volumes: Vec<crate::VolumeMount>,
 }
 
+impl CheckpointInfo {
+    /// The spec of sandbox `id` restored from this checkpoint: its template, layers,
+    /// limits and volume mounts.
+    pub fn spec_for(&self, id: &str) -> SandboxSpec {
+        SandboxSpec {
+            id: id.to_owned(),
+            template: self.template.clone(),
+            layers: self.layers.clone(),
+            cpu_count: self.cpu_count,
+            memory_mb: self.memory_mb,
+            disk_size_mb: self.disk_size_mb,
+            volumes: self.volumes.clone(),
+        }
+    }
+}
+
 /// `checkpoint.json`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Metadata {
@@ -270,16 +286,7 @@ impl LinuxRuntime {
         checkpoint: &Path,
         trial_id: &str,
     ) -> Result<(), RuntimeError> {
-        let source = Metadata::read(checkpoint)?.info;
-        let spec = SandboxSpec {
-            id: trial_id.to_owned(),
-            template: source.template,
-            layers: source.layers,
-            cpu_count: source.cpu_count,
-            memory_mb: source.memory_mb,
-            disk_size_mb: source.disk_size_mb,
-            volumes: source.volumes,
-        };
+        let spec = Metadata::read(checkpoint)?.info.spec_for(trial_id);
         self.restore_checkpoint_as(Revival::Trial(criu), checkpoint, &spec)?;
         crate::Runtime::kill(self, trial_id)
     }

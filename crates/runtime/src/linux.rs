@@ -1068,16 +1068,7 @@ impl Runtime for LinuxRuntime {
         if !checkpoint.is_dir() {
             return Err(RuntimeError::CheckpointNotFound(checkpoint_id.to_owned()));
         }
-        let source = LinuxRuntime::read_checkpoint(&checkpoint)?;
-        let spec = SandboxSpec {
-            id: id.to_owned(),
-            template: source.template,
-            layers: source.layers,
-            cpu_count: source.cpu_count,
-            memory_mb: source.memory_mb,
-            disk_size_mb: source.disk_size_mb,
-            volumes: source.volumes,
-        };
+        let spec = LinuxRuntime::read_checkpoint(&checkpoint)?.spec_for(id);
         if memory {
             self.restore_checkpoint(&self.criu()?, &checkpoint, &spec)
         } else {
