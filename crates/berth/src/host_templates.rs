@@ -1,13 +1,15 @@
 //! The host templates this berth builds itself (see `berth_server::HostTemplate`):
 //! `code-interpreter-v1`, defined by `templates/code-interpreter-v1/` in the repository
-//! and compiled into this binary. Its context (what its COPY steps read) is written
-//! under `<state>/host-templates/<name>/` at start: `setup/` holds the pins and scripts
-//! of the definition plus berth's IPython extension, `bin/berth-interpreter` the static
-//! berth-interpreter binary found beside this one (or given by flag).
+//! and compiled into this binary, or read from a directory of the same shape
+//! (`--code-interpreter-definition`: other pins, more packages). Its context (what its
+//! COPY steps read) is written under `<state>/host-templates/<name>/` at start:
+//! `setup/` holds the pins and scripts of the definition plus berth's IPython
+//! extension, `bin/berth-interpreter` the static berth-interpreter binary found beside
+//! this one (or given by flag).
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use berth_build::{E2bBuildStart, Step};
 use berth_server::{HostTemplate, SandboxResources};
 use serde::Deserialize;
@@ -44,12 +46,36 @@ const SETUP_FILES: &[(&str, &[u8], u32)] = &[
         include_bytes!("../../../templates/code-interpreter-v1/js/package-lock.json"),
         0o644,
     ),
-    (
-        "berth_kernel.py",
-        include_bytes!("../../../crates/interpreter/python/berth_kernel.py"),
-        0o644,
-    ),
+    (KERNEL_EXTENSION.0, KERNEL_EXTENSION.1, 0o644),
 ];
+
+/// berth's IPython extension (charts, display data), part of every definition's setup.
+const KERNEL_EXTENSION: (&str, &[u8]) = (
+    "berth_kernel.py",
+    include_bytes!("../../../crates/interpreter/python/berth_kernel.py"),
+);
+
+/// Copies the files and directories under `from` to `to`, with their permission bits
+/// (symlinks and other special files are refused: a definition is plain files).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &target)?;
+        } else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{}: not a plain file or directory", entry.path().display()),
+            ));
+        }
+    }
+    Ok(())
+}
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -94,15 +120,46 @@ pub fn default_interpreter_binary() -> PathBuf {
 /// Where the build's extra CA goes in the template (Debian's local CA directory).
 const BUILD_CA_PATH: &str = "/usr/local/share/ca-certificates/berth-build-ca.crt";
 
+/// Where `code-interpreter-v1` is defined.
+pub enum DefinitionSource<'a> {
+    /// The repository's `templates/code-interpreter-v1/`, compiled into this binary.
+    Embedded,
+    /// A directory of the same shape: `template.json` plus the files its COPY steps
+    /// name under `setup/` (all of it is copied there). Without a berth-interpreter
+    /// binary only a definition that does not COPY one builds.
+    Directory(&'a Path),
+}
+
 /// `code-interpreter-v1` with its context written under `state_dir`, or None (with a
-/// warning on stderr) when there is no berth-interpreter binary to put in it.
-/// `build_ca`: PEM roots the template trusts from its first TLS download on (a
-/// TLS-intercepting proxy in front of the package registries).
+/// warning on stderr) when the embedded definition has no berth-interpreter binary to
+/// put in it. `build_ca`: PEM roots the template trusts from its first TLS download on
+/// (a TLS-intercepting proxy in front of the package registries).
 pub fn code_interpreter(
     state_dir: &Path,
+    source: DefinitionSource<'_>,
     interpreter: &Path,
     build_ca: Option<&Path>,
 ) -> Result<Option<HostTemplate>> {
+    if let DefinitionSource::Directory(dir) = source {
+        let path = dir.join("template.json");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!("reading the code-interpreter definition {}", path.display())
+        })?;
+        let definition: Definition = serde_json::from_str(&text).with_context(|| {
+            format!("parsing the code-interpreter definition {}", path.display())
+        })?;
+        if definition.name != CODE_INTERPRETER {
+            bail!(
+                "{}: \"name\" is {:?}; a code-interpreter definition must name {CODE_INTERPRETER}",
+                path.display(),
+                definition.name
+            );
+        }
+        let context = state_dir.join("host-templates").join(&definition.name);
+        write_context(&context, Setup::Directory(dir), interpreter)
+            .with_context(|| format!("writing {}", context.display()))?;
+        return host_template(definition, context, build_ca).map(Some);
+    }
     if !interpreter.is_file() {
         eprintln!(
             "warning: {CODE_INTERPRETER} is unavailable: no berth-interpreter at {} \
@@ -112,11 +169,20 @@ pub fn code_interpreter(
         );
         return Ok(None);
     }
-    let mut definition: Definition =
+    let definition: Definition =
         serde_json::from_str(DEFINITION).context("parsing the code-interpreter definition")?;
     let context = state_dir.join("host-templates").join(&definition.name);
-    write_context(&context, interpreter)
+    write_context(&context, Setup::Embedded, interpreter)
         .with_context(|| format!("writing {}", context.display()))?;
+    host_template(definition, context, build_ca).map(Some)
+}
+
+/// The host template of `definition` whose context is `context`.
+fn host_template(
+    mut definition: Definition,
+    context: PathBuf,
+    build_ca: Option<&Path>,
+) -> Result<HostTemplate> {
     if let Some(ca) = build_ca {
         let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
         std::fs::create_dir_all(context.join("ca"))?;
@@ -136,7 +202,7 @@ pub fn code_interpreter(
             ],
         );
     }
-    Ok(Some(HostTemplate {
+    Ok(HostTemplate {
         name: definition.name,
         context,
         build: E2bBuildStart {
@@ -150,12 +216,19 @@ pub fn code_interpreter(
         },
         build_resources: definition.build_resources.into(),
         resources: definition.resources.into(),
-    }))
+    })
+}
+
+/// What `setup/` of the context is made of.
+enum Setup<'a> {
+    Embedded,
+    /// A definition directory's files, with berth's IPython extension unless it has one.
+    Directory(&'a Path),
 }
 
 /// Rewrites the context from scratch (files and modes are what the COPY hashes cover,
 /// so an unchanged definition hashes the same and rebuilds from the step cache).
-fn write_context(context: &Path, interpreter: &Path) -> std::io::Result<()> {
+fn write_context(context: &Path, setup: Setup<'_>, interpreter: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if context.exists() {
         std::fs::remove_dir_all(context)?;
@@ -167,8 +240,22 @@ fn write_context(context: &Path, interpreter: &Path) -> std::io::Result<()> {
         std::fs::write(path, contents)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
     };
-    for (path, contents, mode) in SETUP_FILES {
-        write(&context.join("setup").join(path), contents, *mode)?;
+    match setup {
+        Setup::Embedded => {
+            for (path, contents, mode) in SETUP_FILES {
+                write(&context.join("setup").join(path), contents, *mode)?;
+            }
+        }
+        Setup::Directory(dir) => {
+            copy_tree(dir, &context.join("setup"))?;
+            let extension = context.join("setup").join(KERNEL_EXTENSION.0);
+            if !extension.exists() {
+                write(&extension, KERNEL_EXTENSION.1, 0o644)?;
+            }
+            if !interpreter.is_file() {
+                return Ok(());
+            }
+        }
     }
     let binary = std::fs::read(interpreter)?;
     write(
@@ -187,7 +274,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let binary = dir.path().join("berth-interpreter");
         std::fs::write(&binary, b"#!/bin/sh\n").unwrap();
-        let template = code_interpreter(dir.path(), &binary, None)
+        let template = code_interpreter(dir.path(), DefinitionSource::Embedded, &binary, None)
             .unwrap()
             .unwrap();
         assert_eq!(template.name, CODE_INTERPRETER);
@@ -204,17 +291,71 @@ mod tests {
             let source = template.context.join(&step.args[0]);
             assert!(source.exists(), "{} is not in the context", step.args[0]);
         }
-        assert!(
-            code_interpreter(dir.path(), &dir.path().join("missing"), None)
-                .unwrap()
-                .is_none()
-        );
+        assert!(code_interpreter(
+            dir.path(),
+            DefinitionSource::Embedded,
+            &dir.path().join("missing"),
+            None
+        )
+        .unwrap()
+        .is_none());
         let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, b"-----BEGIN CERTIFICATE-----\n").unwrap();
-        let with_ca = code_interpreter(dir.path(), &binary, Some(&ca))
+        let with_ca = code_interpreter(dir.path(), DefinitionSource::Embedded, &binary, Some(&ca))
             .unwrap()
             .unwrap();
         assert_eq!(with_ca.build.steps.len(), template.build.steps.len() + 2);
         assert!(with_ca.context.join("ca/build-ca.crt").is_file());
+    }
+
+    #[test]
+    fn a_definition_directory_replaces_the_embedded_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let definition = dir.path().join("definition");
+        std::fs::create_dir_all(definition.join("extra")).unwrap();
+        let mut json: serde_json::Value = serde_json::from_str(DEFINITION).unwrap();
+        json["steps"] = serde_json::json!([{ "type": "RUN", "args": ["echo v2"] }]);
+        std::fs::write(definition.join("template.json"), json.to_string()).unwrap();
+        std::fs::write(definition.join("extra/pins.txt"), "numpy==2\n").unwrap();
+        let missing = dir.path().join("no-interpreter");
+        let state = dir.path().join("state");
+        let template = code_interpreter(
+            &state,
+            DefinitionSource::Directory(&definition),
+            &missing,
+            None,
+        )
+        .unwrap()
+        .expect("a directory definition needs no interpreter binary");
+        assert_eq!(template.build.steps, vec![Step::new("RUN", &["echo v2"])]);
+        assert!(template.context.join("setup/extra/pins.txt").is_file());
+        assert!(template.context.join("setup/berth_kernel.py").is_file());
+        assert!(!template.context.join("bin/berth-interpreter").exists());
+
+        json["name"] = "other".into();
+        std::fs::write(definition.join("template.json"), json.to_string()).unwrap();
+        let err = code_interpreter(
+            &state,
+            DefinitionSource::Directory(&definition),
+            &missing,
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("must name code-interpreter-v1"),
+            "{err:#}"
+        );
+        let err = code_interpreter(
+            &state,
+            DefinitionSource::Directory(&dir.path().join("none")),
+            &missing,
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("reading the code-interpreter definition"),
+            "{err:#}"
+        );
     }
 }

@@ -286,6 +286,12 @@ struct UpArgs {
     /// next to this binary; without one that template is unavailable).
     #[arg(long, env = "BERTH_INTERPRETER_BIN")]
     interpreter_binary: Option<PathBuf>,
+    /// Build `code-interpreter-v1` from this directory (shaped like the repository's
+    /// `templates/code-interpreter-v1/`: other pins, more packages) instead of the
+    /// definition compiled into berth. A changed definition is rebuilt at start; the
+    /// previous build keeps serving until the new one is ready.
+    #[arg(long, env = "BERTH_CODE_INTERPRETER_DEFINITION")]
+    code_interpreter_definition: Option<PathBuf>,
     /// PEM roots that `code-interpreter-v1`'s build (and the template) trusts, for a
     /// TLS-intercepting proxy in front of the package registries.
     #[arg(long, env = "BERTH_BUILD_CA_FILE")]
@@ -754,10 +760,17 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         .interpreter_binary
         .clone()
         .unwrap_or_else(host_templates::default_interpreter_binary);
-    let host_templates: Vec<berth_server::HostTemplate> =
-        host_templates::code_interpreter(&state_dir, &interpreter, args.build_ca_file.as_deref())?
-            .into_iter()
-            .collect();
+    let host_templates: Vec<berth_server::HostTemplate> = host_templates::code_interpreter(
+        &state_dir,
+        match &args.code_interpreter_definition {
+            Some(dir) => host_templates::DefinitionSource::Directory(dir),
+            None => host_templates::DefinitionSource::Embedded,
+        },
+        &interpreter,
+        args.build_ca_file.as_deref(),
+    )?
+    .into_iter()
+    .collect();
     for name in build_only {
         if !host_templates.iter().any(|t| t.name == *name) {
             bail!(
@@ -894,6 +907,7 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
             }
             return built;
         }
+        let _host_template_refresh = server.spawn_host_template_refresh();
         let metrics = match args.metrics_listen {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)

@@ -349,14 +349,15 @@ impl BuildEngine {
             .and_then(|t| t.checkpoint)
     }
 
-    /// Deletes template checkpoints no template manifest names (left by rebuilt or
-    /// removed templates). Returns their ids. Call it when no restore from one runs.
+    /// Deletes template checkpoints no template manifest names, current or superseded
+    /// (left by removed templates and failed builds). Returns their ids. Call it when no
+    /// restore from one runs.
     pub fn remove_unreferenced_checkpoints(&self) -> Result<Vec<String>, BuildError> {
-        let referenced: Vec<String> = self
-            .inner
-            .store
+        let store = &self.inner.store;
+        let referenced: Vec<String> = store
             .list()?
             .into_iter()
+            .chain(store.superseded()?)
             .filter_map(|t| t.checkpoint)
             .collect();
         let mut removed = Vec::new();

@@ -347,7 +347,7 @@ mod libc_mode {
 }
 
 /// Writes `bytes` to `path` atomically (temp file, fsync, rename).
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let temp = path.with_extension(format!(
         "tmp-{}-{}",

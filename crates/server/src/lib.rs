@@ -329,6 +329,31 @@ impl Server {
         templates::host::ensure_built(&self.state, name, progress).await
     }
 
+    /// Rebuilds, in the background and one after the other, the host templates built
+    /// from another definition than this berth's (a new release, a rebuilt `base`). The
+    /// builds they replace keep serving until each new one is ready.
+    pub fn spawn_host_template_refresh(&self) -> tokio::task::JoinHandle<()> {
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            let stale = match templates::host::stale(&state).await {
+                Ok(stale) => stale,
+                Err(err) => {
+                    tracing::warn!(%err, "checking whether host templates are current");
+                    return;
+                }
+            };
+            for name in stale {
+                let rebuilt = templates::host::ensure_built(&state, &name, |entry| {
+                    tracing::info!(template = %name, step = ?entry.step, "{}", entry.message.trim_end())
+                })
+                .await;
+                if let Err(err) = rebuilt {
+                    tracing::warn!(template = %name, %err, "rebuilding a host template; its previous build stays in use");
+                }
+            }
+        })
+    }
+
     /// The resolver the egress proxy injects `${e2b.secrets.NAME}` with: `sandbox_at`
     /// maps a sandbox's address to its id (berth-net's lookup); the secret is its team's.
     pub fn secrets_resolver(

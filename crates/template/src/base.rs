@@ -172,7 +172,13 @@ impl BaseRecipe {
             config: TemplateConfig {
                 default_user: "user".into(),
                 default_workdir: "/home/user".into(),
-                envs: BTreeMap::new(),
+                // What tools expect of a terminal session: a UTF-8 locale (glibc's
+                // built-in C.UTF-8, no locales package needed) and a TERM for `tput`,
+                // `top`, `clear`; a PTY's own TERM wins over it.
+                envs: BTreeMap::from([
+                    ("LANG".to_string(), "C.UTF-8".to_string()),
+                    ("TERM".to_string(), "xterm-256color".to_string()),
+                ]),
                 ..TemplateConfig::default()
             },
         }

@@ -14,6 +14,9 @@
 //! - `layers/<id>/layer.json` — what produced the layer (for humans and `list`).
 //! - `manifests/<template>.json` — the template: its layer ids and config; written with
 //!   write + fsync + rename.
+//! - `superseded/<template>@<version>.json` — a build of the template that a rebuild
+//!   replaced, kept (with its layers) because sandboxes, paused sandboxes and snapshots
+//!   name it by its pinned reference; `<version>` is [`layers_version`] of its layers.
 //! - `staging/` — builds in progress; leftovers of crashed builds are removed.
 //! - `locks/<id>.lock` — flock held while a layer is built, so concurrent builders of
 //!   the same layer wait for one build and then share its result.
@@ -29,7 +32,7 @@ pub use base::{BaseRecipe, SetupStep, BASE_TEMPLATE_ID, DEFAULT_MIRROR};
 pub use error::TemplateError;
 pub use layer::{LayerId, StagedLayer};
 pub use manifest::{TemplateConfig, TemplateManifest};
-pub use store::{Template, TemplateStore, DEFAULT_STATE_DIR};
+pub use store::{layers_version, pinned_reference, Template, TemplateStore, DEFAULT_STATE_DIR};
 
 use std::time::Duration;
 

@@ -43,6 +43,17 @@ pub struct Template {
 }
 
 impl Template {
+    /// Which build of the template this is: [`layers_version`] of its layers.
+    pub fn version(&self) -> String {
+        layers_version(&self.layer_ids)
+    }
+
+    /// A name for exactly this build, `<id>@<version>`, that [`TemplateStore::get`]
+    /// resolves even after the template is rebuilt (see [`TemplateStore::put`]).
+    pub fn pinned_reference(&self) -> String {
+        pinned_reference(&self.id, &self.version())
+    }
+
     /// The template's config, e.g. to start a derived template from it.
     pub fn config(&self) -> TemplateConfig {
         TemplateConfig {
@@ -54,6 +65,28 @@ impl Template {
             checkpoint: self.checkpoint.clone(),
         }
     }
+}
+
+/// The version of a template made of `layers` (lowest first): a UUID drawn from their
+/// sha256, so two builds with the same layers have the same version.
+pub fn layers_version(layers: &[LayerId]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for id in layers {
+        hasher.update(id.as_str().as_bytes());
+        hasher.update([0]);
+    }
+    let digest = hasher.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .to_string()
+}
+
+/// `<id>@<version>`: one build of template `id`.
+pub fn pinned_reference(id: &str, version: &str) -> String {
+    format!("{id}@{version}")
 }
 
 /// What `layers/<id>/layer.json` records about how a layer was made.
@@ -80,7 +113,7 @@ impl TemplateStore {
         };
         // Root's alone: sandboxes never walk the store, they get idmapped clones of
         // layers the daemon opened.
-        for dir in ["layers", "manifests", "staging", "locks"] {
+        for dir in ["layers", "manifests", "superseded", "staging", "locks"] {
             let path = store.root.join(dir);
             fs::DirBuilder::new()
                 .recursive(true)
@@ -106,36 +139,51 @@ impl TemplateStore {
         self.layer_dir(id).is_dir()
     }
 
-    /// Look a template up and resolve its layers to paths.
-    pub fn get(&self, id: &str) -> Result<Template, TemplateError> {
+    /// Look a template up and resolve its layers to paths. `reference` is a template
+    /// id (its current build) or a pinned reference `<id>@<version>` (that build, also
+    /// after the template was rebuilt).
+    pub fn get(&self, reference: &str) -> Result<Template, TemplateError> {
+        let (id, version) = match reference.split_once('@') {
+            Some((id, version)) => (id, Some(version)),
+            None => (reference, None),
+        };
         validate_template_id(id)?;
-        let path = self.manifest_path(id);
-        if !path.exists() {
-            return Err(TemplateError::NotFound(id.to_string()));
+        let not_found = || TemplateError::NotFound(reference.to_string());
+        let current = self.manifest_path(id);
+        let Some(version) = version else {
+            if !current.exists() {
+                return Err(not_found());
+            }
+            return self.resolve(TemplateManifest::read(&current)?);
+        };
+        validate_version(reference, version)?;
+        if current.exists() {
+            let manifest = TemplateManifest::read(&current)?;
+            if layers_version(&manifest.layers) == version {
+                return self.resolve(manifest);
+            }
         }
-        self.resolve(TemplateManifest::read(&path)?)
+        let superseded = self.superseded_path(id, version);
+        if !superseded.exists() {
+            return Err(not_found());
+        }
+        self.resolve(TemplateManifest::read(&superseded)?)
     }
 
     /// All templates, sorted by id.
     pub fn list(&self) -> Result<Vec<Template>, TemplateError> {
-        let dir = self.root.join("manifests");
         let mut templates = Vec::new();
-        for entry in fs::read_dir(&dir).ctx("read dir", &dir)? {
-            let path = entry.ctx("read dir", &dir)?.path();
-            let is_manifest = path.extension().is_some_and(|e| e == "json")
-                && !path
-                    .file_name()
-                    .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
-            if is_manifest {
-                templates.push(self.resolve(TemplateManifest::read(&path)?)?);
-            }
+        for path in manifest_files(&self.root.join("manifests"))? {
+            templates.push(self.resolve(TemplateManifest::read(&path)?)?);
         }
         templates.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(templates)
     }
 
     /// Write (or replace) template `id` as `layers` (lowest first) with `config`. Every
-    /// layer must already be in the store.
+    /// layer must already be in the store. A replaced build with other layers is kept
+    /// under `superseded/`, so sandboxes, pauses and snapshots made from it (which name
+    /// it by [`Template::pinned_reference`]) still find the layers they stand on.
     pub fn put(
         &self,
         id: &str,
@@ -150,7 +198,15 @@ impl TemplateStore {
             created_at: unix_now(),
         };
         let template = self.resolve(manifest.clone())?;
-        manifest.write(&self.manifest_path(id))?;
+        let current = self.manifest_path(id);
+        if current.exists() {
+            let replaced = TemplateManifest::read(&current)?;
+            let version = layers_version(&replaced.layers);
+            if version != template.version() {
+                replaced.write(&self.superseded_path(id, &version))?;
+            }
+        }
+        manifest.write(&current)?;
         Ok(template)
     }
 
@@ -231,16 +287,22 @@ impl TemplateStore {
         Ok(removed)
     }
 
-    /// Layers some manifest names.
+    /// Builds replaced by a rebuild of their template (see [`TemplateStore::put`]),
+    /// sorted by id; [`Template::pinned_reference`] names each.
+    pub fn superseded(&self) -> Result<Vec<Template>, TemplateError> {
+        let mut templates = Vec::new();
+        for path in manifest_files(&self.root.join("superseded"))? {
+            templates.push(self.resolve(TemplateManifest::read(&path)?)?);
+        }
+        templates.sort_by(|a, b| a.id.cmp(&b.id).then(a.created_at.cmp(&b.created_at)));
+        Ok(templates)
+    }
+
+    /// Layers some manifest, current or superseded, names.
     fn referenced_layers(&self) -> Result<std::collections::BTreeSet<LayerId>, TemplateError> {
         let mut referenced = std::collections::BTreeSet::new();
-        let manifests = self.root.join("manifests");
-        for entry in fs::read_dir(&manifests).ctx("read dir", &manifests)? {
-            let path = entry.ctx("read dir", &manifests)?.path();
-            let hidden = path
-                .file_name()
-                .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
-            if path.extension().is_some_and(|e| e == "json") && !hidden {
+        for dir in ["manifests", "superseded"] {
+            for path in manifest_files(&self.root.join(dir))? {
                 referenced.extend(TemplateManifest::read(&path)?.layers);
             }
         }
@@ -465,6 +527,12 @@ impl TemplateStore {
         self.root.join("manifests").join(format!("{id}.json"))
     }
 
+    fn superseded_path(&self, id: &str, version: &str) -> PathBuf {
+        self.root
+            .join("superseded")
+            .join(format!("{}.json", pinned_reference(id, version)))
+    }
+
     fn lock_path(&self, id: &LayerId) -> PathBuf {
         self.root.join("locks").join(format!("{id}.lock"))
     }
@@ -482,6 +550,35 @@ fn validate_template_id(id: &str) -> Result<(), TemplateError> {
     } else {
         Err(TemplateError::InvalidId(id.to_string()))
     }
+}
+
+/// A version is what [`layers_version`] makes: a lowercase hyphenated UUID.
+fn validate_version(reference: &str, version: &str) -> Result<(), TemplateError> {
+    let valid = version.len() == 36
+        && version
+            .bytes()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'a'..=b'f' | b'-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(TemplateError::InvalidId(reference.to_string()))
+    }
+}
+
+/// The manifests in `dir`: its `*.json` files that are not hidden (temporaries of
+/// [`write_atomically`] are).
+fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, TemplateError> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).ctx("read dir", dir)? {
+        let path = entry.ctx("read dir", dir)?.path();
+        let hidden = path
+            .file_name()
+            .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+        if path.extension().is_some_and(|e| e == "json") && !hidden {
+            files.push(path);
+        }
+    }
+    Ok(files)
 }
 
 /// Is anything mounted at or below `path` in this mount namespace?
@@ -680,6 +777,67 @@ mod tests {
         TemplateStore::open(&state.0).unwrap();
         assert!(!dead.exists());
         assert!(live.exists());
+    }
+
+    #[test]
+    fn a_rebuild_keeps_the_replaced_build_under_its_pinned_reference() {
+        let state = StateDir::new("rebuild");
+        let store = TemplateStore::open(&state.0).unwrap();
+        let old_layer = LayerId::of_bytes(b"old");
+        let new_layer = LayerId::of_bytes(b"new");
+        for (id, file) in [(&old_layer, "old"), (&new_layer, "new")] {
+            store
+                .ensure_layer(id, "test", &mut |_| {}, |r, _| write_file(r, file, "1"))
+                .unwrap();
+        }
+        let old = store
+            .put("t", vec![old_layer.clone()], config("user"))
+            .unwrap();
+        assert_eq!(store.get(&old.pinned_reference()).unwrap(), old);
+        // Same layers again: nothing is superseded.
+        store
+            .put("t", vec![old_layer.clone()], config("root"))
+            .unwrap();
+        assert!(store.superseded().unwrap().is_empty());
+
+        let new = store
+            .put("t", vec![new_layer.clone()], config("user"))
+            .unwrap();
+        assert_ne!(old.version(), new.version());
+        assert_eq!(store.get("t").unwrap().layer_ids, vec![new_layer.clone()]);
+        assert_eq!(
+            store.get(&new.pinned_reference()).unwrap().layer_ids,
+            vec![new_layer]
+        );
+        let pinned_old = store.get(&old.pinned_reference()).unwrap();
+        assert_eq!(pinned_old.layer_ids, vec![old_layer.clone()]);
+        assert_eq!(
+            pinned_old.default_user, "root",
+            "the build as it was last written"
+        );
+        assert_eq!(
+            store.list().unwrap().len(),
+            1,
+            "superseded builds are not listed"
+        );
+        assert_eq!(store.superseded().unwrap(), vec![pinned_old]);
+        // The old layer stays while its superseded manifest names it.
+        assert!(store.remove_unreferenced_layers(&[]).unwrap().is_empty());
+        assert!(store.has_layer(&old_layer));
+
+        let unknown = pinned_reference("t", &layers_version(&[LayerId::of_bytes(b"x")]));
+        assert!(matches!(store.get(&unknown), Err(TemplateError::NotFound(r)) if r == unknown));
+        for bad in [
+            "t@",
+            "t@v1",
+            "t@../../etc/passwd",
+            "../t@00000000-0000-4000-8000-000000000000",
+        ] {
+            assert!(
+                matches!(store.get(bad), Err(TemplateError::InvalidId(_))),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -44,12 +44,25 @@ def test_commands(sandbox: Sandbox) -> None:
 
 
 def test_base_template_has_what_e2b_base_has(sandbox: Sandbox) -> None:
-    """What agents call without asking: `python` is Python 3, `pip` works for `user`
-    (no venv needed), node, npm, git and curl are there."""
+    """What agents call without asking: `python` is Python 3, `pip` installs for `user`
+    (no venv needed), node, npm, git and curl are there, the locale and TERM are set."""
     assert sandbox.commands.run("python --version").stdout.startswith("Python 3.")
     assert "python 3." in sandbox.commands.run("pip --version").stdout
     tools = sandbox.commands.run("for t in node npm git curl sudo; do command -v $t; done")
     assert len(tools.stdout.split()) == 5, tools.stdout
+
+    # A UTF-8 locale and a terminal type, as tools expect.
+    assert sandbox.commands.run("echo $LANG $TERM").stdout == "C.UTF-8 xterm-256color\n"
+    assert sandbox.commands.run("locale charmap").stdout == "UTF-8\n"
+    assert sandbox.commands.run("python -c 'print(\"\\u00e9t\\u00e9\")'").stdout == "\u00e9t\u00e9\n"
+    assert sandbox.commands.run("tput cols").exit_code == 0
+
+    # `pip install` as `user`, with no venv and no index: a package made on the spot.
+    sandbox.files.write("/home/user/pkg/pyproject.toml", '[project]\nname = "berth-probe"\nversion = "1.0"\n')
+    sandbox.files.write("/home/user/pkg/berth_probe.py", "ANSWER = 42\n")
+    installed = sandbox.commands.run("pip install --no-index --no-build-isolation ./pkg", cwd="/home/user", timeout=300)
+    assert "Successfully installed berth-probe-1.0" in installed.stdout, installed.stdout + installed.stderr
+    assert sandbox.commands.run("cd / && python -c 'import berth_probe; print(berth_probe.ANSWER)'").stdout == "42\n"
 
 
 def test_files_round_trip_and_large_upload(sandbox: Sandbox) -> None:

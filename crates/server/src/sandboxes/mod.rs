@@ -67,20 +67,10 @@ pub fn new_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A build id for a template: stable for the same layers, shaped like a UUID.
+/// The build id of an installed template made of `layer_ids`: its version (stable for
+/// the same layers, shaped like a UUID).
 pub fn build_id(layer_ids: &[berth_template::LayerId]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut hasher = Sha256::new();
-    for id in layer_ids {
-        hasher.update(id.as_str().as_bytes());
-        hasher.update([0]);
-    }
-    let digest = hasher.finalize();
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Builder::from_random_bytes(bytes)
-        .into_uuid()
-        .to_string()
+    berth_template::layers_version(layer_ids)
 }
 
 /// Template `name` from the store.
@@ -209,7 +199,7 @@ async fn create_untimed(
     let plan = BringUp {
         id,
         init: Init {
-            manifest_id: template.manifest.id.clone(),
+            manifest_id: template.manifest.pinned_reference(),
             env_vars: request.env_vars,
             access_token: request.secure.then(new_token),
             presented_token: None,

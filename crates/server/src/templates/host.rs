@@ -11,6 +11,14 @@
 //! client's uploads are and stored under the [`HOST_FILES_SCOPE`] scope, so an
 //! unchanged definition rebuilds from the step cache.
 //!
+//! A built host template records the digest of the definition it was built from (its
+//! steps with their COPY sources' hashes, commands, limits, and the version and config
+//! of the template it starts from) in `<name>.definition` beside its context. A berth whose
+//! definition differs (a new release, a rebuilt `base`) rebuilds it: [`ensure_built`]
+//! does when asked, and `berth up` asks at start for every stale one. Until the new
+//! build is ready the old one serves; afterwards it stays in the template store as a
+//! superseded build, so sandboxes, pauses and snapshots made from it keep their layers.
+//!
 //! One build per template at a time: callers that find one running wait for it.
 
 use std::path::PathBuf;
@@ -46,9 +54,10 @@ pub(crate) fn find<'a>(state: &'a AppState, name: &str) -> Option<&'a HostTempla
     state.config.host_templates.iter().find(|t| t.name == name)
 }
 
-/// Makes sure host template `name` is built: returns at once when its manifest exists,
-/// else builds it (or waits for the build already running), calling `progress` with
-/// each log entry. On success it is an installed template.
+/// Makes sure host template `name` is built from this berth's definition: returns once
+/// its manifest exists and was built from the same definition, else builds it (or
+/// waits for the build already running), calling `progress` with each log entry. On
+/// success it is an installed template.
 pub(crate) async fn ensure_built(
     state: &Arc<AppState>,
     name: &str,
@@ -57,33 +66,32 @@ pub(crate) async fn ensure_built(
     let template = find(state, name)
         .ok_or_else(|| ServiceError::TemplateNotFound(name.to_string()))?
         .clone();
-    let engine = super::builds(state)?.engine.clone();
     let builds = super::builds(state)?;
+    let engine = builds.engine.clone();
     let _one_build = builds.host_builds.lock().await;
-    if state.templates.get(name).is_ok() {
+    let (body, digest) = prepare(state, &template).await?;
+    let built = state.templates.get(name).is_ok();
+    if built && recorded_digest(&template).as_deref() == Some(digest.as_str()) {
         return super::sync_installed(state).await;
     }
     let build_id = format!("host-{name}-{}", uuid::Uuid::new_v4().simple());
-    let prepare_engine = engine.clone();
-    let prepared = template.clone();
-    let request_id = build_id.clone();
-    let request = super::blocking("preparing a host template build", move || {
-        let mut body = prepared.build.clone();
-        pack_copy_sources(&prepare_engine, &prepared, &mut body)?;
-        let resources = prepared.build_resources;
-        Ok(body.into_request(
-            &request_id,
-            &prepared.name,
-            HOST_FILES_SCOPE,
-            (
-                resources.cpu_count,
-                resources.memory_mb,
-                resources.disk_size_mb,
-            ),
-        ))
-    })
-    .await?;
-    tracing::info!(template = %name, build = %build_id, "building host template");
+    let resources = template.build_resources;
+    let request = body.into_request(
+        &build_id,
+        &template.name,
+        HOST_FILES_SCOPE,
+        (
+            resources.cpu_count,
+            resources.memory_mb,
+            resources.disk_size_mb,
+        ),
+    );
+    match built {
+        true => {
+            tracing::info!(template = %name, build = %build_id, "rebuilding host template: its definition changed")
+        }
+        false => tracing::info!(template = %name, build = %build_id, "building host template"),
+    }
     engine.start(request).map_err(ServiceError::Build)?;
     let mut shown = 0;
     let status = loop {
@@ -123,8 +131,90 @@ pub(crate) async fn ensure_built(
             reason,
         });
     }
+    berth_build::files::write_atomically(&record_path(&template), digest.as_bytes()).map_err(
+        |source| ServiceError::HostTemplateContext {
+            name: name.to_string(),
+            source,
+        },
+    )?;
     tracing::info!(template = %name, build = %build_id, "host template ready");
+    // Sandboxes prepared from the replaced build are not handed out any more.
+    crate::sandboxes::pool::drain(state, Some(name)).await;
     super::sync_installed(state).await
+}
+
+/// Host templates that are built, but from another definition than this berth's.
+pub(crate) async fn stale(state: &Arc<AppState>) -> Result<Vec<String>, ServiceError> {
+    let mut stale = Vec::new();
+    for template in &state.config.host_templates {
+        if state.templates.get(&template.name).is_err() {
+            continue;
+        }
+        let (_, digest) = prepare(state, template).await?;
+        if recorded_digest(template).as_deref() != Some(digest.as_str()) {
+            stale.push(template.name.clone());
+        }
+    }
+    Ok(stale)
+}
+
+/// `template`'s build body with its COPY sources packed and stored, and the digest of
+/// everything its build's result depends on.
+async fn prepare(
+    state: &Arc<AppState>,
+    template: &HostTemplate,
+) -> Result<(E2bBuildStart, String), ServiceError> {
+    let engine = super::builds(state)?.engine.clone();
+    let templates = state.templates.clone();
+    let prepared = template.clone();
+    super::blocking("preparing a host template build", move || {
+        let mut body = prepared.build.clone();
+        pack_copy_sources(&engine, &prepared, &mut body)?;
+        let from = body
+            .from_template
+            .as_deref()
+            .and_then(|from| templates.get(from).ok());
+        let digest = definition_digest(&prepared, &body, from.as_ref());
+        Ok((body, digest))
+    })
+    .await
+}
+
+/// sha256 (hex) of what a host template's build result depends on.
+fn definition_digest(
+    template: &HostTemplate,
+    packed: &E2bBuildStart,
+    from: Option<&berth_template::Template>,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let resources = |r: &SandboxResources| (r.cpu_count, r.memory_mb, r.disk_size_mb);
+    let definition = serde_json::json!({
+        "fromTemplate": packed.from_template,
+        // A derived build inherits its base's layers and config (user, env).
+        "fromVersion": from.map(|t| t.version()),
+        "fromConfig": from.map(|t| t.config()),
+        "steps": packed.steps,
+        "startCmd": packed.start_cmd,
+        "readyCmd": packed.ready_cmd,
+        "buildResources": resources(&template.build_resources),
+        "resources": resources(&template.resources),
+    });
+    let digest = Sha256::digest(definition.to_string().as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where the digest of the definition `template` was last built from is kept: beside
+/// its context (which is rewritten at every start).
+fn record_path(template: &HostTemplate) -> PathBuf {
+    let file = format!("{}.definition", template.name);
+    match template.context.parent() {
+        Some(dir) => dir.join(file),
+        None => PathBuf::from(file),
+    }
+}
+
+fn recorded_digest(template: &HostTemplate) -> Option<String> {
+    std::fs::read_to_string(record_path(template)).ok()
 }
 
 /// Packs every COPY source of `body` from the template's context, stores the archive

@@ -214,17 +214,30 @@ pub(crate) fn names_of(team: &Team, record: &TemplateRecord) -> Vec<String> {
     }
 }
 
-/// The manifest whose defaults (user, workdir, env) a sandbox's envd starts with: its
-/// build's, or for rows from before builds were recorded, the template id itself.
+/// The manifest a sandbox of build `build_id` stands on (its layers, and the defaults
+/// its envd starts with): that build's ([`manifest_reference`]), or for rows from
+/// before builds were recorded, the template's current one.
 pub(crate) fn manifest_of(
     state: &AppState,
     template_id: &str,
     build_id: &str,
 ) -> Result<String, ServiceError> {
     Ok(match state.store.template_build_by_id(build_id)? {
-        Some(build) => build.manifest_id,
+        Some(build) => manifest_reference(&build),
         None => template_id.to_string(),
     })
+}
+
+/// The template store's name for exactly build `build`. A build's own manifest
+/// (`build-<id>`) never changes; an installed template's manifest is rewritten when it
+/// is rebuilt, so its build is named by its pinned reference, which keeps naming the
+/// layers that build's sandboxes, pauses and snapshots stand on.
+pub(crate) fn manifest_reference(build: &TemplateBuildRecord) -> String {
+    if build.manifest_id.starts_with(BUILD_MANIFEST_PREFIX) || build.manifest_id.contains('@') {
+        build.manifest_id.clone()
+    } else {
+        berth_template::pinned_reference(&build.manifest_id, &build.id)
+    }
 }
 
 /// What a new sandbox of a template starts from.
@@ -267,7 +280,7 @@ pub(crate) async fn for_sandbox(
             template: reference.to_string(),
             tag: tag.clone(),
         })?;
-    let manifest = load_template(state, &build.manifest_id)
+    let manifest = load_template(state, &manifest_reference(&build))
         .await
         .map_err(|err| match err {
             ServiceError::TemplateNotFound(_) => ServiceError::TemplateNotFound(reference.into()),
