@@ -17,8 +17,10 @@
 //! 3. populate `/proc`, `/sys` (read-only), a minimal `/dev`, `/tmp`, `/run`, and bind the
 //!    init binary read-only at `/run/berth/<name>`;
 //! 4. `pivot_root`, then mask `/proc` paths and make `/proc/sys` and friends read-only;
+//!    mount the sandbox's own boot id over the host's;
 //! 5. hostname, loopback up; wait for the daemon to have moved us into the sandbox's
-//!    cgroups (it does so while we mount), then a new cgroup namespace;
+//!    cgroups (it does so while we mount), then a new cgroup namespace and a new time
+//!    namespace whose clocks start at zero (entered at exec);
 //! 6. reduce the capability bounding set, install the seccomp filter, close every
 //!    inherited fd, and exec the init as namespaced root.
 //!
@@ -91,6 +93,12 @@ const MASKED_DIRS: &[&str] = &[
 ];
 /// Directories made read-only.
 const READONLY_PATHS: &[&str] = &["/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq"];
+/// A read-only tmpfs of the sandbox's own holding its boot id, bound over [`BOOT_ID`]:
+/// archived with a memory checkpoint (so a resume with memory keeps the id), drawn anew
+/// at every fresh start, a filesystem-only resume included, as a reboot would.
+const BOOT_DIR: &str = "/run/berth/boot";
+/// The host's boot id, per host boot; the sandbox sees its own instead.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// Host device nodes bound into the sandbox's /dev.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -381,6 +389,7 @@ fn become_init(
     populate_root(config, root, sysfs)?;
     pivot_into(root)?;
     mask_paths()?;
+    ctx("a boot id of the sandbox's own", own_boot_id())?;
 
     if let Some(nameserver) = config.nameserver {
         // After pivot_root: a symlinked resolv.conf resolves inside the sandbox.
@@ -411,6 +420,7 @@ fn become_init(
     if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } < 0 {
         return ctx("unshare cgroup namespace", Err(io::Error::last_os_error()));
     }
+    ctx("clocks of the sandbox's own", own_clocks())?;
     // SAFETY: plain setsid(2); we are PID 1 of our namespace and no group leader yet.
     unsafe { libc::setsid() };
     setup_stdio()?;
@@ -671,6 +681,74 @@ fn pivot_into(root: &Path) -> io::Result<()> {
     ctx("chdir /", std::env::set_current_dir("/"))
 }
 
+/// Mounts [`BOOT_DIR`] with a new random id and binds it over [`BOOT_ID`].
+fn own_boot_id() -> io::Result<()> {
+    let dir = Path::new(BOOT_DIR);
+    ensure_dir(dir)?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    mount(
+        Some(Path::new("tmpfs")),
+        dir,
+        Some("tmpfs"),
+        flags,
+        Some("mode=0755,size=4k,nr_inodes=2"),
+    )?;
+    // procfs draws a new random UUID at every read of this file.
+    let id = ctx(
+        "read a random uuid",
+        fs::read_to_string("/proc/sys/kernel/random/uuid"),
+    )?;
+    let file = dir.join("boot_id");
+    ctx(file.display(), fs::write(&file, id))?;
+    ctx(
+        file.display(),
+        fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o444)),
+    )?;
+    mount(
+        None,
+        dir,
+        None,
+        libc::MS_REMOUNT | libc::MS_RDONLY | flags,
+        None,
+    )?;
+    bind(&file, Path::new(BOOT_ID))
+}
+
+/// Enters a new time namespace (at exec: the kernel moves a process into the namespace
+/// it made for its children when it execs) whose monotonic and boot clocks start at
+/// zero now, so `uptime` counts from the sandbox's boot. CRIU archives the namespace's
+/// offsets with a memory checkpoint and restores them so both clocks go on from where
+/// they stood; a fresh start gets clocks from zero again.
+fn own_clocks() -> io::Result<()> {
+    // SAFETY: plain unshare(2); as namespaced root we hold CAP_SYS_ADMIN over our
+    // user namespace, which owns the new time namespace.
+    if unsafe { libc::unshare(libc::CLONE_NEWTIME) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut offsets = String::new();
+    for (name, clock) in [
+        ("monotonic", libc::CLOCK_MONOTONIC),
+        ("boottime", libc::CLOCK_BOOTTIME),
+    ] {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime(2) writes the timespec we own.
+        if unsafe { libc::clock_gettime(clock, &mut now) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Whole seconds back: the clock restarts below one second, never negative
+        // (which the kernel refuses).
+        offsets.push_str(&format!("{name} {} 0\n", -now.tv_sec));
+    }
+    // One write: the offsets are fixed once a process has entered the namespace.
+    ctx(
+        "write /proc/self/timens_offsets",
+        fs::write("/proc/self/timens_offsets", offsets),
+    )
+}
+
 fn mask_paths() -> io::Result<()> {
     for path in MASKED_FILES.iter().map(Path::new).filter(|p| p.exists()) {
         bind(Path::new("/dev/null"), path)?;
@@ -839,7 +917,8 @@ fn exec_main(args: &[String]) -> io::Result<i32> {
         | libc::CLONE_NEWNET
         | libc::CLONE_NEWUTS
         | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWCGROUP;
+        | libc::CLONE_NEWCGROUP
+        | libc::CLONE_NEWTIME;
     ctx("setns", sys::setns(pidfd.as_fd(), all))?;
     drop(pidfd);
     let argv = cstrings(command.iter().map(|a| a.as_bytes()))?;

@@ -78,6 +78,68 @@ fn memory_survives_pause_and_resume_and_kill_cleans_up() {
     assert_clean(&t, id, &[&images]);
 }
 
+/// The sandbox's boot id (a UUID, not the host's) and its uptime (since its start).
+fn boot(t: &TestRuntime, id: &str) -> (String, f64) {
+    let out = t.sh_ok(
+        id,
+        0,
+        "cat /proc/sys/kernel/random/boot_id; cut -d' ' -f1 /proc/uptime",
+    );
+    let (boot_id, uptime) = out.split_once('\n').expect("two lines");
+    assert_eq!(boot_id.len(), 36, "{boot_id}");
+    (
+        boot_id.to_string(),
+        uptime.parse().expect("uptime in seconds"),
+    )
+}
+
+#[test]
+fn a_sandbox_boots_with_its_own_boot_id_and_clock_and_only_a_memory_resume_keeps_them() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let started = Instant::now();
+    let info = t.rt.create(&t.spec("boot")).unwrap();
+    let _guard = KillGuard {
+        rt: &t.rt,
+        id: info.id.clone(),
+    };
+    let id = info.id.as_str();
+    let host_boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let (boot_id, uptime) = boot(&t, id);
+    assert_ne!(boot_id, host_boot_id.trim());
+    // The clock started with the sandbox (within the second the offset rounds off).
+    assert!(
+        uptime <= started.elapsed().as_secs_f64() + 1.0,
+        "uptime {uptime} s, sandbox started {:?} ago",
+        started.elapsed()
+    );
+    assert!(!t
+        .sh(id, 0, "echo x > /proc/sys/kernel/random/boot_id")
+        .status
+        .success());
+
+    // With memory: the same boot, its clock going on from where it stood.
+    let images = images_dir(&t, id);
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
+    t.rt.resume_paused(&criu, id).unwrap();
+    let (kept_id, later) = boot(&t, id);
+    assert_eq!(kept_id, boot_id);
+    assert!(later >= uptime, "uptime went back: {uptime} then {later}");
+    assert!(later <= started.elapsed().as_secs_f64() + 1.0);
+
+    // Files only: a new boot.
+    t.rt.pause_filesystem(id).unwrap();
+    let resumed_at = Instant::now();
+    t.rt.resume_paused_filesystem(id).unwrap();
+    let (new_id, fresh) = boot(&t, id);
+    assert_ne!(new_id, boot_id);
+    assert_ne!(new_id, host_boot_id.trim());
+    assert!(
+        fresh <= resumed_at.elapsed().as_secs_f64() + 1.0,
+        "uptime {fresh} after a new boot"
+    );
+}
+
 #[test]
 fn kill_while_paused_cleans_up() {
     let criu = criu();

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -56,6 +57,15 @@ def ask_holder(sandbox: Sandbox, port: int) -> tuple[str, int]:
     return secret, int(hits)
 
 
+def boot(sandbox: Sandbox) -> tuple[str, float]:
+    """The sandbox's boot id and its uptime in seconds."""
+    out = sandbox.commands.run("cat /proc/sys/kernel/random/boot_id; cut -d' ' -f1 /proc/uptime").stdout.split()
+    return out[0], float(out[1])
+
+
+HOST_BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
 def checkpoint_dirs(berth: Berth, sandbox_id: str) -> list[Path]:
     return list((berth.state_dir / "sandboxes" / sandbox_id).glob("checkpoint*"))
 
@@ -78,6 +88,8 @@ def test_pause_then_connect_continues_processes(berth: Berth, api: httpx.Client,
     pausable.files.write("/home/user/note.txt", "before pause")
     pausable.commands.run("mkdir -p /tmp/work")
     secret, hits = ask_holder(pausable, 8000)
+    boot_id, uptime = boot(pausable)
+    assert boot_id != HOST_BOOT_ID
 
     assert pausable.pause() is True
     assert sandbox_state(api, pausable.sandbox_id) == "paused"
@@ -92,6 +104,8 @@ def test_pause_then_connect_continues_processes(berth: Berth, api: httpx.Client,
     assert sandbox_state(api, pausable.sandbox_id) == "running"
     again, later_hits = ask_holder(resumed, 8000)
     assert again == secret and later_hits == hits + 1, "the holder's memory survived"
+    kept_id, later = boot(resumed)
+    assert kept_id == boot_id and later >= uptime, "a memory resume is the same boot, its clock going on"
     served = resumed.commands.run("curl -sf localhost:8001/note.txt").stdout
     assert served == "before pause", "the background HTTP server still answers"
     assert resumed.files.read("/home/user/note.txt") == "before pause"
@@ -113,11 +127,16 @@ def test_pause_then_connect_continues_processes(berth: Berth, api: httpx.Client,
 def test_pause_without_memory_keeps_files_and_boots_fresh(api: httpx.Client, pausable: Sandbox) -> None:
     start_holder(pausable, 8000)
     pausable.files.write("/home/user/kept.txt", "on disk")
+    boot_id, _ = boot(pausable)
     assert pausable.pause(keep_memory=False) is True
     assert sandbox_state(api, pausable.sandbox_id) == "paused"
 
+    connected_at = time.monotonic()
     resumed = Sandbox.connect(pausable.sandbox_id, timeout=600)
     assert resumed.files.read("/home/user/kept.txt") == "on disk"
+    new_id, uptime = boot(resumed)
+    assert new_id not in (boot_id, HOST_BOOT_ID), "a resume without memory is a new boot"
+    assert uptime <= time.monotonic() - connected_at + 1.0, f"uptime {uptime} s counts from the new boot"
     processes = resumed.commands.run("ps -eo args").stdout
     assert "holder.py" not in processes, "processes start fresh after a pause without memory"
     assert resumed.commands.run("echo $MARK $E2B_SANDBOX_ID").stdout.split() == ["kept", pausable.sandbox_id]
