@@ -1,6 +1,7 @@
 """The E2B CLI (`@e2b/cli@2.19.0`, installed into tests/templates/e2b-cli by
 scripts/install-deps.sh) against `berth up`, driven through a real terminal (tmux) as a
-user types it: sandbox list/info/create/connect/exec/kill/pause/resume/logs/metrics."""
+user types it: sandbox list/info/create/connect/exec/kill/pause/resume/logs/metrics,
+sandbox snapshot create/list/delete and template list."""
 
 from __future__ import annotations
 
@@ -175,3 +176,51 @@ def test_sandbox_create_opens_a_terminal_in_a_new_sandbox(berth: Berth, api: htt
         time.sleep(0.5)
     for sid in new:
         httpx.delete(f"{berth.api_url}/sandboxes/{sid}", headers={"X-API-Key": berth.api_key}, timeout=30)
+
+
+def test_snapshot_commands_and_template_list_through_a_terminal(berth: Berth, api: httpx.Client, terminal: Terminal) -> None:
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(timeout=600)
+    name = f"cli-snap-{uuid.uuid4().hex[:8]}"
+    snapshot_ids: list[str] = []
+    try:
+        sid = sandbox.sandbox_id
+        sandbox.files.write("/home/user/snapped.txt", "in the snapshot")
+        code, screen = terminal.run(cli("sandbox", "snapshot", "create", sid, "--name", name), timeout=300)
+        assert code == 0, screen
+        listed = api.get("/snapshots", params={"sandboxID": sid}).json()
+        snapshot_ids = [s["snapshotID"] for s in listed]
+        assert len(snapshot_ids) == 1 and name in snapshot_ids[0], listed
+        assert snapshot_ids[0] in screen, screen
+
+        code, screen = terminal.run(cli("sandbox", "snapshot", "list", "--format", "json"))
+        assert code == 0, screen
+        listed_json = json.loads(screen[screen.index("["):screen.rindex("]") + 1])
+        assert snapshot_ids[0] in [s["snapshotId"] for s in listed_json], screen  # the CLI's own JSON
+        code, screen = terminal.run(cli("sandbox", "snapshot", "list", sid))
+        assert code == 0 and name in screen, screen
+        code, screen = terminal.run(cli("sandbox", "snapshot", "list", "--name", name))
+        assert code == 0 and name in screen, screen
+
+        restored = Sandbox.create(snapshot_ids[0], timeout=300)
+        try:
+            assert restored.files.read("/home/user/snapped.txt") == "in the snapshot"
+        finally:
+            restored.kill()
+
+        code, screen = terminal.run(cli("sandbox", "snapshot", "delete", snapshot_ids[0]))
+        assert code == 0, screen
+        assert api.get("/snapshots", params={"sandboxID": sid}).json() == []
+        snapshot_ids = []
+
+        code, screen = terminal.run(cli("template", "list", "--format", "json"))
+        assert code == 0, screen
+        templates = json.loads(screen[screen.index("["):screen.rindex("]") + 1])
+        assert "base" in [alias for t in templates for alias in t["aliases"]], screen
+        code, screen = terminal.run(cli("template", "list"))
+        assert code == 0 and "base" in screen, screen
+    finally:
+        for snapshot_id in snapshot_ids:
+            api.delete(f"/templates/{snapshot_id}")
+        sandbox.kill()
