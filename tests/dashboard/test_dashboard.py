@@ -288,3 +288,31 @@ def test_usage_charts_count_running_sandboxes(page: Page, shots: Shots) -> None:
         shots(page, "usage")
     finally:
         sandbox.kill()
+
+
+def test_get_host_urls_open_in_a_browser(context: BrowserContext, berth: Berth, shots: Shots) -> None:
+    """`sandbox.get_host(port)` with berth's default domain (`localhost:<port>`) opens in
+    a browser as it is: chromium resolves `*.localhost` to loopback itself, and berth's
+    proxy routes `<port>-<id>.localhost` to the sandbox's port."""
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        sandbox.files.write("/home/user/site/index.html", "<title>get_host</title><h1 id=reached>reached in a browser</h1>")
+        sandbox.commands.run("cd /home/user/site && python3 -m http.server 8000", background=True)
+        url = f"http://{sandbox.get_host(8000)}/index.html"
+        assert url.startswith(f"http://8000-{sandbox.sandbox_id}.localhost:"), url
+
+        def serving() -> bool:
+            try:
+                return httpx.get(f"{berth.api_url}/index.html", headers={"Host": sandbox.get_host(8000)}, timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        poll(serving, timeout=30, what="the sandbox's web server")
+        page = context.new_page()
+        response = page.goto(url)
+        assert response is not None and response.status == 200
+        expect(page.locator("#reached")).to_have_text("reached in a browser")
+        shots(page, "get-host")
+        page.close()
+    finally:
+        sandbox.kill()

@@ -64,14 +64,16 @@ def state_dir() -> Path:
 
 def import_base(state: Path) -> None:
     """`base` of the shared store linked into `state`'s store (manifest copied, layers
-    symlinked), unless it has one already."""
+    symlinked), unless it has that one already: a state dir kept from before a change
+    of base's recipe gets the current base (and so rebuilds the template on it)."""
     store = state / "templates"
-    if (store / "manifests" / "base.json").is_file():
-        return
     shared = Path(os.environ.get("BERTH_TEMPLATES_DIR", "/var/lib/berth/templates"))
     manifest = shared / "manifests" / "base.json"
     if not manifest.is_file():
         return  # berth builds its own base
+    own = store / "manifests" / "base.json"
+    if own.is_file() and own.read_bytes() == manifest.read_bytes():
+        return
     layers = json.loads(manifest.read_text())["layers"]
     (store / "layers").mkdir(parents=True, exist_ok=True)
     (store / "manifests").mkdir(exist_ok=True)
@@ -79,7 +81,7 @@ def import_base(state: Path) -> None:
         link = store / "layers" / layer
         if not link.exists():
             link.symlink_to(shared / "layers" / layer)
-    (store / "manifests" / "base.json").write_bytes(manifest.read_bytes())
+    own.write_bytes(manifest.read_bytes())
 
 
 def build_ca_file() -> dict[str, str]:
