@@ -6,7 +6,8 @@ new build; an unchanged definition is not rebuilt.
 The definitions here are tiny stand-ins given with `--code-interpreter-definition`
 (one RUN step writing a marker, a Python HTTP server as the start command), so the
 builds take seconds and need no package registry. The instance is this test's own, on
-a state dir of its own, so the suite's templates are untouched.
+a state dir of its own, so the suite's templates are untouched. The old build stays while
+a paused sandbox uses it and goes at the first start after nothing does.
 """
 
 from __future__ import annotations
@@ -117,6 +118,10 @@ def test_a_changed_definition_is_rebuilt_and_what_the_old_build_made_keeps_it(ow
     assert "rebuilding host template: its definition changed" in log_since(berth, offset)
     second_build = template_build_id(berth)
 
+    superseded = berth.state_dir / "templates" / "superseded"
+    assert [p.stem for p in superseded.glob("*.json")] == [f"{TEMPLATE}@{first_build}"], "kept for the paused sandbox"
+    old_build = json.loads((superseded / f"{TEMPLATE}@{first_build}.json").read_text())
+
     new = Sandbox.create(TEMPLATE, timeout=300)
     assert new.commands.run(f"cat {MARKER}").stdout == "v2\n"
     new.kill()
@@ -128,7 +133,8 @@ def test_a_changed_definition_is_rebuilt_and_what_the_old_build_made_keeps_it(ow
     assert resumed.commands.run("curl -sf -o /dev/null -w '%{http_code}' http://127.0.0.1:49999/").stdout == "200"
     resumed.kill()
 
-    # The same definition again: nothing to rebuild.
+    # The same definition again: nothing to rebuild; the old build, used by nothing any
+    # more, goes at this start with its own layer and checkpoint.
     berth.stop()
     offset = log_size(berth)
     berth.start()
@@ -136,6 +142,14 @@ def test_a_changed_definition_is_rebuilt_and_what_the_old_build_made_keeps_it(ow
     assert again.commands.run(f"cat {MARKER}").stdout == "v2\n"
     again.kill()
     assert template_build_id(berth) == second_build
-    assert "rebuilding host template" not in log_since(berth, offset)
-    superseded = list((berth.state_dir / "templates" / "superseded").glob(f"{TEMPLATE}@*.json"))
-    assert [p.stem for p in superseded] == [f"{TEMPLATE}@{first_build}"]
+    log = log_since(berth, offset)
+    assert "rebuilding host template" not in log
+    assert "removed a superseded build nothing uses" in log
+    assert not list(superseded.glob("*.json"))
+    layers = {p.name for p in (berth.state_dir / "templates" / "layers").iterdir()}
+    current = json.loads((berth.state_dir / "templates" / "manifests" / f"{TEMPLATE}.json").read_text())["layers"]
+    own = [layer for layer in old_build["layers"] if layer not in current]
+    assert own, "the v1 RUN step made a layer of its own"
+    assert not set(own) & layers, "the old build's own layers are gone"
+    assert set(current) <= layers, "shared layers (base's among them) stay"
+    assert not (berth.state_dir / "checkpoints" / old_build["checkpoint"]).exists()

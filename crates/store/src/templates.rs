@@ -521,6 +521,23 @@ impl Store {
         ))
     }
 
+    /// Running or paused sandboxes, and snapshots, made from build `build_id` of
+    /// template `template_id`.
+    pub fn template_build_users(&self, template_id: &str, build_id: &str) -> Result<(u64, u64)> {
+        let conn = self.conn();
+        let count = |sql: &str| -> Result<u64> {
+            let n: i64 = conn.query_row(sql, [template_id, build_id], |row| row.get(0))?;
+            Ok(n.max(0) as u64)
+        };
+        Ok((
+            count(
+                "SELECT COUNT(*) FROM sandboxes WHERE template_id = ?1 AND build_id = ?2 \
+                 AND status IN ('running', 'paused')",
+            )?,
+            count("SELECT COUNT(*) FROM snapshots WHERE template_id = ?1 AND build_id = ?2")?,
+        ))
+    }
+
     /// Build `build_id` of template `template_id`.
     pub fn template_build(
         &self,

@@ -298,6 +298,22 @@ impl TemplateStore {
         Ok(templates)
     }
 
+    /// Forget superseded build `version` of template `id` (nothing made from it is left).
+    /// Its layers stay until a sweep finds no manifest naming them.
+    pub fn remove_superseded(&self, id: &str, version: &str) -> Result<(), TemplateError> {
+        validate_template_id(id)?;
+        let reference = pinned_reference(id, version);
+        validate_version(&reference, version)?;
+        let path = self.superseded_path(id, version);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(TemplateError::NotFound(reference))
+            }
+            Err(e) => Err(TemplateError::io("remove", path, e)),
+        }
+    }
+
     /// Layers some manifest, current or superseded, names.
     fn referenced_layers(&self) -> Result<std::collections::BTreeSet<LayerId>, TemplateError> {
         let mut referenced = std::collections::BTreeSet::new();
@@ -824,6 +840,19 @@ mod tests {
         // The old layer stays while its superseded manifest names it.
         assert!(store.remove_unreferenced_layers(&[]).unwrap().is_empty());
         assert!(store.has_layer(&old_layer));
+        store.remove_superseded("t", &old.version()).unwrap();
+        assert!(matches!(
+            store.get(&old.pinned_reference()),
+            Err(TemplateError::NotFound(_))
+        ));
+        assert!(matches!(
+            store.remove_superseded("t", &old.version()),
+            Err(TemplateError::NotFound(_))
+        ));
+        assert_eq!(
+            store.remove_unreferenced_layers(&[]).unwrap(),
+            vec![old_layer.clone()]
+        );
 
         let unknown = pinned_reference("t", &layers_version(&[LayerId::of_bytes(b"x")]));
         assert!(matches!(store.get(&unknown), Err(TemplateError::NotFound(r)) if r == unknown));

@@ -733,11 +733,42 @@ async fn collect_garbage(state: &Arc<AppState>) {
     }
 }
 
+/// Removes the superseded builds of installed templates (see `TemplateStore::put`)
+/// that no running or paused sandbox and no snapshot was made from, then the layers
+/// only they used (their checkpoints go with the unreferenced ones in [`recover`]). At
+/// start only, before anything is served: no create can be on its way from one then.
+async fn remove_unused_superseded(state: &Arc<AppState>) -> Result<(), ServiceError> {
+    let templates = state.templates.clone();
+    let store = state.store.clone();
+    let layers = blocking("removing superseded template builds", move || {
+        let mut layers = Vec::new();
+        for build in templates.superseded().map_err(ServiceError::TemplateListing)? {
+            let version = build.version();
+            if store.template_build_users(&build.id, &version)? != (0, 0) {
+                continue;
+            }
+            templates
+                .remove_superseded(&build.id, &version)
+                .map_err(ServiceError::TemplateListing)?;
+            tracing::info!(template = %build.id, build = %version, "removed a superseded build nothing uses");
+            layers.extend(build.layer_ids);
+        }
+        Ok(layers)
+    })
+    .await?;
+    if let Some(builds) = state.builds.as_ref() {
+        builds.pending_layers.lock().extend(layers);
+    }
+    collect_garbage(state).await;
+    Ok(())
+}
+
 /// At start: installed templates synced from the template store; builds the store says
 /// are building finished from the engine's record, or marked failed; checkpoints of
 /// templates that are gone deleted.
 pub(crate) async fn recover(state: &Arc<AppState>) -> Result<(), ServiceError> {
     sync_installed(state).await?;
+    remove_unused_superseded(state).await?;
     let unfinished = state.store.unfinished_template_builds()?;
     for build in unfinished {
         if build.status == TemplateBuildStatus::Waiting {

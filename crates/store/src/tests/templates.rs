@@ -239,8 +239,17 @@ fn deleting_a_template_returns_its_builds_and_counts_users() {
     sandbox.template_id = "t".into();
     store.insert_sandbox(&sandbox).unwrap();
     assert_eq!(store.template_users("t").unwrap(), (1, 0));
+    assert_eq!(
+        store.template_build_users("t", &sandbox.build_id).unwrap(),
+        (1, 0)
+    );
+    assert_eq!(store.template_build_users("t", "other").unwrap(), (0, 0));
     store.mark_killed("i1").unwrap();
     assert_eq!(store.template_users("t").unwrap(), (0, 0));
+    assert_eq!(
+        store.template_build_users("t", &sandbox.build_id).unwrap(),
+        (0, 0)
+    );
     store.set_template_public("t", true).unwrap();
     assert!(store.template("t").unwrap().unwrap().public);
     store.record_template_spawn("t").unwrap();
