@@ -1,5 +1,8 @@
-// Smoke test: the official E2B JS SDK (e2b@2.51.0) against `berth up`, configured only by
-// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY as `berth up` prints them.
+// The official E2B JS SDK (e2b@2.51.0) against `berth up`, configured only by
+// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY as `berth up` prints them: the areas the
+// Python suites cover (commands with stdin, connect and timeouts; files with symlinks,
+// procfs and watch; pause/connect, fork, snapshots; list paging; network; getHost;
+// signed URLs; a kill mid-command). envd's own JS suite (tests/sdk/js) adds the PTY.
 //
 // Starts `berth up` on a free loopback port with a temp state dir (its templates/ a symlink
 // to the shared store, $BERTH_TEMPLATES_DIR or /var/lib/berth/templates), and stops it by
@@ -299,4 +302,106 @@ test('a sandbox killed while a command streams raises "killed or reached its end
   assert.ok(error instanceof Error, 'the command must fail when its sandbox is killed')
   assert.match(error.message, /killed or reached its end of life/)
   assert.ok(Date.now() - began < 30_000, 'the stream ends when the sandbox does, not at a read timeout')
+})
+
+test('files: makeDir, exists, getInfo (symlinks too), rename, remove, procfs reads', async () => {
+  const sandbox = await createSandbox({ timeoutMs: 120_000 })
+  const dir = '/home/user/js-files/sub'
+  assert.equal(await sandbox.files.makeDir(dir), true)
+  assert.equal(await sandbox.files.makeDir(dir), false, 'an existing directory is not made again')
+  assert.equal(await sandbox.files.exists(dir), true)
+  await sandbox.files.write(`${dir}/a.txt`, 'twelve bytes')
+  const info = await sandbox.files.getInfo(`${dir}/a.txt`)
+  assert.equal(info.type, 'file')
+  assert.equal(info.size, 12)
+  assert.equal(info.owner, 'user')
+
+  await sandbox.commands.run(`ln -s ${dir}/a.txt ${dir}/link`)
+  const link = await sandbox.files.getInfo(`${dir}/link`)
+  assert.equal(link.type, 'file', 'a symlink reports its target type')
+  assert.equal(link.symlinkTarget, `${dir}/a.txt`)
+
+  const moved = await sandbox.files.rename(`${dir}/a.txt`, `${dir}/b.txt`)
+  assert.equal(moved.path, `${dir}/b.txt`)
+  assert.equal(await sandbox.files.exists(`${dir}/a.txt`), false)
+  assert.equal(await sandbox.files.read(`${dir}/b.txt`), 'twelve bytes')
+  await sandbox.files.remove('/home/user/js-files')
+  assert.equal(await sandbox.files.exists('/home/user/js-files'), false)
+
+  const status = await sandbox.files.read('/proc/self/status')
+  assert.match(status, /^Name:/m, 'procfs files (size 0 in stat) are read to their end')
+})
+
+test('watchDir reports create, write, rename and remove, and stops', async () => {
+  const sandbox = await createSandbox({ timeoutMs: 120_000 })
+  const dir = '/home/user/watched'
+  await sandbox.files.makeDir(dir)
+  const events = []
+  const handle = await sandbox.files.watchDir(dir, (event) => events.push(`${event.type} ${event.name}`), { timeoutMs: 0 })
+  try {
+    await sandbox.files.write(`${dir}/w.txt`, 'one')
+    await sandbox.files.rename(`${dir}/w.txt`, `${dir}/r.txt`)
+    await sandbox.files.remove(`${dir}/r.txt`)
+    await until(() => events.includes('remove r.txt'), `the remove event (seen: ${events})`)
+    for (const expected of ['create w.txt', 'write w.txt', 'rename w.txt', 'create r.txt']) {
+      assert.ok(events.includes(expected), `${expected} in ${events}`)
+    }
+  } finally {
+    await handle.stop()
+  }
+  const seen = events.length
+  await sandbox.files.write(`${dir}/after.txt`, 'unwatched')
+  await new Promise((r) => setTimeout(r, 500))
+  assert.equal(events.length, seen, 'no events after stop')
+})
+
+test('stdin reaches a running command, connect follows it, and a timeout kills it', async () => {
+  const sandbox = await createSandbox({ timeoutMs: 120_000 })
+  const handle = await sandbox.commands.run('read line; echo got-$line', { background: true, stdin: true })
+  // A second stream on the running command sees what it prints from then on.
+  const followed = await sandbox.commands.connect(handle.pid)
+  await sandbox.commands.sendStdin(handle.pid, 'js-stdin\n')
+  assert.equal((await followed.wait()).stdout, 'got-js-stdin\n')
+  assert.equal((await handle.wait()).stdout, 'got-js-stdin\n')
+
+  await assert.rejects(sandbox.commands.run('sleep 300', { timeoutMs: 1_000 }), (error) => {
+    assert.match(error.message, /timed out|deadline/i)
+    return true
+  })
+  await until(
+    async () => (await sandbox.commands.run('pgrep -x sleep || true')).stdout === '',
+    'the timed-out command to be killed',
+  )
+})
+
+test('Sandbox.list and listSnapshots page with limit and nextToken; snapshots delete', async () => {
+  const tag = `js-page-${process.pid}-${Date.now()}`
+  const boxes = []
+  for (let i = 0; i < 3; i++) boxes.push(await createSandbox({ timeoutMs: 120_000, metadata: { tag } }))
+  const paginator = Sandbox.list({ limit: 2, query: { metadata: { tag } } })
+  const first = await paginator.nextItems()
+  assert.equal(first.length, 2)
+  assert.equal(paginator.hasNext, true)
+  const second = await paginator.nextItems()
+  assert.equal(second.length, 1)
+  assert.equal(paginator.hasNext, false)
+  assert.deepEqual(
+    [...first, ...second].map((s) => s.sandboxId).sort(),
+    boxes.map((s) => s.sandboxId).sort(),
+  )
+
+  const snapshots = []
+  for (const [i, box] of boxes.slice(0, 2).entries()) {
+    snapshots.push(await box.createSnapshot({ name: `js-page-${process.pid}-${i}` }))
+  }
+  const mine = boxes[0].listSnapshots({ limit: 1 })
+  const page = await mine.nextItems()
+  assert.deepEqual(page.map((s) => s.snapshotId), [snapshots[0].snapshotId])
+  assert.equal(mine.hasNext, false, 'one snapshot of that sandbox')
+  const all = Sandbox.listSnapshots({ limit: 1 })
+  const ids = []
+  while (all.hasNext) ids.push(...(await all.nextItems()).map((s) => s.snapshotId))
+  for (const snapshot of snapshots) assert.ok(ids.includes(snapshot.snapshotId), `${snapshot.snapshotId} listed`)
+  for (const snapshot of snapshots) assert.equal(await Sandbox.deleteSnapshot(snapshot.snapshotId), true)
+  assert.equal(await Sandbox.deleteSnapshot(snapshots[0].snapshotId), false, 'a deleted snapshot is gone')
 })
