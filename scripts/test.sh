@@ -258,7 +258,7 @@ step "build berth-interpreter (static)" build_interpreter
 # lane starts with its template build, the longest single step).
 lanes \
     "control plane: Python SDK suite" control_plane_suite \
-    "control plane: JS SDK smoke" control_plane_js \
+    "control plane: JS SDK suite" control_plane_js \
     -- \
     "templates: Python SDK suite (tests/templates)" templates_suite \
     "templates: JS SDK (tests/templates/js)" templates_js \
