@@ -287,23 +287,30 @@ def internet() -> Iterator[FakeInternet]:
         hosts.stop()
 
 
-@pytest.fixture(scope="session")
-def berth(request: pytest.FixtureRequest, internet: FakeInternet) -> Iterator[Berth]:
-    binary = berth_binary()
-    state_dir = Path(tempfile.mkdtemp(prefix="berth-tpl-state-"))
+def new_berth(internet: FakeInternet, state_dir: Path, log_path: Path, **env: str) -> Berth:
+    """A `berth up` (not started yet) on `state_dir` with `base` imported, a sandbox pool
+    of its own and an egress ceiling admitting only the fake internet; `env` adds to its
+    environment."""
     import_base(state_dir)
-    log_dir = Path(tempfile.mkdtemp(prefix="berth-tpl-log-"))
-    instance = Berth(
-        binary=binary,
+    return Berth(
+        binary=berth_binary(),
         state_dir=state_dir,
         listen=f"127.0.0.1:{free_port()}",
-        log_path=log_dir / "berth-up.log",
+        log_path=log_path,
         network_env={
             "BERTH_SANDBOX_CIDR": free_sandbox_pool(),
             "BERTH_EGRESS_ALLOW": internet.ceiling,
             "BERTH_DNS_UPSTREAM": f"{internet.dns_ip}:53",
+            **env,
         },
     )
+
+
+@pytest.fixture(scope="session")
+def berth(request: pytest.FixtureRequest, internet: FakeInternet) -> Iterator[Berth]:
+    state_dir = Path(tempfile.mkdtemp(prefix="berth-tpl-state-"))
+    log_dir = Path(tempfile.mkdtemp(prefix="berth-tpl-log-"))
+    instance = new_berth(internet, state_dir, log_dir / "berth-up.log")
     try:
         instance.start()
         yield instance

@@ -23,8 +23,7 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from conftest import Berth, berth_binary, free_port, import_base, kill_all_sandboxes, mounts_under, poll
-from sandbox_pool import free_sandbox_pool
+from conftest import Berth, kill_all_sandboxes, mounts_under, new_berth, poll
 
 TEMPLATE = "code-interpreter-v1"
 MARKER = "/etc/berth-definition"
@@ -51,19 +50,7 @@ def write_definition(directory: Path, marker: str) -> Path:
 @pytest.fixture
 def own_berth(internet) -> Iterator[Berth]:
     state_dir = Path(tempfile.mkdtemp(prefix="berth-host-tpl-"))
-    import_base(state_dir)
-    instance = Berth(
-        binary=berth_binary(),
-        state_dir=state_dir,
-        listen=f"127.0.0.1:{free_port()}",
-        log_path=state_dir / "berth-up.log",
-        network_env={
-            "BERTH_SANDBOX_CIDR": free_sandbox_pool(),
-            "BERTH_EGRESS_ALLOW": internet.ceiling,
-            "BERTH_DNS_UPSTREAM": f"{internet.dns_ip}:53",
-            "BERTH_POOL_SIZE": "0",
-        },
-    )
+    instance = new_berth(internet, state_dir, state_dir / "berth-up.log", BERTH_POOL_SIZE="0")
     # Berth.start points the SDK's variables at the instance; the suite's come back after.
     saved = {name: os.environ.get(name) for name in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
     try:

@@ -244,7 +244,15 @@ impl Cgroups {
         let Some(tid) = thread_named(pid, SPAWNER_THREAD)? else {
             return Ok(false);
         };
+        // A move costs a few ms on v1 (the attach waits out an RCU grace period), and
+        // the thread is often there already: a warm pool's sandbox was confined when
+        // it was prepared, and CRIU restores each thread into its own groups.
+        let current = fs::read_to_string(format!("/proc/{pid}/task/{tid}/cgroup"))?;
+        let suffix = format!("/{id}/{WORKLOAD_GROUP}");
         for ctrl in WORKLOAD_CONTROLLERS {
+            if in_group(&current, ctrl, &suffix) {
+                continue;
+            }
             let tasks = self.dir(ctrl, id).join(WORKLOAD_GROUP).join("tasks");
             fs::write(&tasks, tid.to_string())
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tasks.display())))?;
@@ -429,6 +437,17 @@ impl Cgroups {
 }
 
 /// The host tid of the thread of process `pid` whose `comm` is `name`.
+/// Is the task whose `/proc/…/cgroup` is `cgroups` in a group of v1 controller `ctrl`
+/// whose path ends with `suffix`?
+fn in_group(cgroups: &str, ctrl: &str, suffix: &str) -> bool {
+    cgroups.lines().any(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next(), fields.next(), fields.next());
+        controllers.is_some_and(|c| c.split(',').any(|c| c == ctrl))
+            && path.is_some_and(|p| p.ends_with(suffix))
+    })
+}
+
 fn thread_named(pid: libc::pid_t, name: &str) -> io::Result<Option<libc::pid_t>> {
     for task in fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
         let comm = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
@@ -468,7 +487,7 @@ fn stat_field(text: &str, key: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{stat_field, CgroupLimits};
+    use super::{in_group, stat_field, CgroupLimits};
 
     fn limits(memory_mb: u64, pids_max: u64) -> CgroupLimits {
         CgroupLimits {
@@ -488,6 +507,17 @@ mod tests {
         assert_eq!(limits(8192, 100_000).workload(), (8128 << 20, 99_744));
         // Tiny: never more than half goes to the reserve.
         assert_eq!(limits(16, 10).workload(), (8 << 20, 5));
+    }
+
+    #[test]
+    fn in_group_reads_v1_cgroup_lines() {
+        let task =
+            "12:pids:/berth/abc/workload\n7:cpu,cpuacct:/berth/abc\n5:memory:/berth/abc\n0::/\n";
+        assert!(in_group(task, "pids", "/abc/workload"));
+        assert!(!in_group(task, "memory", "/abc/workload"));
+        assert!(in_group(task, "cpuacct", "/abc"));
+        assert!(!in_group(task, "pids", "/other/workload"));
+        assert!(!in_group("garbage", "pids", "/abc/workload"));
     }
 
     #[test]

@@ -248,6 +248,18 @@ async fn prepare(state: &AppState, key: &PoolKey) -> Result<Prepared, crate::Ser
             source,
         });
     }
+    // Confined now, while nobody waits: the claim's own confine then finds the
+    // spawner in place and skips the move (a few ms on cgroup v1).
+    let runtime = state.runtime.clone();
+    let confined = id.clone();
+    if let Err(err) = blocking(&id, Stage::Create, move || {
+        runtime.confine_workload(&confined)
+    })
+    .await
+    {
+        let _ = kill_in_runtime(state, &id).await;
+        return Err(err);
+    }
     Ok(Prepared { info })
 }
 
