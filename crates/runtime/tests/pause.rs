@@ -247,16 +247,25 @@ fn a_sandbox_cannot_poison_its_masks_for_later_restores() {
     let id = info.id.as_str();
     let masked = "ls -A /proc/acpi /sys/firmware 2>&1 | wc -l; touch /sys/firmware/x 2>&1 | grep -c 'Read-only'";
     let before = t.sh_ok(id, 0, masked);
+    let (boot_id, _) = boot(&t, id);
     t.sh_ok(
         id,
         0,
         "rm -rf /run/berth/empty; ln -s /etc /run/berth/empty; mkdir -p /run/berth/x",
+    );
+    // The boot id's tmpfs is read-only and a mountpoint: neither emptied nor moved.
+    t.sh_ok(
+        id,
+        0,
+        "rm -rf /run/berth/boot 2>/dev/null; mv /run/berth/boot /run/berth/moved 2>/dev/null; \
+         ln -sf /etc/hostname /run/berth/boot/boot_id 2>/dev/null; true",
     );
     let images = images_dir(&t, id);
     t.rt.pause_with_memory(&criu, id, &images).unwrap();
     t.rt.resume_paused(&criu, id)
         .expect("a resume after the sandbox tampered with /run/berth");
     assert_eq!(t.sh_ok(id, 0, masked), before, "masks after resume");
+    assert_eq!(boot(&t, id).0, boot_id, "boot id after resume");
 
     let checkpoint = images_dir(&t, "poison-snapshot");
     t.rt.checkpoint_into(&criu, id, &checkpoint).unwrap();
