@@ -6,9 +6,11 @@
 //! daemon's state dir and the sandbox id. Claims and releases run under an exclusive
 //! `flock` of the directory's `.lock` file, so two daemons never take one range at once.
 //! A claim is stale, and may be taken over, when the owner's sandbox directory is gone (the
-//! daemon removed it, or its state dir was deleted); a live sandbox always has one (made
-//! before its claim, removed after its processes are dead), even while its daemon is
-//! stopped, so ranges of sandboxes that outlive their daemon stay claimed. Claims are not
+//! daemon removed it, or its state dir was deleted) and no process on the host runs as a
+//! uid of the range; a live sandbox always has one (made before its claim, removed after
+//! its processes are dead), even while its daemon is stopped, so ranges of sandboxes that
+//! outlive their daemon stay claimed, and so do ranges whose processes outlive their
+//! directory (a state dir deleted under running sandboxes: `berth gc` collects those). Claims are not
 //! fsynced: after a crash, recovery claims the ranges of the sandboxes it keeps again.
 
 use std::fs::{self, File, OpenOptions};
@@ -105,7 +107,8 @@ impl SlotRegistry {
             if owner == ours {
                 return Ok(Claim::Taken);
             }
-            if owner.is_live() {
+            // Checked only for a claim that looks stale, which is rare: a kill releases.
+            if owner.is_live() || range_in_use(uid_base) {
                 return Ok(Claim::Held);
             }
         }
@@ -129,9 +132,27 @@ impl SlotRegistry {
     }
 }
 
+/// Does any process on the host run as a uid of the range starting at `uid_base`? (A
+/// `/proc/<pid>` directory belongs to its process's effective uid.)
+fn range_in_use(uid_base: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let range = uid_base..uid_base.saturating_add(crate::linux::UID_RANGE_SIZE);
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return true;
+    };
+    entries.flatten().any(|entry| {
+        entry.file_name().to_string_lossy().parse::<u32>().is_ok()
+            && entry.metadata().is_ok_and(|m| range.contains(&m.uid()))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Far above the ranges berth hands out (from 2^30), so no real sandbox's processes
+    /// are in the tests' ranges.
+    const TEST_BASE: u32 = 3 << 30;
 
     fn record(state: &Path, id: &str) {
         fs::create_dir_all(state.join("sandboxes").join(id)).unwrap();
@@ -148,12 +169,16 @@ mod tests {
         let b = SlotRegistry::new(&claims, &b_state).unwrap();
 
         record(&a_state, "ia");
-        assert_eq!(a.claim(1 << 30, "ia").unwrap(), Claim::Taken);
-        assert_eq!(a.claim(1 << 30, "ia").unwrap(), Claim::Taken, "idempotent");
-        assert_eq!(b.claim(1 << 30, "ib").unwrap(), Claim::Held);
-        b.release(1 << 30, "ib").unwrap();
+        assert_eq!(a.claim(TEST_BASE, "ia").unwrap(), Claim::Taken);
         assert_eq!(
-            b.claim(1 << 30, "ib").unwrap(),
+            a.claim(TEST_BASE, "ia").unwrap(),
+            Claim::Taken,
+            "idempotent"
+        );
+        assert_eq!(b.claim(TEST_BASE, "ib").unwrap(), Claim::Held);
+        b.release(TEST_BASE, "ib").unwrap();
+        assert_eq!(
+            b.claim(TEST_BASE, "ib").unwrap(),
             Claim::Held,
             "not b's to release"
         );
@@ -161,9 +186,48 @@ mod tests {
         // a's sandbox is gone without a release (crash): the claim is stale.
         fs::remove_dir_all(a_state.join("sandboxes/ia")).unwrap();
         record(&b_state, "ib");
-        assert_eq!(b.claim(1 << 30, "ib").unwrap(), Claim::Taken);
-        assert_eq!(a.claim(1 << 30, "ia").unwrap(), Claim::Held);
-        b.release(1 << 30, "ib").unwrap();
-        assert!(!claims.join((1u32 << 30).to_string()).exists());
+        assert_eq!(b.claim(TEST_BASE, "ib").unwrap(), Claim::Taken);
+        assert_eq!(a.claim(TEST_BASE, "ia").unwrap(), Claim::Held);
+        b.release(TEST_BASE, "ib").unwrap();
+        assert!(!claims.join(TEST_BASE.to_string()).exists());
+    }
+
+    #[test]
+    fn a_claim_whose_directory_is_gone_stays_while_its_processes_run() {
+        use std::os::unix::process::CommandExt;
+        if rustix::process::geteuid().as_raw() != 0 {
+            eprintln!("skipped: needs root to run a process as a uid of the range");
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let claims = root.path().join("claims");
+        let (a_state, b_state) = (root.path().join("a"), root.path().join("b"));
+        fs::create_dir_all(&a_state).unwrap();
+        fs::create_dir_all(&b_state).unwrap();
+        let a = SlotRegistry::new(&claims, &a_state).unwrap();
+        let b = SlotRegistry::new(&claims, &b_state).unwrap();
+        let base = TEST_BASE + crate::linux::UID_RANGE_SIZE;
+        record(&a_state, "ia");
+        assert_eq!(a.claim(base, "ia").unwrap(), Claim::Taken);
+        let mut orphan = std::process::Command::new("sleep")
+            .arg("60")
+            .uid(base + 1000)
+            .spawn()
+            .unwrap();
+        fs::remove_dir_all(a_state.join("sandboxes/ia")).unwrap();
+        record(&b_state, "ib");
+        let held = b.claim(base, "ib").unwrap();
+        orphan.kill().unwrap();
+        orphan.wait().unwrap();
+        assert_eq!(
+            held,
+            Claim::Held,
+            "a range whose processes run is not taken over"
+        );
+        assert_eq!(
+            b.claim(base, "ib").unwrap(),
+            Claim::Taken,
+            "free once they are gone"
+        );
     }
 }
