@@ -154,19 +154,28 @@ mod tests {
     /// are in the tests' ranges.
     const TEST_BASE: u32 = 3 << 30;
 
+    /// Two daemons (state dirs `a` and `b`) sharing the claim directory `claims`, all
+    /// under the returned temporary directory.
+    fn two_daemons() -> (tempfile::TempDir, SlotRegistry, SlotRegistry) {
+        let root = tempfile::tempdir().unwrap();
+        let claims = root.path().join("claims");
+        let [a, b] = ["a", "b"].map(|name| {
+            let state = root.path().join(name);
+            fs::create_dir_all(&state).unwrap();
+            SlotRegistry::new(&claims, &state).unwrap()
+        });
+        (root, a, b)
+    }
+
     fn record(state: &Path, id: &str) {
         fs::create_dir_all(state.join("sandboxes").join(id)).unwrap();
     }
 
     #[test]
     fn two_daemons_never_share_a_range_and_stale_claims_are_taken_over() {
-        let root = tempfile::tempdir().unwrap();
+        let (root, a, b) = two_daemons();
         let claims = root.path().join("claims");
         let (a_state, b_state) = (root.path().join("a"), root.path().join("b"));
-        fs::create_dir_all(&a_state).unwrap();
-        fs::create_dir_all(&b_state).unwrap();
-        let a = SlotRegistry::new(&claims, &a_state).unwrap();
-        let b = SlotRegistry::new(&claims, &b_state).unwrap();
 
         record(&a_state, "ia");
         assert_eq!(a.claim(TEST_BASE, "ia").unwrap(), Claim::Taken);
@@ -199,13 +208,8 @@ mod tests {
             eprintln!("skipped: needs root to run a process as a uid of the range");
             return;
         }
-        let root = tempfile::tempdir().unwrap();
-        let claims = root.path().join("claims");
+        let (root, a, b) = two_daemons();
         let (a_state, b_state) = (root.path().join("a"), root.path().join("b"));
-        fs::create_dir_all(&a_state).unwrap();
-        fs::create_dir_all(&b_state).unwrap();
-        let a = SlotRegistry::new(&claims, &a_state).unwrap();
-        let b = SlotRegistry::new(&claims, &b_state).unwrap();
         let base = TEST_BASE + crate::linux::UID_RANGE_SIZE;
         record(&a_state, "ia");
         assert_eq!(a.claim(base, "ia").unwrap(), Claim::Taken);
