@@ -335,14 +335,8 @@ impl Server {
     pub fn spawn_host_template_refresh(&self) -> tokio::task::JoinHandle<()> {
         let state = self.state.clone();
         tokio::spawn(async move {
-            let stale = match templates::host::stale(&state).await {
-                Ok(stale) => stale,
-                Err(err) => {
-                    tracing::warn!(%err, "checking whether host templates are current");
-                    return;
-                }
-            };
-            for name in stale {
+            // Each is current (and returns at once) or rebuilt.
+            for name in templates::host::built(&state) {
                 let rebuilt = templates::host::ensure_built(&state, &name, |entry| {
                     tracing::info!(template = %name, step = ?entry.step, "{}", entry.message.trim_end())
                 })

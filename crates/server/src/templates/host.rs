@@ -143,19 +143,16 @@ pub(crate) async fn ensure_built(
     super::sync_installed(state).await
 }
 
-/// Host templates that are built, but from another definition than this berth's.
-pub(crate) async fn stale(state: &Arc<AppState>) -> Result<Vec<String>, ServiceError> {
-    let mut stale = Vec::new();
-    for template in &state.config.host_templates {
-        if state.templates.get(&template.name).is_err() {
-            continue;
-        }
-        let (_, digest) = prepare(state, template).await?;
-        if recorded_digest(template).as_deref() != Some(digest.as_str()) {
-            stale.push(template.name.clone());
-        }
-    }
-    Ok(stale)
+/// Host templates that are built (whether from this berth's definition is for
+/// [`ensure_built`] to find out, packing each context once).
+pub(crate) fn built(state: &AppState) -> Vec<String> {
+    state
+        .config
+        .host_templates
+        .iter()
+        .filter(|template| state.templates.get(&template.name).is_ok())
+        .map(|template| template.name.clone())
+        .collect()
 }
 
 /// `template`'s build body with its COPY sources packed and stored, and the digest of
