@@ -15,7 +15,7 @@
 //! steps with their COPY sources' hashes, commands, limits, and the version and config
 //! of the template it starts from) in `<name>.definition` beside its context. A berth whose
 //! definition differs (a new release, a rebuilt `base`) rebuilds it: [`ensure_built`]
-//! does when asked, and `berth up` asks at start for every stale one. Until the new
+//! does when asked, and `berth up` asks at start for every built one. Until the new
 //! build is ready the old one serves; afterwards it stays in the template store as a
 //! superseded build, so sandboxes, pauses and snapshots made from it keep their layers.
 //!
