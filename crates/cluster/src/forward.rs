@@ -11,7 +11,7 @@ use std::error::Error as StdError;
 use bytes::Bytes;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, Request, Response, Uri};
-use http_body_util::combinators::BoxBody;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -39,7 +39,7 @@ pub enum ForwardError {
 /// Relays requests to nodes over pooled HTTP/1.1 connections.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpConnector, BoxBody<Bytes, BoxError>>,
+    client: Client<HttpConnector, UnsyncBoxBody<Bytes, BoxError>>,
     token: NodeToken,
 }
 
@@ -70,7 +70,7 @@ impl Forwarder {
         request: Request<B>,
     ) -> Result<Response<Incoming>, ForwardError>
     where
-        B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
         let (mut parts, body) = request.into_parts();
@@ -88,7 +88,7 @@ impl Forwarder {
             .insert(NODE_TOKEN_HEADER, self.token.header_value());
         // The relayed request is HTTP/1.1 whatever the client spoke (h2 clients too).
         parts.version = http::Version::HTTP_11;
-        let body = body.map_err(Into::into).boxed();
+        let body = body.map_err(Into::into).boxed_unsync();
         self.client
             .request(Request::from_parts(parts, body))
             .await

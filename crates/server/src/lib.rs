@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 mod auth;
+pub mod cluster;
 mod envd;
 mod error;
 mod events;
@@ -106,6 +107,8 @@ pub struct ServerConfig {
     /// Most running sandboxes one team may have at once (None: no limit); a create,
     /// resume or fork beyond it is answered 429 as E2B does.
     pub team_max_sandboxes: Option<usize>,
+    /// Standalone (`berth up`), or a node or API instance of a split deployment.
+    pub role: cluster::Role,
 }
 
 /// The longest a sandbox may be asked to live.
@@ -176,6 +179,8 @@ pub(crate) struct AppState {
     pub pools: sandboxes::pool::WarmPools,
     /// The operator's Prometheus metrics.
     pub prometheus: prometheus::Metrics,
+    /// Relays requests to nodes (API instances only).
+    pub forwarder: Option<berth_cluster::Forwarder>,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -285,6 +290,7 @@ impl Server {
             None => berth_vault::Vault::from_keys([(1, rand::random::<[u8; 32]>())].into())?,
         };
         let pool_size = config.pool_size;
+        let config_role = config.role.clone();
         let state = Arc::new(AppState {
             webhook_guard: webhook_target::WebhookGuard::new(&config.webhooks),
             store,
@@ -302,15 +308,42 @@ impl Server {
             secrets: Arc::new(SecretVault::new(vault)),
             pools: sandboxes::pool::WarmPools::new(pool_size),
             prometheus: prometheus::Metrics::new(),
+            forwarder: match &config_role {
+                cluster::Role::Api(api) => Some(berth_cluster::Forwarder::new(api.token.clone())),
+                _ => None,
+            },
         });
-        sandboxes::recover(&state).await?;
-        templates::recover(&state).await?;
-        let tasks = vec![
-            tokio::spawn(reaper::run(state.clone())),
-            tokio::spawn(webhooks::run(state.clone())),
-            tokio::spawn(metrics::run(state.clone())),
-        ];
-        let refill = sandboxes::pool::spawn_refill(&state);
+        let mut tasks = Vec::new();
+        if state.config.role.runs_sandboxes() {
+            sandboxes::recover(&state).await?;
+            templates::recover(&state).await?;
+            tasks.push(tokio::spawn(reaper::run(state.clone())));
+            tasks.push(tokio::spawn(metrics::run(state.clone())));
+        }
+        if state.config.role.delivers_webhooks() {
+            tasks.push(tokio::spawn(webhooks::run(state.clone())));
+        }
+        match &state.config.role {
+            cluster::Role::Node(node) => {
+                // Registered once recovered: from now on API instances may place here.
+                state.store.register_node(&node.registration, node.lease)?;
+                tasks.push(tokio::spawn(cluster::node::keep_lease(
+                    state.clone(),
+                    node.clone(),
+                )));
+            }
+            cluster::Role::Api(api) => {
+                tasks.push(tokio::spawn(cluster::api::watch_leases(
+                    state.clone(),
+                    api.lease_check,
+                )));
+            }
+            cluster::Role::Standalone => {}
+        }
+        let refill = match state.config.role.runs_sandboxes() {
+            true => sandboxes::pool::spawn_refill(&state),
+            false => None,
+        };
         Ok(Server {
             state,
             tasks,
@@ -403,7 +436,18 @@ impl Server {
             self.state.connections.clone(),
         );
         let state = self.state.clone();
-        handlers::router(self.state.clone())
+        let api = match &self.state.config.role {
+            // What needs a node is relayed to it before any handler runs.
+            cluster::Role::Api(_) => handlers::router(self.state.clone()).layer(
+                axum::middleware::from_fn_with_state(self.state.clone(), cluster::api::relay),
+            ),
+            _ => handlers::router(self.state.clone()),
+        };
+        let api = match &self.state.config.role {
+            cluster::Role::Node(_) => api.merge(cluster::node::routes(self.state.clone())),
+            _ => api,
+        };
+        let router = api
             .merge(extra)
             .layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| {
@@ -435,7 +479,15 @@ impl Server {
                 },
             ))
             // Outermost, so proxied requests are in a request span too.
-            .layer(axum::middleware::from_fn(request_span))
+            .layer(axum::middleware::from_fn(request_span));
+        match &self.state.config.role {
+            // Nothing reaches a node without the node token (but its health check).
+            cluster::Role::Node(node) => router.layer(axum::middleware::from_fn_with_state(
+                node.token.clone(),
+                cluster::node::guard,
+            )),
+            _ => router,
+        }
     }
 
     /// Serve the API, `extra` routes and the proxy on `listener` until `shutdown` resolves, then stop

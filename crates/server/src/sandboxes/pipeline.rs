@@ -298,6 +298,7 @@ fn record(
                 volume_mounts: row.volume_mounts.clone(),
                 execution_id: new_execution_id(),
             };
+            crate::cluster::node::place_here(state, berth_store::PlacedKind::Sandbox, &plan.id)?;
             state.store.insert_sandbox(&record)?;
             Ok(record)
         }
