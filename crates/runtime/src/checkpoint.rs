@@ -63,9 +63,7 @@ use std::time::SystemTime;
 use berth_checkpoint::{prepare_restore_images, Criu, Dump, ImageRewrite, Restore};
 
 use super::pause::HostRoot;
-use super::{
-    io_err, valid_id, volume_dump_externals, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE,
-};
+use super::{dump_externals, io_err, valid_id, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::perms;
@@ -210,7 +208,7 @@ impl LinuxRuntime {
                 leave_running: true,
                 own_mount_namespace: true,
                 netns: self.sandbox_netns(id)?,
-                external_mounts: volume_dump_externals(&sandbox.info.spec),
+                external_mounts: dump_externals(&sandbox.info),
             },
             &hook,
         )
@@ -421,7 +419,8 @@ impl LinuxRuntime {
                     root: Some(dir.join("root")),
                     cgroup_root: global,
                     netns,
-                    external_mounts: root.volume_externals(),
+                    external_mounts: [root.volume_externals(), self.view_restore_sources()]
+                        .concat(),
                     leave_stopped: trial,
                 },
                 &per_controller,

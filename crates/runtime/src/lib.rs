@@ -114,6 +114,7 @@ mod restorable;
 mod seccomp;
 mod slots;
 mod sys;
+mod views;
 mod volume;
 
 pub use blkio::DiskLimits;
