@@ -15,6 +15,10 @@
 //! - `envd/` (the tmpfs sandboxes bind the envd binary from) and its directories are
 //!   0711: the sandbox's root uid reaches the binary (0755, as shipped: it holds no
 //!   state), nobody lists them;
+//! - `views/` (LXCFS's mountpoint, pid file and log) is 0711: CRIU's restore tasks, as
+//!   the sandbox's root uid, bind the resource views from LXCFS's mount inside it (see
+//!   berth-runtime's `views`); the mount shows each reader its own `/proc` numbers, and
+//!   its pid file and log are 0600;
 //! - `templates/` and its direct subdirectories, and each layer's directory, are 0700,
 //!   its manifests 0600, its checkpoints owner-only throughout (CRIU images as the
 //!   runtime keeps them: see `berth_runtime::tighten_private_tree`); a layer's `rootfs`
@@ -86,10 +90,27 @@ fn tighten_state(state_dir: &Path) -> io::Result<usize> {
             // The tmpfs sandboxes bind envd from: traversable, never listable (see
             // berth-runtime's `envd_fs`).
             "envd" => usize::from(set_mode(&path, 0o711)?),
+            // LXCFS's mount, reached by restores as the sandbox's root uid (see
+            // berth-runtime's `views`); never walked (it is a FUSE view of /proc).
+            "views" => tighten_views(&path)?,
             "templates" => tighten_templates(&path)?,
             name if PRIVATE_TREES.contains(&name) => berth_runtime::tighten_private_tree(&path)?,
             _ => usize::from(set_mode(&path, 0o700)?),
         };
+    }
+    Ok(changed)
+}
+
+/// `views/` 0711, its files 0600; the LXCFS mount (and the directory under it) untouched.
+fn tighten_views(views: &Path) -> io::Result<usize> {
+    let mut changed = usize::from(set_mode(views, 0o711)?);
+    for entry in fs::read_dir(views)? {
+        let entry = entry?;
+        // The entry's type from the directory itself: a stat of the mountpoint would
+        // ask LXCFS, and fail while it is dead.
+        if entry.file_type()?.is_file() {
+            changed += usize::from(set_mode(&entry.path(), 0o600)?);
+        }
     }
     Ok(changed)
 }
@@ -170,6 +191,7 @@ mod tests {
             "mcp",
             "criu/prefix/usr/sbin",
             "volumes-of-the-future",
+            "views/lxcfs",
         ] {
             fs::create_dir_all(s.join(dir)).unwrap();
         }
@@ -183,6 +205,7 @@ mod tests {
             "templates/checkpoints/t-1/checkpoint.json",
             "mcp/mcp.sqlite3",
             "criu/prefix/usr/sbin/criu",
+            "views/lxcfs.log",
         ] {
             fs::write(s.join(file), b"x").unwrap();
         }
@@ -230,6 +253,12 @@ mod tests {
         assert_eq!(mode(&s.join("criu")), 0o700);
         assert_eq!(mode(&s.join("criu/prefix/usr/sbin/criu")), 0o755);
         assert_eq!(mode(&s.join("volumes-of-the-future")), 0o700);
+        assert_eq!(
+            mode(&s.join("views")),
+            0o711,
+            "restores bind the views from LXCFS's mount in it as the sandbox's root"
+        );
+        assert_eq!(mode(&s.join("views/lxcfs.log")), 0o600);
         assert_eq!(
             tighten_state(s).unwrap(),
             0,

@@ -31,7 +31,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-const V1_CONTROLLERS: [&str; 6] = ["cpu", "cpuacct", "cpuset", "memory", "pids", "freezer"];
+/// The v1 controllers berth puts sandboxes in; `cpuset` only where it is mounted.
+const V1_CONTROLLERS: &[&str] = &["cpu", "cpuacct", "cpuset", "memory", "pids", "freezer"];
+const V1_CONTROLLERS_WITHOUT_CPUSET: &[&str] = &["cpu", "cpuacct", "memory", "pids", "freezer"];
 const CFS_PERIOD_US: u64 = 100_000;
 
 /// The child group (v1 `memory` and `pids`) the sandbox's commands run in.
@@ -76,7 +78,13 @@ pub(crate) struct CgroupUsage {
 #[derive(Debug, Clone)]
 pub(crate) enum Cgroups {
     /// One directory per controller: `<mount>/<ctrl>/<parent>/<id>`.
-    V1 { mount: PathBuf, parent: String },
+    V1 {
+        mount: PathBuf,
+        parent: String,
+        /// [`V1_CONTROLLERS`], without `cpuset` where the host has not mounted it
+        /// (sandboxes then see every CPU).
+        controllers: &'static [&'static str],
+    },
     /// Unified hierarchy: `<mount>/<parent>/<id>`.
     V2 { mount: PathBuf, parent: String },
 }
@@ -98,9 +106,15 @@ impl Cgroups {
                 parent: parent.to_owned(),
             }
         } else {
+            let cpuset = mount.join("cpuset").join("tasks").exists();
             Self::V1 {
                 mount: mount.to_owned(),
                 parent: parent.to_owned(),
+                controllers: if cpuset {
+                    V1_CONTROLLERS
+                } else {
+                    V1_CONTROLLERS_WITHOUT_CPUSET
+                },
             }
         };
         cgroups.prepare_parent()?;
@@ -109,9 +123,16 @@ impl Cgroups {
 
     fn prepare_parent(&self) -> io::Result<()> {
         match self {
-            Self::V1 { mount, parent } => {
-                for ctrl in V1_CONTROLLERS {
+            Self::V1 {
+                mount,
+                parent,
+                controllers,
+            } => {
+                for ctrl in *controllers {
                     mkdir_ok_if_exists(&mount.join(ctrl).join(parent))?;
+                }
+                if !controllers.contains(&"cpuset") {
+                    return Ok(());
                 }
                 // A new cpuset group has no CPUs and no memory nodes, and takes no task
                 // until it has both: berth's parent gets all of the root's.
@@ -138,7 +159,11 @@ impl Cgroups {
     /// All directories making up sandbox `id`'s cgroup (one per v1 hierarchy).
     pub(crate) fn dirs(&self, id: &str) -> Vec<PathBuf> {
         match self {
-            Self::V1 { mount, parent } => V1_CONTROLLERS
+            Self::V1 {
+                mount,
+                parent,
+                controllers,
+            } => controllers
                 .iter()
                 .map(|c| mount.join(c).join(parent).join(id))
                 .collect(),
@@ -150,7 +175,11 @@ impl Cgroups {
     /// that hierarchy)` per v1 controller berth manages, or `(None, path)` for v2.
     pub(crate) fn criu_roots(&self, id: &str) -> Vec<(Option<&'static str>, String)> {
         match self {
-            Self::V1 { parent, .. } => V1_CONTROLLERS
+            Self::V1 {
+                parent,
+                controllers,
+                ..
+            } => controllers
                 .iter()
                 .map(|c| (Some(*c), format!("/{parent}/{id}")))
                 .collect(),
@@ -160,7 +189,7 @@ impl Cgroups {
 
     fn dir(&self, ctrl: &str, id: &str) -> PathBuf {
         match self {
-            Self::V1 { mount, parent } => mount.join(ctrl).join(parent).join(id),
+            Self::V1 { mount, parent, .. } => mount.join(ctrl).join(parent).join(id),
             Self::V2 { mount, parent } => mount.join(parent).join(id),
         }
     }
@@ -168,7 +197,7 @@ impl Cgroups {
     /// Ids of all sandbox groups that exist (for recovery sweeps).
     pub(crate) fn list_ids(&self) -> Vec<String> {
         let base = match self {
-            Self::V1 { mount, parent } => mount.join("memory").join(parent),
+            Self::V1 { mount, parent, .. } => mount.join("memory").join(parent),
             Self::V2 { mount, parent } => mount.join(parent),
         };
         let Ok(entries) = fs::read_dir(base) else {
@@ -242,9 +271,17 @@ impl Cgroups {
     /// creates the groups of a paused sandbox again, which survive unless the host
     /// rebooted.
     fn pin_cpus(&self, id: &str, cpu_count: u32) -> io::Result<()> {
-        let Self::V1 { mount, parent } = self else {
+        let Self::V1 {
+            mount,
+            parent,
+            controllers,
+        } = self
+        else {
             return Ok(());
         };
+        if !controllers.contains(&"cpuset") {
+            return Ok(());
+        }
         let parent_dir = mount.join("cpuset").join(parent);
         let dir = parent_dir.join(id);
         if !fs::read_to_string(dir.join("cpuset.cpus"))?
@@ -281,7 +318,11 @@ impl Cgroups {
     /// sandbox's own (one per v1 hierarchy).
     pub(crate) fn workload_dirs(&self, id: &str) -> Vec<PathBuf> {
         match self {
-            Self::V1 { mount, parent } => V1_CONTROLLERS
+            Self::V1 {
+                mount,
+                parent,
+                controllers,
+            } => controllers
                 .iter()
                 .map(|c| {
                     let dir = mount.join(c).join(parent).join(id);

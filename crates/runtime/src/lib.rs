@@ -124,6 +124,7 @@ pub use linux::{
     DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
 };
 pub use perms::tighten_tree as tighten_private_tree;
+pub use views::{find_lxcfs, probe_views, Probe as ViewsProbe};
 pub use volume::{
     validate_mount_path, validate_mount_paths, MountPathError, VolumeMount, VOLUME_OWNER,
 };

@@ -114,15 +114,23 @@ pub(crate) enum Availability {
     Unavailable,
 }
 
-/// What is at the mountpoint.
+/// What is at an LXCFS mountpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Probe {
+pub enum Probe {
     /// A FUSE filesystem that answers.
     Alive,
     /// A FUSE filesystem whose server is gone (`ENOTCONN`).
     Dead,
     /// Nothing mounted.
     Absent,
+}
+
+/// Where state dir `state_dir`'s LXCFS is mounted and what is there now (for `berth
+/// doctor`).
+pub fn probe_views(state_dir: &Path) -> (PathBuf, Probe) {
+    let mountpoint = state_dir.join(DIR).join(MOUNTPOINT);
+    let found = probe(&mountpoint);
+    (mountpoint, found)
 }
 
 /// What is mounted at `mountpoint` (see [`Probe`]).
@@ -432,8 +440,9 @@ pub(crate) fn attach_in(init_pid: i32, mounts: Vec<(PathBuf, OwnedFd)>) -> io::R
         .map_err(|_| io::Error::other("the view repair thread panicked"))?
 }
 
-/// The `lxcfs` executable on `PATH`, if any.
-pub(crate) fn find_lxcfs() -> Option<PathBuf> {
+/// The `lxcfs` executable on `PATH`, if any: what a runtime serves views with unless
+/// configured otherwise.
+pub fn find_lxcfs() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join("lxcfs"))

@@ -367,15 +367,17 @@ fn without_lxcfs_sandboxes_start_and_restore_with_the_hosts_files() {
         // The pin still holds where the views are missing.
         assert_eq!(sh(id, "nproc").trim(), "1", "{id}");
     }
-    // A sandbox restored without LXCFS pauses and resumes too.
-    let images = t.state.join("checkpoints").join("bare-pause");
-    bare.pause_with_memory(&criu, &restored.id, &images)
-        .unwrap();
-    bare.resume_paused(&criu, &restored.id).unwrap();
-    assert_eq!(
-        field_kib(&sh(&restored.id, "cat /proc/meminfo"), "MemTotal"),
-        host_mem_total_kib()
-    );
+    // Both pause and resume: one has the host's files bound (external to the dump),
+    // the other nothing (its restore is given keys its images do not use).
+    for id in [&restored.id, &fresh.id] {
+        let images = t.state.join("checkpoints").join(format!("{id}-pause"));
+        bare.pause_with_memory(&criu, id, &images).unwrap();
+        bare.resume_paused(&criu, id).unwrap();
+        assert_eq!(
+            field_kib(&sh(id, "cat /proc/meminfo"), "MemTotal"),
+            host_mem_total_kib()
+        );
+    }
     let _ = std::fs::remove_dir_all(&checkpoint);
 }
 
