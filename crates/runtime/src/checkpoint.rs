@@ -326,10 +326,14 @@ impl LinuxRuntime {
         }
         // CRIU detaches the restored tree: tracked by pidfd, never reaped by us. A fresh
         // boot's init is our child.
-        self.bring_up(spec, matches!(how, Revival::Disk), |slot, dir| {
+        let info = self.bring_up(spec, matches!(how, Revival::Disk), |slot, dir| {
             self.attach_network(&spec.id, meta.info.network.as_ref())?;
             self.restore_into(how, checkpoint, &meta, spec, slot, dir)
-        })
+        })?;
+        if let Revival::Memory(_) = how {
+            self.complete_views(&info.id, info.init_pid);
+        }
+        Ok(info)
     }
 
     /// What the checkpoint at `checkpoint` holds (its `checkpoint.json`).

@@ -318,6 +318,23 @@ impl LinuxRuntime {
         self.views.restore_sources(self.views_ready())
     }
 
+    /// After a restore from memory: gives running sandbox `id` (init `init_pid`) the
+    /// views it lacks, when LXCFS serves now. Its checkpoint may predate views, or have
+    /// been made or restored while LXCFS was unavailable (then the host's files are
+    /// bound in their place).
+    pub(super) fn complete_views(&self, id: &str, init_pid: i32) {
+        if views::served(init_pid) || !self.views_ready() {
+            return;
+        }
+        let attached = self
+            .views
+            .clone_mounts()
+            .and_then(|mounts| views::attach_in(init_pid, mounts));
+        if let Err(err) = attached {
+            tracing::warn!(sandbox = %id, %err, "attaching the sandbox's memory and CPU views");
+        }
+    }
+
     /// Attaches fresh views in every running sandbox, replacing what it had.
     fn repair_views(&self) {
         let running: Vec<(String, i32)> = self

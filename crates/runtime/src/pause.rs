@@ -240,7 +240,9 @@ impl LinuxRuntime {
             created_at: record.created_at,
             spec,
         };
-        Ok(self.register(info, record.slot, pidfd, false, disk))
+        let info = self.register(info, record.slot, pidfd, false, disk);
+        self.complete_views(id, pid);
+        Ok(info)
     }
 
     /// True when sandbox `id` is paused (its disk and maybe a checkpoint kept, no process

@@ -400,6 +400,25 @@ fn mounted_at(mountinfo: &str, target: &str) -> bool {
         .any(|line| line.split(' ').nth(4) == Some(target))
 }
 
+/// True when `target` is a mountpoint of an LXCFS filesystem in `mountinfo`.
+fn lxcfs_at(mountinfo: &str, target: &str) -> bool {
+    mountinfo.lines().any(|line| {
+        let mut fields = line.split(' ');
+        fields.nth(4) == Some(target)
+            && fields
+                .skip_while(|field| *field != "-")
+                .nth(1)
+                .is_some_and(|fstype| fstype == "fuse.lxcfs")
+    })
+}
+
+/// True when every view of the sandbox whose init is host pid `init_pid` is served by
+/// LXCFS (not missing, not the host's file bound in its place).
+pub(crate) fn served(init_pid: i32) -> bool {
+    let mountinfo = fs::read_to_string(format!("/proc/{init_pid}/mountinfo")).unwrap_or_default();
+    VIEWS.iter().all(|view| lxcfs_at(&mountinfo, view.target))
+}
+
 /// The view mounts of the sandbox whose init is host pid `init_pid`, as CRIU external
 /// mounts of a dump: (path inside the sandbox, key). Read from its mount table, so a
 /// sandbox started without views (no LXCFS then) dumps none.
@@ -467,6 +486,19 @@ mod tests {
             "602 601 0:42 /proc/stat /elsewhere ro - fuse.lxcfs lxcfs rw\n",
             "/proc/stat"
         ));
+    }
+
+    #[test]
+    fn only_an_lxcfs_mount_counts_as_a_served_view() {
+        let mountinfo = "\
+            602 601 0:42 /proc/meminfo /proc/meminfo ro,nosuid - fuse.lxcfs lxcfs rw\n\
+            603 601 0:22 /meminfo /proc/stat ro,nosuid - proc proc rw\n";
+        assert!(lxcfs_at(mountinfo, "/proc/meminfo"));
+        assert!(
+            !lxcfs_at(mountinfo, "/proc/stat"),
+            "the host's file bound there"
+        );
+        assert!(!lxcfs_at(mountinfo, "/proc/cpuinfo"), "nothing there");
     }
 
     #[test]
