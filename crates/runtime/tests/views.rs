@@ -381,7 +381,8 @@ fn without_lxcfs_sandboxes_start_and_restore_with_the_hosts_files() {
     // Once LXCFS serves again, a resume from memory puts the views in place of the
     // host's files, and the source, whose views died with the old LXCFS, gets them back.
     let images = t.state.join("checkpoints").join("back");
-    bare.pause_with_memory(&criu, &restored.id, &images).unwrap();
+    bare.pause_with_memory(&criu, &restored.id, &images)
+        .unwrap();
     t.rt.resume_paused(&criu, &restored.id).unwrap();
     assert_sized(&t, &restored.id, 1, 256);
     assert_sized(&t, &source.id, 1, 256);
