@@ -258,6 +258,82 @@ fn views_follow_a_sandbox_through_pause_checkpoint_and_restore() {
     let _ = std::fs::remove_dir_all(&checkpoint);
 }
 
+/// Like `top`: a process keeping the views open and reading them again and again.
+const WATCHER: &str = r#"
+import os, time
+files = [open(p) for p in ("/proc/meminfo", "/proc/stat", "/proc/cpuinfo")]
+while True:
+    total = None
+    for f in files:
+        f.seek(0)
+        text = f.read()
+        if total is None:
+            total = text.split()[1]
+    with open("/root/watch.tmp", "w") as out:
+        out.write("%s %d" % (total, time.monotonic_ns()))
+    os.rename("/root/watch.tmp", "/root/watch")
+    time.sleep(0.01)
+"#;
+
+#[test]
+fn a_process_holding_the_views_open_is_paused_and_forked_with_them() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let source = t.rt.create(&t.spec("watch")).unwrap();
+    let _source = KillGuard {
+        rt: &t.rt,
+        id: source.id.clone(),
+    };
+    let id = source.id.as_str();
+    t.sh_ok(
+        id,
+        0,
+        &format!(
+            "cat > /root/watch.py <<'EOF'\n{WATCHER}\nEOF\n\
+             setsid python3 /root/watch.py </dev/null >/dev/null 2>&1 &\n\
+             while [ ! -e /root/watch ]; do sleep 0.01; done"
+        ),
+    );
+    // The watcher's latest reading: MemTotal in kB, and a tick that moves while it runs.
+    let reading = |t: &TestRuntime, id: &str| -> (String, u64) {
+        let text = t.sh_ok(id, 0, "cat /root/watch");
+        let (total, tick) = text.split_once(' ').unwrap();
+        (total.to_owned(), tick.parse().unwrap())
+    };
+    let moving = |t: &TestRuntime, id: &str| -> String {
+        let (total, first) = reading(t, id);
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        while reading(t, id).1 == first {
+            assert!(
+                Instant::now() < deadline,
+                "{id}: the watcher stopped reading"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        total
+    };
+    assert_eq!(moving(&t, id), "262144");
+
+    let images = t.state.join("checkpoints").join("watch-pause");
+    std::fs::create_dir_all(images.parent().unwrap()).unwrap();
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
+    t.rt.resume_paused(&criu, id).unwrap();
+    assert_eq!(moving(&t, id), "262144", "the watcher after a resume");
+
+    let checkpoint = t.state.join("checkpoints").join("watch-fork");
+    t.rt.checkpoint_into(&criu, id, &checkpoint).unwrap();
+    let spec = LinuxRuntime::read_checkpoint(&checkpoint)
+        .unwrap()
+        .spec_for(&common::unique("watch-fork"));
+    let fork = t.rt.restore_checkpoint(&criu, &checkpoint, &spec).unwrap();
+    let _fork = KillGuard {
+        rt: &t.rt,
+        id: fork.id.clone(),
+    };
+    assert_eq!(moving(&t, &fork.id), "262144", "the watcher in a fork");
+    let _ = std::fs::remove_dir_all(&checkpoint);
+}
+
 #[test]
 fn views_outlive_a_daemon_restart_and_a_dead_lxcfs_is_replaced() {
     let criu = criu();
