@@ -157,6 +157,10 @@ def test_base_sandboxes_see_the_default_resources(sandbox: Sandbox) -> None:
     """`base` runs with `berth up`'s defaults: 2 CPUs (or the host's, if fewer), 512 MiB,
     1 GiB of disk."""
     assert_sized(sandbox, min(2, os.cpu_count() or 1), 512, 1024)
+    # envd's files API reads the views like any file.
+    meminfo = sandbox.files.read("/proc/meminfo")
+    assert meminfo.splitlines()[0].split() == ["MemTotal:", str(512 * 1024), "kB"], meminfo[:80]
+    assert sandbox.files.read("/sys/devices/system/cpu/online").strip() == seen(sandbox).online
 
 
 @pytest.mark.restarts_berth
