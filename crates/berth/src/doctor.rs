@@ -299,17 +299,20 @@ fn check_views(
 /// `lxcfs --version` (printed on stderr, quoted), or None when lxcfs is not installed.
 fn lxcfs_version() -> Option<String> {
     let binary = berth_runtime::find_lxcfs()?;
-    let output = Command::new(binary).arg("--version").output().ok()?;
-    let text = String::from_utf8_lossy(&output.stderr) + String::from_utf8_lossy(&output.stdout);
-    let version = text.trim().trim_matches('"');
-    Some(
-        if version.is_empty() {
-            "(version unknown)"
-        } else {
-            version
-        }
-        .to_owned(),
-    )
+    let printed = Command::new(binary)
+        .arg("--version")
+        .output()
+        .map(|output| {
+            let text = String::from_utf8_lossy(&output.stderr).into_owned()
+                + &String::from_utf8_lossy(&output.stdout);
+            text.trim().trim_matches('"').to_owned()
+        })
+        .unwrap_or_default();
+    Some(if printed.is_empty() {
+        "(version unknown)".to_owned()
+    } else {
+        printed
+    })
 }
 
 /// Free bytes for unprivileged users at `dir`, or at its nearest existing parent.
