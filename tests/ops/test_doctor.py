@@ -66,25 +66,29 @@ def test_doctor_names_what_is_missing(tmp_path: Path) -> None:
 
 
 def test_a_dead_lxcfs_is_reported_with_its_fix(tmp_path: Path) -> None:
-    """The LXCFS a state dir's sandboxes read their views from has died: its mount
-    answers nothing. doctor says so and how berth recovers."""
+    """The LXCFS a state dir's sandboxes read their views from has died: its files
+    answer nothing. doctor says so and how berth recovers. (Laid out as berth lays it
+    out: LXCFS's `proc` bound at `<state>/views/proc`.)"""
     lxcfs = shutil.which("lxcfs")
     assert lxcfs, "lxcfs is not installed (scripts/install-deps.sh installs it)"
     state = tmp_path / "state"
-    mountpoint = state / "views" / "lxcfs"
-    mountpoint.mkdir(parents=True)
+    views = state / "views"
+    root = tmp_path / "lxcfs"
+    (views / "proc").mkdir(parents=True)
+    root.mkdir()
     server = subprocess.Popen(
-        [lxcfs, "--foreground", "--pidfile", str(tmp_path / "lxcfs.pid"), str(mountpoint)],
+        [lxcfs, "--foreground", "--pidfile", str(tmp_path / "lxcfs.pid"), str(root)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 30
-        while not os.path.ismount(mountpoint):
+        while not os.path.ismount(root):
             assert server.poll() is None and time.monotonic() < deadline, "lxcfs did not mount"
             time.sleep(0.01)
+        subprocess.run(["mount", "--bind", str(root / "proc"), str(views / "proc")], check=True)
         alive = doctor("--state-dir", str(state))
-        assert "lxcfs" in alive.stdout and f"serving at {mountpoint}" in alive.stdout, alive.stdout
+        assert f"serving {views}" in alive.stdout, alive.stdout
         server.send_signal(signal.SIGKILL)
         server.wait(timeout=30)
         dead = doctor("--state-dir", str(state))
@@ -94,4 +98,5 @@ def test_a_dead_lxcfs_is_reported_with_its_fix(tmp_path: Path) -> None:
         if server.poll() is None:
             server.kill()
             server.wait(timeout=30)
-        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+        for mountpoint in (views / "proc", root):
+            subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)

@@ -240,13 +240,14 @@ fn check_criu(criu_state_dir: &Path) -> Check {
 /// The resource views (`free`, `nproc`, `/proc/meminfo` … sized to each sandbox, served
 /// by LXCFS): `lxcfs_version` from `lxcfs --version` (None: not installed), whether
 /// `/dev/fuse` exists, whether a v1 `cpuset` hierarchy is mounted (berth pins each
-/// sandbox to its CPUs there), and what is at the state dir's LXCFS mountpoint.
+/// sandbox to its CPUs there), and whether the state dir's LXCFS (its files in
+/// `views`) serves.
 /// Sandboxes run without them, so every shortfall is a warning.
 fn check_views(
     lxcfs_version: Option<&str>,
     fuse: bool,
     cpuset: bool,
-    mountpoint: &Path,
+    views: &Path,
     mounted: berth_runtime::ViewsProbe,
 ) -> Check {
     const NAME: &str = "resource views";
@@ -280,14 +281,14 @@ fn check_views(
             NAME,
             Verdict::Warn,
             format!(
-                "the LXCFS at {} has died: running sandboxes' /proc/meminfo and CPU views fail (Transport endpoint is not connected)",
-                mountpoint.display()
+                "the LXCFS serving {} has died: running sandboxes' /proc/meminfo and CPU views fail (Transport endpoint is not connected)",
+                views.display()
             ),
             "berth starts a new one at the next sandbox start and re-attaches running sandboxes' views; to do it now, restart berth up",
         ),
         berth_runtime::ViewsProbe::Alive => ok(
             NAME,
-            format!("lxcfs {version} serving at {}", mountpoint.display()),
+            format!("lxcfs {version} serving {}", views.display()),
         ),
         berth_runtime::ViewsProbe::Absent => ok(
             NAME,
@@ -361,7 +362,7 @@ pub fn checks(state_dir: &Path, criu_state_dir: &Path) -> Vec<Check> {
         .ok()
         .and_then(|text| text.trim().parse().ok());
     let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    let (views_mountpoint, views_mounted) = berth_runtime::probe_views(state_dir);
+    let (views, views_mounted) = berth_runtime::probe_views(state_dir);
     vec![
         check_kernel(&release),
         check_userns(max_userns),
@@ -374,7 +375,7 @@ pub fn checks(state_dir: &Path, criu_state_dir: &Path) -> Vec<Check> {
             lxcfs_version().as_deref(),
             Path::new("/dev/fuse").exists(),
             Path::new("/sys/fs/cgroup/cpuset/tasks").exists(),
-            &views_mountpoint,
+            &views,
             views_mounted,
         ),
         check_disk(state_dir, free_bytes(state_dir)),
@@ -434,7 +435,7 @@ mod tests {
     #[test]
     fn missing_or_dead_views_warn_with_their_fix() {
         use berth_runtime::ViewsProbe;
-        let at = Path::new("/var/lib/berth/views/lxcfs");
+        let at = Path::new("/var/lib/berth/views");
         let missing = check_views(None, true, true, at, ViewsProbe::Absent);
         assert_eq!(missing.verdict, Verdict::Warn);
         assert!(missing.fix.unwrap().contains("apt-get install lxcfs"));

@@ -15,10 +15,10 @@
 //! - `envd/` (the tmpfs sandboxes bind the envd binary from) and its directories are
 //!   0711: the sandbox's root uid reaches the binary (0755, as shipped: it holds no
 //!   state), nobody lists them;
-//! - `views/` (LXCFS's mountpoint, pid file and log) is 0711: CRIU's restore tasks, as
-//!   the sandbox's root uid, bind the resource views from LXCFS's mount inside it (see
-//!   berth-runtime's `views`); the mount shows each reader its own `/proc` numbers, and
-//!   its pid file and log are 0600;
+//! - `views/` (LXCFS's files bound at `proc` and `cpu-online`, its pid file and log) is
+//!   0711: CRIU's restore tasks, as the sandbox's root uid, bind the resource views from
+//!   there (see berth-runtime's `views`); the files show each reader its own `/proc`
+//!   numbers, and the pid file and log are 0600;
 //! - `templates/` and its direct subdirectories, and each layer's directory, are 0700,
 //!   its manifests 0600, its checkpoints owner-only throughout (CRIU images as the
 //!   runtime keeps them: see `berth_runtime::tighten_private_tree`); a layer's `rootfs`
@@ -101,15 +101,15 @@ fn tighten_state(state_dir: &Path) -> io::Result<usize> {
     Ok(changed)
 }
 
-/// `views/` 0711, its files 0600; the LXCFS mount (and the directory under it) untouched.
+/// `views/` 0711, LXCFS's pid file and log 0600; the rest is LXCFS's files bound there
+/// (a stat or chmod would ask LXCFS, which refuses, and fails while it is dead) and
+/// their mountpoints.
 fn tighten_views(views: &Path) -> io::Result<usize> {
     let mut changed = usize::from(set_mode(views, 0o711)?);
-    for entry in fs::read_dir(views)? {
-        let entry = entry?;
-        // The entry's type from the directory itself: a stat of the mountpoint would
-        // ask LXCFS, and fail while it is dead.
-        if entry.file_type()?.is_file() {
-            changed += usize::from(set_mode(&entry.path(), 0o600)?);
+    for name in ["lxcfs.pid", "lxcfs.log"] {
+        let path = views.join(name);
+        if fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_file()) {
+            changed += usize::from(set_mode(&path, 0o600)?);
         }
     }
     Ok(changed)
@@ -191,7 +191,7 @@ mod tests {
             "mcp",
             "criu/prefix/usr/sbin",
             "volumes-of-the-future",
-            "views/lxcfs",
+            "views/proc",
         ] {
             fs::create_dir_all(s.join(dir)).unwrap();
         }
@@ -206,6 +206,7 @@ mod tests {
             "mcp/mcp.sqlite3",
             "criu/prefix/usr/sbin/criu",
             "views/lxcfs.log",
+            "views/cpu-online",
         ] {
             fs::write(s.join(file), b"x").unwrap();
         }
@@ -218,6 +219,7 @@ mod tests {
             "templates/checkpoints/t-1/images/pages-1.img",
             "mcp/mcp.sqlite3",
             "criu/prefix/usr/sbin/criu",
+            "views/cpu-online",
         ] {
             fs::set_permissions(s.join(path), fs::Permissions::from_mode(0o755)).unwrap();
         }
@@ -259,6 +261,11 @@ mod tests {
             "restores bind the views from LXCFS's mount in it as the sandbox's root"
         );
         assert_eq!(mode(&s.join("views/lxcfs.log")), 0o600);
+        assert_eq!(
+            mode(&s.join("views/cpu-online")),
+            0o755,
+            "a view's mountpoint is left alone (LXCFS's file when mounted)"
+        );
         assert_eq!(
             tighten_state(s).unwrap(),
             0,

@@ -12,12 +12,16 @@
 //! cgroups (fork, snapshot) sees its own groups at once. A FUSE server of berth's own
 //! would be the same program written again, and would die with the daemon.
 //!
-//! **One LXCFS per state directory**, mounted at `<state>/views/lxcfs`. It is started
-//! on first need in a session of its own, so a Ctrl-C to `berth up` does not reach it,
-//! and it outlives the daemon like the sandboxes do: running sandboxes keep their views
-//! across `berth up` restarts, and the next daemon finds it by its mount. When the
-//! daemon holds no sandbox, running or paused, it is unmounted and LXCFS exits with its
-//! mount ([`Views::release`]), as the envd filesystem is (`envd_fs`). `views/` is 0711
+//! **One LXCFS per state directory.** It is started on first need in a session of its
+//! own, so a Ctrl-C to `berth up` does not reach it, and it outlives the daemon like
+//! the sandboxes do: running sandboxes keep their views across `berth up` restarts, and
+//! the next daemon finds it by its mounts. It mounts its filesystem at
+//! `<state>/views/lxcfs`; berth binds only what sandboxes use out of it, LXCFS's `proc`
+//! directory at `views/proc` and its CPU `online` file at `views/cpu-online`, and then
+//! detaches LXCFS's own mount. LXCFS also emulates cgroupfs, and through that, a root
+//! `rm -r` of the state dir could remove the host's empty cgroups. When the daemon holds
+//! no sandbox, running or paused, the binds go and LXCFS exits with its filesystem
+//! ([`Views::release`]), as the envd filesystem does (`envd_fs`). `views/` is 0711
 //! because CRIU's restore tasks bind the files as the sandbox's root, an unprivileged
 //! host uid. What LXCFS shows another host user there is what that user's own `/proc`
 //! shows.
@@ -59,7 +63,7 @@ use crate::sys::{
 pub(crate) struct View {
     /// The file's path inside a sandbox; also the host file a restore binds without LXCFS.
     pub target: &'static str,
-    /// The file's path under LXCFS's mount.
+    /// The file's path below [`DIR`] (see [`EXPORTS`]).
     source: &'static str,
     /// CRIU's key for the mount between a dump and a restore.
     key: &'static str,
@@ -84,15 +88,26 @@ pub(crate) const VIEWS: [View; 4] = [
     },
     View {
         target: "/sys/devices/system/cpu/online",
-        source: "sys/devices/system/cpu/online",
+        source: "cpu-online",
         key: "berth-view-cpu-online",
     },
 ];
 
-/// The directory under the state dir holding LXCFS's mountpoint, pid file and log.
+/// The paths of [`VIEWS`] inside a sandbox.
+pub(crate) fn targets() -> [&'static str; VIEWS.len()] {
+    VIEWS.map(|view| view.target)
+}
+
+/// The directory under the state dir holding LXCFS's files, pid file and log.
 pub(crate) const DIR: &str = "views";
-/// LXCFS's mountpoint inside [`DIR`].
-pub(crate) const MOUNTPOINT: &str = "lxcfs";
+/// Where LXCFS mounts its filesystem, inside [`DIR`]: detached once [`EXPORTS`] are bound.
+const ROOT: &str = "lxcfs";
+/// What of LXCFS's filesystem is bound into [`DIR`]: (path in LXCFS, path in [`DIR`],
+/// a directory?). The first one also tells whether LXCFS serves ([`probe`]).
+const EXPORTS: [(&str, &str, bool); 2] = [
+    ("proc", "proc", true),
+    ("sys/devices/system/cpu/online", "cpu-online", false),
+];
 const PIDFILE: &str = "lxcfs.pid";
 const LOG: &str = "lxcfs.log";
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -125,12 +140,12 @@ pub enum Probe {
     Absent,
 }
 
-/// Where state dir `state_dir`'s LXCFS is mounted and what is there now (for `berth
-/// doctor`).
+/// Where state dir `state_dir`'s LXCFS serves its files and whether it does now (for
+/// `berth doctor`).
 pub fn probe_views(state_dir: &Path) -> (PathBuf, Probe) {
-    let mountpoint = state_dir.join(DIR).join(MOUNTPOINT);
-    let found = probe(&mountpoint);
-    (mountpoint, found)
+    let dir = state_dir.join(DIR);
+    let found = probe(&dir.join(EXPORTS[0].1));
+    (dir, found)
 }
 
 /// What is mounted at `mountpoint` (see [`Probe`]).
@@ -183,25 +198,25 @@ impl Views {
         }
     }
 
-    /// `<state>/views/lxcfs`.
-    pub(crate) fn mountpoint(&self) -> PathBuf {
-        self.dir.join(MOUNTPOINT)
+    /// `<state>/views/lxcfs`: where LXCFS mounts its filesystem (and its command line
+    /// names).
+    fn root(&self) -> PathBuf {
+        self.dir.join(ROOT)
     }
 
-    /// Makes sure LXCFS serves at the mountpoint: a live one is kept, a dead one is
-    /// unmounted and replaced, a missing one started. Never fails: without LXCFS
-    /// sandboxes see the host's files, which is logged once.
+    /// Makes sure LXCFS serves: a live one is kept, a dead one is unmounted and
+    /// replaced, a missing one started. Never fails: without LXCFS sandboxes see the
+    /// host's files, which is logged once.
     pub(crate) fn ensure(&self) -> Availability {
         let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        let mountpoint = self.mountpoint();
-        match probe(&mountpoint) {
+        match probe(&self.dir.join(EXPORTS[0].1)) {
             Probe::Alive => return Availability::Running,
             Probe::Dead => {
                 tracing::warn!(
-                    mountpoint = %mountpoint.display(),
+                    views = %self.dir.display(),
                     "LXCFS has died: running sandboxes' memory and CPU views stopped answering; starting a new one"
                 );
-                detach(&mountpoint);
+                self.detach_all();
             }
             Probe::Absent => {}
         }
@@ -240,13 +255,24 @@ impl Views {
         }
     }
 
-    /// Starts LXCFS at the mountpoint and waits until it answers.
+    /// Starts LXCFS, waits until it answers, binds [`EXPORTS`] and detaches its own
+    /// mount.
     fn start(&self, binary: &Path) -> io::Result<()> {
         perms::create_dir_all(&self.dir, perms::TRAVERSE_DIR)?;
-        let mountpoint = self.mountpoint();
-        match perms::create_dir(&mountpoint, perms::PRIVATE_DIR) {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-            _ => {}
+        let mountpoint = self.root();
+        for (path, is_dir) in [(ROOT, true)]
+            .into_iter()
+            .chain(EXPORTS.iter().map(|(_, path, is_dir)| (*path, *is_dir)))
+        {
+            let created = if is_dir {
+                perms::create_dir(&self.dir.join(path), perms::PRIVATE_DIR)
+            } else {
+                perms::create_private(&self.dir.join(path)).map(drop)
+            };
+            match created {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
         }
         self.stop_recorded();
         let log = perms::create_private(&self.dir.join(LOG))?;
@@ -289,6 +315,12 @@ impl Views {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
+        if let Err(err) = self.export() {
+            self.detach_all();
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(err);
+        }
         // The daemon reaps it if it ends first; otherwise the host's init does.
         std::thread::Builder::new()
             .name("lxcfs-reaper".into())
@@ -298,9 +330,47 @@ impl Views {
         Ok(())
     }
 
+    /// Binds [`EXPORTS`] from LXCFS's mount, then detaches that mount: its filesystem
+    /// lives on in the binds.
+    fn export(&self) -> io::Result<()> {
+        let root = self.root();
+        for (inside, path, _) in EXPORTS {
+            let (source, target) = (cpath(&root.join(inside))?, cpath(&self.dir.join(path))?);
+            // SAFETY: mount(2) with valid NUL-terminated paths and no data.
+            let bound = unsafe {
+                libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                )
+            };
+            if bound < 0 {
+                let err = io::Error::last_os_error();
+                return Err(io::Error::new(
+                    err.kind(),
+                    format!("bind LXCFS's {inside}: {err}"),
+                ));
+            }
+        }
+        let root = cpath(&root)?;
+        // SAFETY: umount2 with a valid NUL-terminated path.
+        sys::check(unsafe { libc::umount2(root.as_ptr(), libc::MNT_DETACH) }.into())?;
+        Ok(())
+    }
+
+    /// Detaches whatever of LXCFS is mounted in [`DIR`].
+    fn detach_all(&self) {
+        for (_, path, _) in EXPORTS {
+            detach(&self.dir.join(path));
+        }
+        detach(&self.root());
+    }
+
     /// Clones of the view files, read-only, each with its path inside a sandbox.
     pub(crate) fn clone_mounts(&self) -> io::Result<Vec<(PathBuf, OwnedFd)>> {
-        let root = self.mountpoint();
+        let root = &self.dir;
         VIEWS
             .iter()
             .map(|view| {
@@ -321,7 +391,7 @@ impl Views {
     /// `live`, else the host's own (the sandbox then sees the host's numbers, which
     /// [`Views::ensure`] has logged).
     pub(crate) fn restore_sources(&self, live: bool) -> Vec<(String, PathBuf)> {
-        let root = self.mountpoint();
+        let root = &self.dir;
         VIEWS
             .iter()
             .map(|view| {
@@ -335,19 +405,22 @@ impl Views {
             .collect()
     }
 
-    /// Unmounts LXCFS (it exits with its mount) and ends its process. Only when the
-    /// daemon holds no sandbox: a paused one would resume with the host's files.
+    /// Unmounts LXCFS's files (it exits with its filesystem) and ends its process.
+    /// Only when the daemon holds no sandbox: a paused one would resume with the host's
+    /// files.
     pub(crate) fn release(&self) -> io::Result<bool> {
         let _health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        let mountpoint = self.mountpoint();
-        let mounted = probe(&mountpoint) != Probe::Absent;
-        if mounted {
-            let path = cpath(&mountpoint)?;
-            // SAFETY: umount2 with a valid NUL-terminated path.
-            sys::check(unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) }.into())?;
-        }
+        let mounted = probe(&self.dir.join(EXPORTS[0].1)) != Probe::Absent;
+        self.detach_all();
         self.stop_recorded();
-        let _ = fs::remove_dir(&mountpoint);
+        for (_, path, is_dir) in EXPORTS {
+            let _ = if is_dir {
+                fs::remove_dir(self.dir.join(path))
+            } else {
+                fs::remove_file(self.dir.join(path))
+            };
+        }
+        let _ = fs::remove_dir(self.root());
         let _ = fs::remove_file(self.dir.join(LOG));
         let _ = fs::remove_dir(&self.dir);
         Ok(mounted)
@@ -363,7 +436,7 @@ impl Views {
         if let Some(pid) = pid.filter(|pid| *pid > 0) {
             if let Ok(pidfd) = sys::pidfd_open(pid) {
                 // Checked after the pidfd is open: the pid cannot be reused meanwhile.
-                if is_lxcfs_at(pid, &self.mountpoint()) {
+                if is_lxcfs_at(pid, &self.root()) {
                     let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGTERM);
                     let _ = sys::pidfd_wait_exit(pidfd.as_fd(), 5_000);
                 }
@@ -510,7 +583,7 @@ mod tests {
         }
         for (key, source) in views.restore_sources(true) {
             let view = VIEWS.iter().find(|v| v.key == key).unwrap();
-            assert_eq!(source, Path::new("/state/views/lxcfs").join(view.source));
+            assert_eq!(source, Path::new("/state/views").join(view.source));
         }
     }
 

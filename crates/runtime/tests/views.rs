@@ -13,9 +13,9 @@ use berth_runtime::{LinuxRuntime, Runtime};
 use common::checkpoint::{alive, criu, KillGuard};
 use common::TestRuntime;
 
-/// Where a test runtime's LXCFS is mounted.
+/// Where a test runtime's LXCFS serves its `proc` directory.
 fn lxcfs_mount(t: &TestRuntime) -> PathBuf {
-    t.state.join("views/lxcfs")
+    t.state.join("views/proc")
 }
 
 /// The pid of a test runtime's LXCFS, from its pid file.
@@ -471,7 +471,23 @@ fn an_idle_runtime_leaves_no_lxcfs_behind() {
     let info = t.rt.create(&t.spec("gone")).unwrap();
     let lxcfs = lxcfs_pid(&t).expect("LXCFS runs");
     let mount = lxcfs_mount(&t);
-    assert!(host_mounts().contains(&format!(" {} ", mount.display())));
+    let mounts = host_mounts();
+    assert!(mounts.contains(&format!(" {} ", mount.display())));
+    // Only the files sandboxes use are mounted in the state dir: not LXCFS's cgroupfs
+    // emulation, through which a `rm -r` of the state dir would reach host cgroups.
+    let views = t.state.join("views");
+    let mounted: Vec<&str> = mounts
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| point.starts_with(&*views.to_string_lossy()))
+        .collect();
+    assert_eq!(
+        mounted,
+        [
+            views.join("proc").to_string_lossy(),
+            views.join("cpu-online").to_string_lossy()
+        ]
+    );
     t.rt.kill(&info.id).unwrap();
     assert!(t.rt.release_network_if_idle().is_ok());
     assert!(!host_mounts().contains(&format!(" {} ", mount.display())));
@@ -480,5 +496,5 @@ fn an_idle_runtime_leaves_no_lxcfs_behind() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     assert!(!alive(lxcfs), "LXCFS still runs");
-    assert!(!Path::new(&mount).exists());
+    assert!(!t.state.join("views").exists());
 }
