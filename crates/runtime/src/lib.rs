@@ -129,8 +129,8 @@ mod volume;
 pub use blkio::DiskLimits;
 pub use host::HostRuntime;
 pub use linux::{
-    CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS,
-    DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
+    CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, PackedCheckpoint,
+    DEFAULT_ENVD_ARGS, DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
 };
 pub use perms::tighten_tree as tighten_private_tree;
 pub use views::{find_lxcfs, probe_views, Probe as ViewsProbe};
@@ -304,6 +304,12 @@ pub enum RuntimeError {
     },
     #[error(transparent)]
     Network(#[from] berth_net::NetError),
+    #[error("{what}: {source}")]
+    Transfer {
+        what: String,
+        #[source]
+        source: Box<berth_template::TemplateError>,
+    },
     #[error("invalid volume id {0:?}: expected 1-64 characters of [A-Za-z0-9_-]")]
     InvalidVolumeId(String),
     #[error("volume {0} not found")]
@@ -398,6 +404,31 @@ pub trait Runtime: Send + Sync + 'static {
     fn delete_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError>;
     /// Ids of every checkpoint the runtime holds (to reconcile with what owns them).
     fn checkpoints(&self) -> Result<Vec<String>, RuntimeError>;
+    /// Checkpoint `checkpoint_id` packed for another machine's
+    /// [`Runtime::import_checkpoint`] (a node serving a snapshot another node starts).
+    fn pack_checkpoint(&self, checkpoint_id: &str) -> Result<PackedCheckpoint, RuntimeError> {
+        let _ = checkpoint_id;
+        Err(RuntimeError::Unsupported {
+            backend: "this",
+            what: "moving checkpoints between machines",
+        })
+    }
+    /// Stores checkpoint `checkpoint_id` sent by another machine (read from `from`,
+    /// checked against the sender's `tree_hash`), standing on `layers` (this machine's
+    /// paths of the layers it was made on, lowest first).
+    fn import_checkpoint(
+        &self,
+        checkpoint_id: &str,
+        tree_hash: &str,
+        layers: Vec<PathBuf>,
+        from: &mut dyn std::io::Read,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let _ = (checkpoint_id, tree_hash, layers, from);
+        Err(RuntimeError::Unsupported {
+            backend: "this",
+            what: "moving checkpoints between machines",
+        })
+    }
     /// [`Runtime::create`] under a network policy (`create` uses E2B's default: internet
     /// access). Backends without networking refuse: a policy they cannot enforce must
     /// not be accepted silently.

@@ -36,7 +36,7 @@ mod network;
 #[path = "pause.rs"]
 mod pause;
 
-pub use checkpoint::CheckpointInfo;
+pub use checkpoint::{CheckpointInfo, PackedCheckpoint};
 pub use commit::{CommitStats, ExecOptions};
 
 /// Size of each sandbox's uid/gid range (a full 16-bit range, like a normal Linux system).
@@ -1206,6 +1206,27 @@ impl Runtime for LinuxRuntime {
 
     fn open_volume(&self, id: &str) -> Result<OwnedFd, RuntimeError> {
         self.volumes.root(id)
+    }
+
+    fn pack_checkpoint(&self, checkpoint_id: &str) -> Result<PackedCheckpoint, RuntimeError> {
+        let checkpoint = self.checkpoint_dir(checkpoint_id)?;
+        if !checkpoint.is_dir() {
+            return Err(RuntimeError::CheckpointNotFound(checkpoint_id.to_owned()));
+        }
+        LinuxRuntime::pack_checkpoint_at(&checkpoint)
+    }
+
+    fn import_checkpoint(
+        &self,
+        checkpoint_id: &str,
+        tree_hash: &str,
+        layers: Vec<PathBuf>,
+        from: &mut dyn io::Read,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let checkpoint = self.checkpoint_dir(checkpoint_id)?;
+        perms::create_dir_all(&self.checkpoint_root(), perms::PRIVATE_DIR)
+            .map_err(io_err("create checkpoint dir"))?;
+        LinuxRuntime::import_checkpoint_at(&checkpoint, tree_hash, layers, from)
     }
 
     fn checkpoints(&self) -> Result<Vec<String>, RuntimeError> {

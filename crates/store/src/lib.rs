@@ -22,6 +22,9 @@
 //!   ([`SealedVersion`]: the store never sees a secret's value).
 //! - `events`: [`EventRecord`], [`WebhookRecord`], [`PendingDelivery`].
 //! - `telemetry`: [`LogRecord`], [`MetricSample`].
+//! - `nodes`: a split deployment's [`NodeRecord`]s (leases, draining, loss) and
+//!   placements: which node each sandbox, checkpoint, build and volume lives on
+//!   ([`PlacedKind`]).
 //!
 //! Shared underneath: `db` (the connection, statement helpers, numbered
 //! placeholders for filters), `columns` (time and JSON encodings, and the row reader
@@ -59,6 +62,7 @@ mod db;
 mod error;
 mod events;
 mod keys;
+mod nodes;
 mod sandboxes;
 mod schema;
 mod secrets;
@@ -72,6 +76,7 @@ pub use db::{Store, DATABASE_FILE};
 pub use error::{Corruption, Result, StoreError};
 pub use events::{EventRecord, PendingDelivery, WebhookChanges, WebhookRecord};
 pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
+pub use nodes::{NodeRecord, NodeRegistration, NodeUsage, PlacedKind};
 pub use sandboxes::{
     Lifecycle, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus, StateFilter,
 };

@@ -75,8 +75,8 @@ fn a_database_from_a_newer_berth_is_refused() {
 #[test]
 fn a_failed_migration_is_rolled_back_and_named() {
     let (dir, conn) = database_at(VERSION - 1);
-    // The second column the newest migration adds already exists: it cannot apply.
-    conn.execute_batch("ALTER TABLE events ADD COLUMN execution_id TEXT")
+    // The second table the newest migration creates already exists: it cannot apply.
+    conn.execute_batch("CREATE TABLE placements (x TEXT)")
         .unwrap();
     drop(conn);
     let err = Store::open(dir.path())
@@ -93,7 +93,7 @@ fn a_failed_migration_is_rolled_back_and_named() {
     assert_eq!(version as usize, VERSION - 1);
     let first_change: i64 = conn
         .query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('sandboxes') WHERE name = 'execution_id'",
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'nodes'",
             [],
             |r| r.get(0),
         )
