@@ -9,7 +9,7 @@
 #     sandbox networking, python venv, a local OCI registry and image tools for the
 #     template tests, dnsmasq/openssl for the network tests' fake internet, tmux for the
 #     CLI tests, libnss-myhostname so `<port>-<id>.localhost` sandbox hosts resolve for
-#     Python and Node)
+#     Python and Node, lxcfs for sandbox-sized memory and CPU views)
 #   - rustfmt and clippy for the active toolchain
 #   - .venv/ at the repo root with tests/sdk/requirements.txt (pinned e2b==2.63.0, pytest)
 #   - tests/sdk/js/node_modules from tests/sdk/js/package-lock.json (e2b@2.51.0)
@@ -35,6 +35,7 @@ apt_packages=(
     ca-certificates curl git
     docker-registry skopeo umoci
     dnsmasq-base openssl conntrack tmux libnss-myhostname
+    lxcfs
     chromium
 )
 

@@ -13,4 +13,6 @@ pub mod criu;
 pub mod images;
 
 pub use criu::{Criu, CriuError, CriuVersion, Dump, Restore};
-pub use images::{ghost_names, prepare_restore_images, GhostName, ImageError, ImageRewrite};
+pub use images::{
+    forget_file_sizes, ghost_names, prepare_restore_images, GhostName, ImageError, ImageRewrite,
+};

@@ -72,9 +72,7 @@ use std::time::SystemTime;
 use berth_checkpoint::{prepare_restore_images, Criu, Dump, ImageRewrite, Restore};
 
 use super::pause::HostRoot;
-use super::{
-    io_err, valid_id, volume_dump_externals, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE,
-};
+use super::{dump_externals, io_err, valid_id, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::perms;
@@ -227,7 +225,7 @@ impl LinuxRuntime {
                 leave_running: true,
                 own_mount_namespace: true,
                 netns: self.sandbox_netns(id)?,
-                external_mounts: volume_dump_externals(&sandbox.info.spec),
+                external_mounts: dump_externals(&sandbox.info),
             },
             &hook,
         )
@@ -345,10 +343,14 @@ impl LinuxRuntime {
         }
         // CRIU detaches the restored tree: tracked by pidfd, never reaped by us. A fresh
         // boot's init is our child.
-        self.bring_up(spec, matches!(how, Revival::Disk), |slot, dir| {
+        let info = self.bring_up(spec, matches!(how, Revival::Disk), |slot, dir| {
             self.attach_network(&spec.id, meta.info.network.as_ref())?;
             self.restore_into(how, checkpoint, &meta, spec, slot, dir)
-        })
+        })?;
+        if let Revival::Memory(_) = how {
+            self.complete_views(&info.id, info.init_pid);
+        }
+        Ok(info)
     }
 
     /// Checkpoint `checkpoint_id` packed for another machine: what it holds, its tree
@@ -510,7 +512,8 @@ impl LinuxRuntime {
                     root: Some(dir.join("root")),
                     cgroup_root: global,
                     netns,
-                    external_mounts: root.volume_externals(),
+                    external_mounts: [root.volume_externals(), self.view_restore_sources()]
+                        .concat(),
                     leave_stopped: trial,
                 },
                 &per_controller,

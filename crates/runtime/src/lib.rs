@@ -65,8 +65,15 @@
 //!
 //! **Limits.** cgroup v1 (one group per controller, absolute paths under
 //! `/sys/fs/cgroup/<ctrl>/berth/<id>`) or v2 (`/sys/fs/cgroup/berth/<id>`), detected at
-//! run time: CFS quota = `cpu_count` CPUs, memory limit (the OOM killer acts inside the
-//! group only), a pids limit, freezer for freeze/thaw.
+//! run time: CFS quota = `cpu_count` CPUs, on v1 also a cpuset of `cpu_count` CPUs (see
+//! `cgroup`), memory limit (the OOM killer acts inside the group only), a pids limit,
+//! freezer for freeze/thaw.
+//!
+//! **Resource views.** `free`, `/proc/meminfo`, `nproc`, `/proc/cpuinfo`, `/proc/stat`
+//! and `/sys/devices/system/cpu/online` show the sandbox's limits: LXCFS, one per state
+//! dir, outliving daemon restarts, serves those files from the cgroups of the reading
+//! sandbox's init, and each start binds them over the sandbox's own (see `views`).
+//! Without LXCFS sandboxes start all the same and see the host's numbers.
 //!
 //! **Hardening.** A capability bounding set of Docker's defaults minus NET_RAW and MKNOD,
 //! and a seccomp filter refusing everything Docker's default profile refuses and more
@@ -98,8 +105,10 @@
 //! **For checkpointing (CRIU).** The init is PID 1 and session leader of its own pid
 //! namespace and holds no fd from outside its mount namespace (stdio is `/dev/null` and
 //! the log file inside). External mounts a dump must name: the device binds under
-//! `/dev`, the init binary bind and the overlay's lower layers; the disk (upper) is
-//! mounted inside the sandbox's namespace from a loop device.
+//! `/dev`, the init binary bind, the overlay's lower layers, the volumes and the
+//! resource views (FUSE, which CRIU cannot dump; keyed, so a restore binds whichever
+//! LXCFS runs then); the disk (upper) is mounted inside the sandbox's namespace from a
+//! loop device.
 
 mod blkio;
 mod cgroup;
@@ -114,6 +123,7 @@ mod restorable;
 mod seccomp;
 mod slots;
 mod sys;
+mod views;
 mod volume;
 
 pub use blkio::DiskLimits;
@@ -123,6 +133,7 @@ pub use linux::{
     DEFAULT_ENVD_ARGS, DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
 };
 pub use perms::tighten_tree as tighten_private_tree;
+pub use views::{find_lxcfs, probe_views, Probe as ViewsProbe};
 pub use volume::{
     validate_mount_path, validate_mount_paths, MountPathError, VolumeMount, VOLUME_OWNER,
 };
