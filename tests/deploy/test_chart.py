@@ -91,14 +91,16 @@ def test_the_project_ships_the_values_files_ci_renders():
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_manifest_validates_strictly(rendered, version):
     _, docs = rendered
+    problems = []
     for doc in docs:
         name = f"{doc['kind']}/{doc['metadata']['name']}"
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as err:
-            pytest.fail(f"{name} is invalid for Kubernetes {version}: {err.message} at {list(err.path)}")
+            problems.append(f"{name} is invalid for Kubernetes {version}: {err.message} at {list(err.path)}")
         except kubernetes_validate.SchemaNotFoundError as err:
-            pytest.fail(f"{name}: no schema for Kubernetes {version}: {err}")
+            problems.append(f"{name}: no schema for Kubernetes {version}: {err}")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
