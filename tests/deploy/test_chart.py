@@ -141,6 +141,20 @@ def test_an_ingress_needs_the_domain_of_sandbox_hosts(helm_env):
     )
     hosts = [rule["host"] for rule in one(docs, "Ingress")["spec"]["rules"]]
     assert hosts == ["sbx.test", "*.sbx.test"]
+    with_port = render_error(
+        helm_env, "--set", "postgres.enabled=true", "--set", "api.ingress.enabled=true", "--set", "api.domain=sbx.test:3000"
+    )
+    assert 'api.domain "sbx.test:3000" has a port' in with_port
+    docs = render(helm_env, "--set", "postgres.enabled=true", "--set", "api.domain=sbx.test:3000")
+    args = container(one(docs, "Deployment", "api"))["args"]
+    assert args[args.index("--domain") + 1] == "sbx.test:3000"
+
+
+def test_no_service_variables_shadow_berths_settings(rendered):
+    """A Service named berth-api would give every pod BERTH_API_* variables."""
+    _, docs = rendered
+    for workload in (d for d in docs if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet")):
+        assert workload["spec"]["template"]["spec"]["enableServiceLinks"] is False
 
 
 def test_dev_postgres_only_when_asked(helm_env):
