@@ -135,6 +135,18 @@ impl TemplateStore {
         self.layer_dir(id).join("rootfs")
     }
 
+    /// The id of the layer whose rootfs is `path` ([`TemplateStore::layer_rootfs`]
+    /// backwards), if `path` is one of this store's.
+    pub fn layer_id_of(&self, path: &Path) -> Option<LayerId> {
+        let relative = path.strip_prefix(self.root.join("layers")).ok()?;
+        let mut parts = relative.components();
+        let id = parts.next()?.as_os_str().to_str()?.to_owned();
+        match (parts.next()?.as_os_str().to_str()?, parts.next()) {
+            ("rootfs", None) => LayerId::try_from(id).ok(),
+            _ => None,
+        }
+    }
+
     pub fn has_layer(&self, id: &LayerId) -> bool {
         self.layer_dir(id).is_dir()
     }
@@ -958,6 +970,27 @@ mod tests {
             sender.pack_layer(&other),
             Err(TemplateError::MissingLayer { .. })
         ));
+    }
+
+    #[test]
+    fn a_layer_path_names_its_layer() {
+        let state = StateDir::new("layer-of");
+        let store = TemplateStore::open(&state.0).unwrap();
+        let id = LayerId::of_bytes(b"named");
+        assert_eq!(
+            store.layer_id_of(&store.layer_rootfs(&id)),
+            Some(id.clone())
+        );
+        assert_eq!(store.layer_id_of(&store.layer_dir(&id)), None);
+        assert_eq!(
+            store.layer_id_of(
+                Path::new("/elsewhere/layers")
+                    .join(id.as_str())
+                    .join("rootfs")
+                    .as_path()
+            ),
+            None
+        );
     }
 
     #[test]
