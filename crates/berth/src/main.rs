@@ -39,6 +39,8 @@ const DEFAULT_TEAM: &str = "default";
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 const DEFAULT_STATE_DIR: &str = "/var/lib/berth";
+/// Where the listener's serving CA lives under the state dir (`ca.crt`, `ca.key` 0600).
+const SERVING_CA_DIR: &str = "serving-ca";
 
 #[derive(Parser)]
 #[command(
@@ -292,6 +294,14 @@ struct UpArgs {
     /// previous build keeps serving until the new one is ready.
     #[arg(long, env = "BERTH_CODE_INTERPRETER_DEFINITION")]
     code_interpreter_definition: Option<PathBuf>,
+    /// The static mcp-gateway binary put into the `mcp-gateway` template (default: next
+    /// to this binary; without one that template is unavailable).
+    #[arg(long, env = "BERTH_MCP_GATEWAY_BIN")]
+    mcp_gateway_binary: Option<PathBuf>,
+    /// Base URL the MCP gateway clones `github/<owner>/<repo>` servers from
+    /// (`<url>/<owner>/<repo>`): a mirror or a git server of your own instead of GitHub.
+    #[arg(long, env = "BERTH_MCP_GIT_URL", default_value = "https://github.com")]
+    mcp_git_url: String,
     /// PEM roots that `code-interpreter-v1`'s build (and the template) trusts, for a
     /// TLS-intercepting proxy in front of the package registries.
     #[arg(long, env = "BERTH_BUILD_CA_FILE")]
@@ -760,6 +770,11 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         .interpreter_binary
         .clone()
         .unwrap_or_else(host_templates::default_interpreter_binary);
+    host_templates::check_git_url(&args.mcp_git_url)?;
+    let mcp_gateway = args
+        .mcp_gateway_binary
+        .clone()
+        .unwrap_or_else(host_templates::default_mcp_gateway_binary);
     let host_templates: Vec<berth_server::HostTemplate> = host_templates::code_interpreter(
         &state_dir,
         match &args.code_interpreter_definition {
@@ -770,12 +785,19 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         args.build_ca_file.as_deref(),
     )?
     .into_iter()
+    .chain(host_templates::mcp_gateway(
+        &state_dir,
+        &mcp_gateway,
+        &args.mcp_git_url,
+    )?)
     .collect();
     for name in build_only {
         if !host_templates.iter().any(|t| t.name == *name) {
             bail!(
-                "no host template {name:?} to build (host templates: {})",
-                host_templates::CODE_INTERPRETER
+                "no host template {name:?} to build (host templates: {}, {}; each needs its \
+                 binary beside berth)",
+                host_templates::CODE_INTERPRETER,
+                host_templates::MCP_GATEWAY
             );
         }
     }
@@ -868,6 +890,11 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         let domain = args.domain.clone().unwrap_or_else(|| {
             default_domain(listener.local_addr().map(|a| a.port()).unwrap_or(80))
         });
+        let serving_ca_dir = state_dir.join(SERVING_CA_DIR);
+        let serving_ca =
+            berth_ca::CertificateAuthority::load_or_create(&serving_ca_dir, "berth serving CA")
+                .context("loading the listener's serving CA")?;
+        let tls = berth_server::ServingTls::new(Arc::new(serving_ca), Some(&domain));
         let config = ServerConfig {
             domain: Some(domain.clone()),
             webhooks: berth_server::WebhookConfig {
@@ -885,6 +912,7 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
             host_templates,
             max_lifetime: args.max_sandbox_lifetime,
             team_max_sandboxes: args.team_max_sandboxes,
+            tls: Some(tls),
             ..Default::default()
         };
         let server = Server::start_with_builds(
@@ -955,6 +983,11 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         if let Some(hint) = sandbox_host_hint(&domain) {
             eprintln!("{hint}");
         }
+        eprintln!(
+            "TLS on the same port (https://{domain}, https://<port>-<sandbox>.{domain}): \
+             clients trust {} (e.g. SSL_CERT_FILE, NODE_EXTRA_CA_CERTS)",
+            serving_ca_dir.join("ca.crt").display()
+        );
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         // The dashboard calls the API and the sandbox proxy in-process, through the
         // server's own router.

@@ -29,6 +29,7 @@ mod secrets;
 mod templates;
 #[cfg(feature = "test-support")]
 pub mod testing;
+mod tls;
 mod volumes;
 mod webhook_target;
 mod webhooks;
@@ -49,6 +50,7 @@ pub use openapi::openapi_document;
 pub use secrets::{RotationReport, SecretVault, SecretsResolver};
 pub use templates::host::{HostTemplate, HOST_FILES_SCOPE};
 pub use templates::{NameError, TemplateLimits};
+pub use tls::ServingTls;
 pub use webhook_target::{
     Resolution, SystemResolver, WebhookConfig, WebhookResolver, WebhookTargetError,
 };
@@ -106,6 +108,8 @@ pub struct ServerConfig {
     /// Most running sandboxes one team may have at once (None: no limit); a create,
     /// resume or fork beyond it is answered 429 as E2B does.
     pub team_max_sandboxes: Option<usize>,
+    /// TLS beside plain HTTP on the listener (`berth up`'s serving CA); None: plain only.
+    pub tls: Option<ServingTls>,
 }
 
 /// The longest a sandbox may be asked to live.
@@ -446,21 +450,34 @@ impl Server {
         extra: axum::Router,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        let app = self.router_with(extra);
+        let app = self
+            .router_with(extra)
+            .into_make_service_with_connect_info::<SocketAddr>();
         use axum::serve::ListenerExt;
-        // Without TCP_NODELAY a small write after another (a stream's frames, a response
-        // head then its body) waits for the client's delayed ACK: ~40 ms per call.
-        let listener = listener.tap_io(|stream| {
-            if let Err(err) = stream.set_nodelay(true) {
-                tracing::warn!(%err, "setting TCP_NODELAY on an accepted connection");
+        match self.state.config.tls.clone() {
+            // The accept loop sets TCP_NODELAY; `tap_io` only lends the connection info.
+            Some(tls) => {
+                axum::serve(
+                    tls::SniffingListener::new(listener, tls)?.tap_io(|_| {}),
+                    app,
+                )
+                .with_graceful_shutdown(shutdown)
+                .await?
             }
-        });
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await?;
+            None => {
+                // Without TCP_NODELAY a small write after another (a stream's frames, a
+                // response head then its body) waits for the client's delayed ACK: ~40 ms
+                // per call.
+                let listener = listener.tap_io(|stream| {
+                    if let Err(err) = stream.set_nodelay(true) {
+                        tracing::warn!(%err, "setting TCP_NODELAY on an accepted connection");
+                    }
+                });
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await?
+            }
+        }
         for task in &self.tasks {
             task.abort();
         }

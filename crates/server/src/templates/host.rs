@@ -47,6 +47,10 @@ pub struct HostTemplate {
     /// Limits of the template's sandboxes (installed templates otherwise get the
     /// server's defaults).
     pub resources: SandboxResources,
+    /// Env vars every sandbox of the template starts with, under the create's own: the
+    /// operator's settings its programs read (`mcp-gateway`'s git URL). Not part of the
+    /// build, so changing one rebuilds nothing.
+    pub sandbox_envs: berth_api::StringMap,
 }
 
 /// The host template named `name`, if there is one.

@@ -1,0 +1,92 @@
+"""A stdio MCP server in plain Python (stdlib only), for the gateway's tests.
+
+    python3 echo_server.py [PREFIX]
+
+Tools: `<PREFIX>echo` answers its `text` argument; `<PREFIX>info` answers a JSON object
+with the working directory, `$GREETING`, the contents of `installed.txt` in the working
+directory (what an install_cmd wrote) and whether the gateway's token leaked into the
+environment. Speaks newline-delimited JSON-RPC on stdin/stdout and answers the protocol
+version the client asks for.
+"""
+
+import json
+import os
+import sys
+
+PREFIX = sys.argv[1] if len(sys.argv) > 1 else ""
+
+TOOLS = [
+    {
+        "name": PREFIX + "echo",
+        "description": "Answers its text.",
+        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    },
+    {
+        "name": PREFIX + "info",
+        "description": "Where and how this server runs.",
+        "inputSchema": {"type": "object", "properties": {}},
+    },
+]
+
+
+def info() -> str:
+    try:
+        with open("installed.txt") as marker:
+            installed = marker.read().strip()
+    except OSError:
+        installed = None
+    return json.dumps({
+        "cwd": os.getcwd(),
+        "greeting": os.environ.get("GREETING"),
+        "installed": installed,
+        "token_visible": "GATEWAY_ACCESS_TOKEN" in os.environ,
+    })
+
+
+def answer(request: dict) -> dict:
+    method = request.get("method")
+    params = request.get("params") or {}
+    if method == "initialize":
+        return {
+            "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "echo-server", "version": "1.0.0"},
+        }
+    if method == "ping":
+        return {}
+    if method == "tools/list":
+        return {"tools": TOOLS}
+    if method == "tools/call":
+        name = params.get("name")
+        arguments = params.get("arguments") or {}
+        if name == PREFIX + "echo":
+            text = str(arguments.get("text", ""))
+        elif name == PREFIX + "info":
+            text = info()
+        else:
+            raise LookupError(f"unknown tool {name}")
+        return {"content": [{"type": "text", "text": text}], "isError": False}
+    raise NotImplementedError(method)
+
+
+def main() -> None:
+    print(f"echo server {PREFIX!r} starting in {os.getcwd()}", file=sys.stderr, flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        if "id" not in request:
+            continue  # a notification
+        try:
+            reply = {"jsonrpc": "2.0", "id": request["id"], "result": answer(request)}
+        except NotImplementedError as error:
+            reply = {"jsonrpc": "2.0", "id": request["id"],
+                     "error": {"code": -32601, "message": f"method not found: {error}"}}
+        except LookupError as error:
+            reply = {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32602, "message": str(error)}}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
