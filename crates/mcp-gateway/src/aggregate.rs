@@ -11,8 +11,8 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, GetPromptRequestParams, GetPromptResponse,
     Implementation, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
     ListToolsResult, PaginatedRequestParams, Prompt, PromptsCapability, ReadResourceRequestParams,
-    ReadResourceResponse, Resource, ResourceTemplate, ResourcesCapability, ServerCapabilities,
-    ServerConfig, Tool, ToolsCapability,
+    ReadResourceResponse, Resource, ResourceTemplate, ResourcesCapability, ResultType,
+    ServerCapabilities, ServerConfig, Tool, ToolsCapability,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -210,11 +210,17 @@ impl ServerHandler for Handler {
         // The client's per-request protocol metadata is for this gateway, not upstream.
         request.meta = None;
         let upstream = self.upstream(index);
-        upstream
+        let mut response = upstream
             .peer
             .call_tool_once(request)
             .await
-            .map_err(|e| upstream_error(&upstream.name, e))
+            .map_err(|e| upstream_error(&upstream.name, e))?;
+        // An upstream on an older revision sends no `resultType`, which 2026-07-28
+        // clients require (rmcp strips it again for older clients).
+        if let CallToolResponse::Complete(result) = &mut response {
+            result.result_type = Some(ResultType::COMPLETE);
+        }
+        Ok(response)
     }
 
     async fn list_resources(
@@ -247,7 +253,12 @@ impl ServerHandler for Handler {
         for index in self.0.catalog.resource_servers(&request.uri) {
             let upstream = self.upstream(index);
             match upstream.peer.read_resource_once(request.clone()).await {
-                Ok(response) => return Ok(response),
+                Ok(mut response) => {
+                    if let ReadResourceResponse::Complete(result) = &mut response {
+                        result.result_type = Some(ResultType::COMPLETE);
+                    }
+                    return Ok(response);
+                }
                 Err(error) => last = Some(upstream_error(&upstream.name, error)),
             }
         }
@@ -279,11 +290,15 @@ impl ServerHandler for Handler {
         };
         request.meta = None;
         let upstream = self.upstream(index);
-        upstream
+        let mut response = upstream
             .peer
             .get_prompt_once(request)
             .await
-            .map_err(|e| upstream_error(&upstream.name, e))
+            .map_err(|e| upstream_error(&upstream.name, e))?;
+        if let GetPromptResponse::Complete(result) = &mut response {
+            result.result_type = Some(ResultType::COMPLETE);
+        }
+        Ok(response)
     }
 }
 

@@ -4,8 +4,8 @@
 
 Tools: `<PREFIX>echo` answers its `text` argument; `<PREFIX>info` answers a JSON object
 with the working directory, `$GREETING`, the contents of `installed.txt` in the working
-directory (what an install_cmd wrote) and whether the gateway's token leaked into the
-environment. Speaks newline-delimited JSON-RPC on stdin/stdout and answers the protocol
+directory (what an install_cmd wrote), whether the gateway's token leaked into the
+environment, and its process id. Speaks newline-delimited JSON-RPC on stdin/stdout and answers the protocol
 version the client asks for.
 """
 
@@ -40,6 +40,7 @@ def info() -> str:
         "greeting": os.environ.get("GREETING"),
         "installed": installed,
         "token_visible": "GATEWAY_ACCESS_TOKEN" in os.environ,
+        "pid": os.getpid(),
     })
 
 
