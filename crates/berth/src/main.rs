@@ -82,9 +82,9 @@ enum Command {
     },
     /// Provision what `berth up` needs, with progress: the `base` template and a CRIU
     /// that works on this kernel (the host's >= 4.2, else a private copy); with
-    /// `--template`, also build host templates (`code-interpreter-v1`) with the same
-    /// runtime, network and egress settings `berth up` takes (not while a `berth up`
-    /// runs on the same state dir: that one builds them on first use).
+    /// `--template`, also build host templates (`code-interpreter-v1`, `mcp-gateway`)
+    /// with the same runtime, network and egress settings `berth up` takes (not while a
+    /// `berth up` runs on the same state dir: that one builds them on first use).
     Provision(ProvisionArgs),
     /// Serve the agent tools (MCP) over stdin/stdout.
     Mcp(McpArgs),
@@ -154,7 +154,7 @@ enum Command {
 
 #[derive(Args)]
 struct ProvisionArgs {
-    /// Host template to build (repeatable): `code-interpreter-v1`.
+    /// Host template to build (repeatable): `code-interpreter-v1`, `mcp-gateway`.
     #[arg(long = "template")]
     templates: Vec<String>,
     #[command(flatten)]

@@ -304,7 +304,11 @@ async fn run(
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
-        unreachable!("all three were asked to be piped");
+        return Err(GatewayError::Spawn {
+            server: server.name.clone(),
+            program: "bash (run_cmd)".into(),
+            source: std::io::Error::other("its stdio was not piped"),
+        });
     };
     let tail = Tail::default();
     let copying = tokio::spawn({

@@ -55,9 +55,10 @@ pub fn spawn_and_wait(
     // must come from the child alone.
     drop(command);
     if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(config.as_bytes())
-            .map_err(GatewayError::Detach)?;
+        // A child that died before reading it reports nothing: its log says why.
+        if let Err(error) = stdin.write_all(config.as_bytes()) {
+            tracing::debug!(%error, "handing the config to the detached gateway");
+        }
     }
     let mut report = String::new();
     std::fs::File::from(report_read)

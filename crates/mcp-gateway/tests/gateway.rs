@@ -238,6 +238,35 @@ async fn two_servers_behind_one_token_checked_endpoint() {
         .unwrap()
         .contains("nope"));
 
+    let resources = session.call("resources/list", json!({})).await;
+    let mut uris: Vec<&str> = resources["result"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["uri"].as_str().unwrap())
+        .collect();
+    uris.sort();
+    assert_eq!(uris, ["echo://other_readme", "echo://readme"]);
+    let read = session
+        .call("resources/read", json!({"uri": "echo://other_readme"}))
+        .await;
+    assert_eq!(
+        read["result"]["contents"][0]["text"], "readme of other_",
+        "{read}"
+    );
+    let prompts = session.call("prompts/list", json!({})).await;
+    assert_eq!(prompts["result"]["prompts"].as_array().unwrap().len(), 2);
+    let prompt = session
+        .call(
+            "prompts/get",
+            json!({"name": "other_greet", "arguments": {"name": "ada"}}),
+        )
+        .await;
+    assert_eq!(
+        prompt["result"]["messages"][0]["content"]["text"], "greet ada",
+        "{prompt}"
+    );
+
     for token in [None, Some("wrong"), Some("")] {
         let mut request = reqwest::Client::new()
             .post(fixture.url())

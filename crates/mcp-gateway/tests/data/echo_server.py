@@ -2,6 +2,7 @@
 
     python3 echo_server.py [PREFIX]
 
+Resources: `echo://<PREFIX>readme` (text). Prompts: `<PREFIX>greet` (argument `name`).
 Tools: `<PREFIX>echo` answers its `text` argument; `<PREFIX>info` answers a JSON object
 with the working directory, `$GREETING`, the contents of `installed.txt` in the working
 directory (what an install_cmd wrote), whether the gateway's token leaked into the
@@ -29,6 +30,9 @@ TOOLS = [
 ]
 
 
+README_URI = f"echo://{PREFIX}readme"
+
+
 def info() -> str:
     try:
         with open("installed.txt") as marker:
@@ -50,13 +54,28 @@ def answer(request: dict) -> dict:
     if method == "initialize":
         return {
             "protocolVersion": params.get("protocolVersion", "2025-06-18"),
-            "capabilities": {"tools": {}},
+            "capabilities": {"tools": {}, "resources": {}, "prompts": {}},
             "serverInfo": {"name": "echo-server", "version": "1.0.0"},
         }
     if method == "ping":
         return {}
     if method == "tools/list":
         return {"tools": TOOLS}
+    if method == "resources/list":
+        return {"resources": [{"uri": README_URI, "name": PREFIX + "readme", "mimeType": "text/plain"}]}
+    if method == "resources/templates/list":
+        return {"resourceTemplates": []}
+    if method == "resources/read":
+        if params.get("uri") != README_URI:
+            raise LookupError(f"unknown resource {params.get('uri')}")
+        return {"contents": [{"uri": README_URI, "mimeType": "text/plain", "text": f"readme of {PREFIX or 'echo'}"}]}
+    if method == "prompts/list":
+        return {"prompts": [{"name": PREFIX + "greet", "arguments": [{"name": "name", "required": True}]}]}
+    if method == "prompts/get":
+        if params.get("name") != PREFIX + "greet":
+            raise LookupError(f"unknown prompt {params.get('name')}")
+        who = (params.get("arguments") or {}).get("name", "nobody")
+        return {"messages": [{"role": "user", "content": {"type": "text", "text": f"greet {who}"}}]}
     if method == "tools/call":
         name = params.get("name")
         arguments = params.get("arguments") or {}

@@ -1,6 +1,6 @@
-//! Host templates: templates berth defines itself (`code-interpreter-v1`) and builds
-//! with its own build engine on first use, or ahead of time (`berth provision
-//! --template`).
+//! Host templates: templates berth defines itself (`code-interpreter-v1`,
+//! `mcp-gateway`) and builds with its own build engine on first use, or ahead of time
+//! (`berth provision --template`).
 //!
 //! A host template is a build body in E2B's shape (base, steps, start and ready
 //! commands) plus a context directory its COPY sources are read from. Its build's
