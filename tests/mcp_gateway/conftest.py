@@ -23,7 +23,6 @@ Binaries: `BERTH_BIN` (berth with berth-envd and berth-launch beside it, default
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -44,6 +43,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 sys.path.insert(0, str(REPO_ROOT / "tests" / "sdk" / "control_plane"))
+sys.path.insert(0, str(REPO_ROOT / "tests" / "interpreter"))
+from berth_env import import_base  # noqa: E402  (the shared base, linked in)
 from internet import FakeInternet  # noqa: E402
 from sandbox_pool import free_sandbox_pool  # noqa: E402
 
@@ -78,22 +79,6 @@ def poll(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "cond
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.1)
-
-
-def import_base(state: Path) -> None:
-    """The shared store's `base` in `state`'s store: manifest copied, layers linked."""
-    shared = Path(os.environ.get("BERTH_TEMPLATES_DIR", "/var/lib/berth/templates"))
-    manifest = shared / "manifests" / "base.json"
-    if not manifest.is_file():
-        return  # berth builds its own base
-    store = state / "templates"
-    (store / "layers").mkdir(parents=True, exist_ok=True)
-    (store / "manifests").mkdir(exist_ok=True)
-    for layer in json.loads(manifest.read_text())["layers"]:
-        link = store / "layers" / layer
-        if not link.exists():
-            link.symlink_to(shared / "layers" / layer)
-    (store / "manifests" / "base.json").write_bytes(manifest.read_bytes())
 
 
 class Berth:
