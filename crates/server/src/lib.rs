@@ -8,7 +8,8 @@
 //! it never touches namespaces, mounts or the database file directly.
 //!
 //! Entry points: [`Server::start`] (recover, spawn background tasks) and
-//! [`Server::serve`] (one listener for the API and the proxy).
+//! [`Server::serve`] (one listener for the API and the proxy, plain HTTP and, with
+//! [`ServerConfig::tls`], TLS on the same port).
 
 #![forbid(unsafe_code)]
 
