@@ -21,7 +21,9 @@ struct Fixture {
 impl Drop for Fixture {
     fn drop(&mut self) {
         for pid in &self.started {
-            let _ = Command::new("kill").arg(pid.to_string()).status();
+            if let Some(pid) = rustix::process::Pid::from_raw(*pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
         }
     }
 }
