@@ -185,6 +185,18 @@ def test_catalog_servers_are_refused_by_name(berth: Berth) -> None:
     )
 
 
+def test_catalog_servers_cannot_be_pulled_into_a_template(berth: Berth) -> None:
+    """`Template().from_template("mcp-gateway").add_mcp_server(...)` runs `mcp-gateway
+    pull` in the build: refused by name, so the build fails saying why."""
+    from e2b import BuildException, Template
+
+    template = Template().from_template("mcp-gateway").add_mcp_server(["exa", "brave"])
+    with pytest.raises(BuildException) as failure:
+        Template.build(template, f"mcp-pull-{uuid.uuid4().hex[:8]}")
+    assert "cannot pull exa, brave" in str(failure.value), failure.value
+    assert "Docker images" in str(failure.value), failure.value
+
+
 def test_a_malformed_mcp_object_is_a_400_naming_it(berth: Berth) -> None:
     response = httpx.post(f"{berth.env['E2B_API_URL']}/sandboxes", headers={"X-API-Key": berth.env["E2B_API_KEY"]},
                           json={"templateID": "mcp-gateway", "mcp": ["github/acme/echo"]}, timeout=60)
