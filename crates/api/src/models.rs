@@ -691,14 +691,16 @@ pub struct TemplateAliasResponse {
     pub public: bool,
 }
 
-/// Lifecycle event types, as E2B names them.
-pub const EVENT_TYPES: [&str; 6] = [
+/// Event types: E2B's lifecycle events, and berth's `sandbox.snapshot.deleted` (a
+/// snapshot deleted by request or by the operator's retention).
+pub const EVENT_TYPES: [&str; 7] = [
     "sandbox.lifecycle.created",
     "sandbox.lifecycle.killed",
     "sandbox.lifecycle.paused",
     "sandbox.lifecycle.resumed",
     "sandbox.lifecycle.updated",
     "sandbox.lifecycle.checkpointed",
+    "sandbox.snapshot.deleted",
 ];
 
 /// A sandbox lifecycle event (also the body of a webhook delivery).

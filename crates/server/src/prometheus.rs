@@ -71,6 +71,12 @@ struct FailureLabels {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EvictionLabels {
+    kind: &'static str,
+    rule: &'static str,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -90,6 +96,8 @@ pub struct Metrics {
     builds: Histograms<OutcomeLabels>,
     reaper_failures: Family<FailureLabels, Counter>,
     webhook_failures: Family<FailureLabels, Counter>,
+    evictions: Family<EvictionLabels, Counter>,
+    retention_failures: Counter,
     proxied: Family<StatusLabels, Counter>,
     sandboxes: Family<SandboxLabels, Gauge>,
     pooled: Family<TemplateLabels, Gauge>,
@@ -119,6 +127,8 @@ impl Metrics {
             builds: Family::new_with_constructor(build_histogram),
             reaper_failures: Family::default(),
             webhook_failures: Family::default(),
+            evictions: Family::default(),
+            retention_failures: Counter::default(),
             proxied: Family::default(),
             sandboxes: Family::default(),
             pooled: Family::default(),
@@ -146,6 +156,16 @@ impl Metrics {
             "webhook_delivery_failures",
             "Failed webhook delivery attempts (retry) and deliveries given up (dropped)",
             metrics.webhook_failures.clone(),
+        );
+        registry.register(
+            "retention_evictions",
+            "Paused sandboxes (kind=paused) and snapshots (kind=snapshot) evicted by retention, by rule",
+            metrics.evictions.clone(),
+        );
+        registry.register(
+            "retention_failures",
+            "Retention passes or evictions that failed",
+            metrics.retention_failures.clone(),
         );
         registry.register(
             "proxy_requests",
@@ -232,6 +252,21 @@ impl Metrics {
         self.webhook_failures
             .get_or_create(&FailureLabels { kind })
             .inc();
+    }
+
+    pub(crate) fn evicted(&self, eviction: &crate::retention::Eviction) {
+        use crate::retention::Eviction;
+        let (kind, rule) = match eviction {
+            Eviction::Paused { rule, .. } => ("paused", rule.key()),
+            Eviction::Snapshot { rule, .. } => ("snapshot", rule.key()),
+        };
+        self.evictions
+            .get_or_create(&EvictionLabels { kind, rule })
+            .inc();
+    }
+
+    pub fn retention_failed(&self) {
+        self.retention_failures.inc();
     }
 
     pub fn proxied(&self, status: u16) {

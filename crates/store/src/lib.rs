@@ -73,7 +73,8 @@ pub use error::{Corruption, Result, StoreError};
 pub use events::{EventRecord, PendingDelivery, WebhookChanges, WebhookRecord};
 pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
 pub use sandboxes::{
-    Lifecycle, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus, StateFilter,
+    Lifecycle, PausedSandbox, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus,
+    StateFilter, TeamUsage,
 };
 pub use secrets::{SealedVersion, SecretPage, SecretRecord, SECRET_ID_PREFIX};
 pub use snapshots::SnapshotRecord;

@@ -246,6 +246,19 @@ CREATE TABLE template_tags (
 ALTER TABLE sandboxes ADD COLUMN execution_id TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN execution_id TEXT NOT NULL DEFAULT '';
 "#,
+    // Retention: when a sandbox was paused (rows paused before: their last `paused`
+    // event, else their start) and which snapshot a sandbox was started from (while it
+    // lives, that snapshot is in use).
+    r#"
+ALTER TABLE sandboxes ADD COLUMN paused_at_ms INTEGER;
+ALTER TABLE sandboxes ADD COLUMN from_snapshot TEXT;
+UPDATE sandboxes SET paused_at_ms = coalesce(
+    (SELECT max(e.timestamp_ms) FROM events e
+     WHERE e.sandbox_id = sandboxes.id AND e.event_type = 'sandbox.lifecycle.paused'),
+    started_at_ms)
+WHERE status = 'paused';
+CREATE INDEX sandboxes_from_snapshot ON sandboxes(from_snapshot) WHERE from_snapshot IS NOT NULL;
+"#,
 ];
 
 /// The schema version this berth writes.

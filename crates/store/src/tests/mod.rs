@@ -55,6 +55,7 @@ fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
         traffic_access_token: None,
         volume_mounts: Vec::new(),
         execution_id: format!("exec-{id}"),
+        from_snapshot: None,
     }
 }
 
