@@ -900,6 +900,7 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
             return built;
         }
         let _host_template_refresh = server.spawn_host_template_refresh();
+        berth_checkpoint::observe_criu(server.criu_observer());
         let _config_reload = limits_config::spawn_reload(config_text, flag_limits, server.limits())
             .context("listening for SIGHUP")?;
         let metrics = match args.metrics_listen {
@@ -936,7 +937,10 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         );
         let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
         let sweeping = tokio_util::sync::CancellationToken::new();
-        let _sweeper = mcp.spawn_sweeper(sweeping.clone());
+        let lease_sweep_failed = server.lease_sweep_reporter();
+        let _sweeper = mcp.spawn_sweeper_reporting(sweeping.clone(), move |report| {
+            lease_sweep_failed(report.failed)
+        });
         let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity {
             store: store.clone(),
             api_url: url.clone(),

@@ -288,6 +288,9 @@ impl Server {
             limits,
             snapshot_starts: Mutex::new(HashMap::new()),
         });
+        state
+            .store
+            .observe_queries(state.prometheus.store_observer());
         sandboxes::recover(&state).await?;
         templates::recover(&state).await?;
         let tasks = vec![
@@ -332,6 +335,23 @@ impl Server {
                 }
             }
         })
+    }
+
+    /// What tells the operator's metrics of every CRIU run; the program passes it to
+    /// `berth_checkpoint::observe_criu` (CRIU runs are process-wide).
+    pub fn criu_observer(&self) -> Arc<dyn berth_checkpoint::CriuObserver> {
+        self.state.prometheus.criu_observer()
+    }
+
+    /// What counts the failed releases of each MCP lease sweep in the operator's
+    /// metrics (`berth_sweeper_failures_total{sweeper="mcp_leases"}`).
+    pub fn lease_sweep_reporter(&self) -> impl Fn(usize) + Send + Sync + 'static {
+        let state = self.state.clone();
+        move |failures| {
+            state
+                .prometheus
+                .sweeper_failed("mcp_leases", u64::try_from(failures).unwrap_or(u64::MAX))
+        }
     }
 
     /// The operator's limits in force, to read or replace while the server runs.

@@ -156,7 +156,7 @@ pub async fn run(state: SharedState) {
         let retention = state.limits.current().retention;
         if retention.is_set() {
             if let Err(err) = pass(&state, &retention).await {
-                state.prometheus.retention_failed();
+                state.prometheus.sweeper_failed("retention", 1);
                 tracing::error!(error = %crate::error::error_chain(&err), "retention pass");
             }
         }
@@ -204,7 +204,7 @@ async fn pass(state: &SharedState, retention: &Retention) -> Result<(), crate::S
             Ok(true) => state.prometheus.evicted(&eviction),
             Ok(false) => {}
             Err(err) => {
-                state.prometheus.retention_failed();
+                state.prometheus.sweeper_failed("retention", 1);
                 tracing::error!(?eviction, error = %crate::error::error_chain(&err), "retention eviction failed");
             }
         }

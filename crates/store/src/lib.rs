@@ -68,7 +68,7 @@ mod telemetry;
 mod templates;
 mod volumes;
 
-pub use db::{Store, DATABASE_FILE};
+pub use db::{QueryObserver, Store, DATABASE_FILE};
 pub use error::{Corruption, Result, StoreError};
 pub use events::{EventRecord, PendingDelivery, WebhookChanges, WebhookRecord};
 pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
