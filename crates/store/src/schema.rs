@@ -259,6 +259,21 @@ UPDATE sandboxes SET paused_at_ms = coalesce(
 WHERE status = 'paused';
 CREATE INDEX sandboxes_from_snapshot ON sandboxes(from_snapshot) WHERE from_snapshot IS NOT NULL;
 "#,
+    // Webhook delivery history: a delivery stays after its last attempt (delivered or
+    // failed) with its answer, so a team can see what reached its receivers. Rows from
+    // before were all pending.
+    r#"
+ALTER TABLE webhook_deliveries ADD COLUMN status TEXT NOT NULL DEFAULT 'pending';
+ALTER TABLE webhook_deliveries ADD COLUMN response_code INTEGER;
+ALTER TABLE webhook_deliveries ADD COLUMN last_error TEXT;
+ALTER TABLE webhook_deliveries ADD COLUMN last_attempt_ms INTEGER;
+ALTER TABLE webhook_deliveries ADD COLUMN created_at_ms INTEGER NOT NULL DEFAULT 0;
+UPDATE webhook_deliveries SET created_at_ms = coalesce(
+    (SELECT e.timestamp_ms FROM events e WHERE e.id = webhook_deliveries.event_id),
+    next_attempt_ms);
+CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries(webhook_id, id);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_ms);
+"#,
 ];
 
 /// The schema version this berth writes.

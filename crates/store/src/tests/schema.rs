@@ -76,7 +76,7 @@ fn a_database_from_a_newer_berth_is_refused() {
 fn a_failed_migration_is_rolled_back_and_named() {
     let (dir, conn) = database_at(VERSION - 1);
     // The second column the newest migration adds already exists: it cannot apply.
-    conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN from_snapshot TEXT")
+    conn.execute_batch("ALTER TABLE webhook_deliveries ADD COLUMN response_code INTEGER")
         .unwrap();
     drop(conn);
     let err = Store::open(dir.path())
@@ -93,7 +93,7 @@ fn a_failed_migration_is_rolled_back_and_named() {
     assert_eq!(version as usize, VERSION - 1);
     let first_change: i64 = conn
         .query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('sandboxes') WHERE name = 'paused_at_ms'",
+            "SELECT COUNT(*) FROM pragma_table_info('webhook_deliveries') WHERE name = 'status'",
             [],
             |r| r.get(0),
         )
