@@ -25,12 +25,12 @@ MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def limited(berth: Berth, internet) -> Iterator[Berth]:
+def limited(request: pytest.FixtureRequest, berth: Berth, internet) -> Iterator[Berth]:
     state_dir = Path(tempfile.mkdtemp(prefix="berth-ops-limits-"))
     templates = berth.state_dir / "templates"
     if templates.is_symlink():
         (state_dir / "templates").symlink_to(templates.resolve())
-    log_dir = Path(tempfile.mkdtemp(prefix="berth-ops-limits-log-"))
+    log_dir = Path(tempfile.mkdtemp(prefix="berth-ops-limits-log-", dir=control_plane.log_root()))
     config = log_dir / "limits.toml"
     config.write_text("# limits of test_limits.py, rewritten by its tests\n")
     instance = Berth(
@@ -61,7 +61,10 @@ def limited(berth: Berth, internet) -> Iterator[Berth]:
         import os
         os.environ.update(session_env)
         control_plane.remove_state_dir(state_dir)
-        shutil.rmtree(log_dir, ignore_errors=True)
+        if request.session.testsfailed:
+            print(f"\nthe limits module's berth up log is kept at {instance.log_path}")
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def test_lifetime_is_24_hours_by_default(api: httpx.Client) -> None:
