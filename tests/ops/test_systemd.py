@@ -146,6 +146,11 @@ def test_stop_and_start_of_the_installed_unit_keep_paused_sandboxes_and_snapshot
         "BERTH_CONFIG": str(state_dir / "limits.toml"),
     }
     (state_dir / "limits.toml").write_text("[team_quotas]\nmax_sandboxes = 10\n")
+    # berth up's output into a file: this systemd runs no journal.
+    service_log = systemd.work / "berth-up.log"
+    systemd.run("sh", "-c", f"mkdir -p /etc/systemd/system/{UNIT}.d && cat > /etc/systemd/system/{UNIT}.d/log.conf",
+                input=f"[Service]\nStandardOutput=append:{service_log}\nStandardError=append:{service_log}\n",
+                check=True)
     # The operator's settings first: `berth install` keeps an env file that exists.
     systemd.run("sh", "-c", "cat > /etc/default/berth",
                 input="".join(f"{key}={value}\n" for key, value in settings.items()), check=True)
@@ -157,13 +162,21 @@ def test_stop_and_start_of_the_installed_unit_keep_paused_sandboxes_and_snapshot
         assert f"ExecStart={berth.binary} up" in unit and "KillMode=process" in unit
         assert systemd.run("systemctl", "is-enabled", UNIT).stdout.strip() == "enabled"
 
+        def wait_for(condition, what: str) -> None:
+            try:
+                poll(condition, timeout=300, what=what)
+            except AssertionError as timed_out:
+                status = systemd.run("systemctl", "status", "--no-pager", "-l", UNIT).stdout
+                log = service_log.read_text(errors="replace")[-6000:] if service_log.exists() else "<none>"
+                raise AssertionError(f"{timed_out}\n{status}\nberth up's output:\n{log}") from None
+
         def answering() -> bool:
             try:
                 return httpx.get(f"{url}/health", timeout=2).status_code < 500
             except httpx.TransportError:
                 return False
 
-        poll(answering, timeout=300, what="berth up under systemd to answer")
+        wait_for(answering, "berth up under systemd to answer")
         key = subprocess.run(
             [str(berth.binary), "keys", "create", "--state-dir", str(state_dir)],
             capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
@@ -185,7 +198,7 @@ def test_stop_and_start_of_the_installed_unit_keep_paused_sandboxes_and_snapshot
         assert systemd.run("systemctl", "is-active", UNIT).stdout.strip() == "inactive"
         assert not answering()
         systemd.run("systemctl", "start", UNIT, check=True)
-        poll(answering, timeout=300, what="berth up to answer after systemctl start")
+        wait_for(answering, "berth up to answer after systemctl start")
         assert systemd.run("systemctl", "show", "-p", "MainPID", "--value", UNIT).stdout.strip() != main_pid
 
         resumed = Sandbox.connect(paused.sandbox_id, **sdk)
