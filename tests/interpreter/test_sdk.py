@@ -136,6 +136,17 @@ def test_languages_keep_their_own_state_and_env(sandbox, cwd, language, setup, r
     assert sandbox.run_code("counter", language="python").error is not None
 
 
+def test_java_keeps_its_own_state(sandbox):
+    context = sandbox.create_code_context(language="java")
+    assert context.language == "java"
+    assert sandbox.run_code("int counter = 41;", context=context).error is None
+    assert sandbox.run_code("counter + 1", context=context).text == "42"
+    with_env = sandbox.run_code('System.getProperty("FOO", "default")', context=context, envs={"FOO": "bar"})
+    assert with_env.text == "bar"
+    assert sandbox.run_code('System.getProperty("FOO", "default")', context=context).text == "default"
+    sandbox.remove_code_context(context)
+
+
 @pytest.mark.parametrize(
     "language, code",
     [("python", "import os; os.getcwd()"), ("js", "process.cwd()"), ("ts", "Deno.cwd()"), ("r", "getwd()"), ("bash", "pwd")],

@@ -8,12 +8,14 @@
 //! library crates together and renders output; the behaviour lives in them.
 
 mod builds;
+mod cluster_cli;
 mod doctor;
 mod egress;
 mod gc;
 mod host_templates;
 mod install;
 mod limits_config;
+mod public;
 mod remote;
 mod sandbox_cli;
 mod shell;
@@ -37,7 +39,7 @@ mod state_dir;
 /// Name of the team and key made on first run.
 const DEFAULT_TEAM: &str = "default";
 /// How long `berth up` waits for open connections after a shutdown signal.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 const DEFAULT_STATE_DIR: &str = "/var/lib/berth";
 
@@ -74,6 +76,13 @@ enum LogFormat {
 enum Command {
     /// Run the API, the sandbox proxy and the runtime on one machine.
     Up(UpArgs),
+    /// Run one machine of a split deployment: its runtime and sandboxes, for `berth api`
+    /// instances (an internal listener admitting only the node token); `berth node
+    /// drain NAME` stops placements on a node, `berth node ls` lists them.
+    Node(cluster_cli::NodeArgs),
+    /// Serve clients in a split deployment: the API, the sandbox proxy, agent tools and
+    /// the dashboard, relaying whatever needs a sandbox to the node that holds it.
+    Api(cluster_cli::ApiArgs),
     /// Manage API keys.
     Keys {
         #[command(subcommand)]
@@ -193,10 +202,10 @@ struct ConnectArgs {
 }
 
 #[derive(Args)]
-struct UpArgs {
+pub(crate) struct UpArgs {
     /// Address of the one listener serving both the API and the sandbox proxy.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:3000")]
-    listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// Domain of `<port>-<sandboxId>.<domain>` sandbox hosts (needs wildcard DNS), as
     /// the SDKs' `get_host` should append it (a port included when clients reach the
     /// listener on one). Default: `localhost:<listen port>`, which resolves to loopback
@@ -210,17 +219,8 @@ struct UpArgs {
     /// sandboxes must use other installed templates).
     #[arg(long, env = "BERTH_SKIP_BASE")]
     skip_base: bool,
-    /// Which agent tools `/mcp` offers: session, connector or all.
-    #[arg(long, env = "BERTH_MCP_TOOLSET", default_value = "all")]
-    mcp_toolset: berth_mcp::Toolset,
-    /// Extra Host names `/mcp` accepts (a DNS-rebinding guard: loopback names, the
-    /// listen address and `--domain` are always accepted). Comma-separated in the env.
-    #[arg(
-        long = "mcp-allowed-host",
-        env = "BERTH_MCP_ALLOWED_HOSTS",
-        value_delimiter = ','
-    )]
-    mcp_allowed_hosts: Vec<String>,
+    #[command(flatten)]
+    mcp: public::McpArgs,
     /// State directory whose `criu/` holds a provisioned CRIU (default: the state dir);
     /// lets several berth instances share one provisioned CRIU.
     #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
@@ -346,10 +346,12 @@ fn main() -> Result<()> {
     }
     state_dir::secure(&cli.state_dir)?;
     match cli.command {
-        Command::Up(args) => up(&cli.state_dir, args, &[]),
+        Command::Up(args) => up(&cli.state_dir, args, &[], Mode::Standalone),
+        Command::Node(args) => cluster_cli::node(&cli.state_dir, args),
+        Command::Api(args) => cluster_cli::api(&cli.state_dir, args),
         Command::Keys { command } => keys(&cli.state_dir, command),
         Command::Provision(args) if args.templates.is_empty() => provision(&cli.state_dir),
-        Command::Provision(args) => up(&cli.state_dir, args.up, &args.templates),
+        Command::Provision(args) => up(&cli.state_dir, args.up, &args.templates, Mode::Standalone),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
         Command::Sandbox { api, command } => remote_command(&cli.state_dir, &api, |remote| {
@@ -410,7 +412,7 @@ fn remote_command(
 }
 
 /// Where the secrets vault keeps its key-encryption keys (unless `BERTH_KEK` is set).
-fn secrets_key_file(state_dir: &Path) -> PathBuf {
+pub(crate) fn secrets_key_file(state_dir: &Path) -> PathBuf {
     state_dir.join("secrets").join("kek")
 }
 
@@ -474,36 +476,13 @@ fn connect(state_dir: &Path, args: ConnectArgs) -> Result<()> {
     Ok(())
 }
 
-/// The identity of an `/mcp` request is the team of its `X-API-Key`: agents reaching
-/// berth's own listener authenticate the way the API does. The key was just checked, so
-/// it is also the agent's connection to this berth (`api_url`): no connect page needed.
-struct ApiKeyIdentity {
-    store: Arc<Store>,
-    api_url: String,
-}
-
-impl berth_mcp::IdentityResolver for ApiKeyIdentity {
-    fn identity(&self, parts: &http::request::Parts) -> Option<berth_mcp::Identity> {
-        let key = parts.headers.get("x-api-key")?.to_str().ok()?;
-        let (team, _) = self.store.authenticate(key).ok()??;
-        Some(berth_mcp::Identity::trusted(
-            format!("team:{}", team.id),
-            berth_mcp::TrustedConnection::new(&self.api_url, key),
-        ))
-    }
-
-    fn unauthenticated_message(&self) -> String {
-        "missing or invalid X-API-Key: /mcp takes an API key of this berth server".into()
-    }
-}
-
-fn open_store(state_dir: &Path) -> Result<Store> {
+pub(crate) fn open_store(state_dir: &Path) -> Result<Store> {
     Store::open(state_dir).with_context(|| format!("opening state in {}", state_dir.display()))
 }
 
 /// The default team, created on first use. Returns the team and whether this call
 /// created it.
-fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
+pub(crate) fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
     if let Some(team) = store.default_team()? {
         return Ok((team, false));
     }
@@ -518,26 +497,6 @@ fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
         )),
         Err(err) => Err(err.into()),
     }
-}
-
-/// What `berth up` prints about the API key: on the first run and to a terminal, a new
-/// key of the default team (shown this once; keys are stored hashed); otherwise where to
-/// get one, so no key ends up in a log or a pipe.
-fn key_line(store: &Store, state_dir: &Path, first_run: bool, to_terminal: bool) -> Result<String> {
-    let create = format!("berth keys create --state-dir {}", state_dir.display());
-    if !first_run {
-        return Ok(format!(
-            "# E2B_API_KEY was printed on first run; make another with: {create}"
-        ));
-    }
-    if !to_terminal {
-        return Ok(format!(
-            "# no E2B_API_KEY printed: stdout is not a terminal (keys never go to logs); make one with: {create}"
-        ));
-    }
-    let (team, _) = ensure_default_team(store)?;
-    let (_, raw) = store.create_api_key(&team.id, "default")?;
-    Ok(format!("E2B_API_KEY={raw}"))
 }
 
 fn keys(state_dir: &Path, command: KeysCommand) -> Result<()> {
@@ -693,7 +652,7 @@ fn default_envd_binary() -> PathBuf {
 }
 
 /// The URL clients use for `listen` (a wildcard address is reached over loopback).
-fn client_url(listen: SocketAddr) -> String {
+pub(crate) fn client_url(listen: SocketAddr) -> String {
     let host = match listen.ip() {
         ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
         ip if ip.is_unspecified() => "[::1]".to_string(),
@@ -703,7 +662,7 @@ fn client_url(listen: SocketAddr) -> String {
     format!("http://{host}:{}", listen.port())
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = match signal(SignalKind::terminate()) {
         Ok(stream) => stream,
@@ -735,7 +694,16 @@ fn criu_state_dir(state_dir: &Path, given: Option<PathBuf>) -> PathBuf {
 
 /// Runs `berth up`; with `build_only` host templates named, builds those instead of
 /// serving (`berth provision --template`) and returns once they are ready.
-fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
+/// Who `up` serves: clients (`berth up`), or API instances (`berth node`).
+pub(crate) enum Mode {
+    Standalone,
+    Node {
+        store: Arc<Store>,
+        role: berth_server::cluster::NodeRole,
+    },
+}
+
+pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mode) -> Result<()> {
     let state_dir = state_dir.to_path_buf();
     let interpreter = args
         .interpreter_binary
@@ -772,7 +740,10 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         None => (flag_limits.clone(), None),
     };
     eprintln!("limits: {}", limits_config::describe(&limits));
-    let store = Arc::new(open_store(&state_dir)?);
+    let store = match &mode {
+        Mode::Standalone => Arc::new(open_store(&state_dir)?),
+        Mode::Node { store, .. } => store.clone(),
+    };
     let (_, first_run) = ensure_default_team(&store)?;
     let templates = TemplateStore::open(&state_dir).context("opening the template store")?;
     if !args.skip_base {
@@ -877,6 +848,10 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
             },
             host_templates,
             limits,
+            role: match &mode {
+                Mode::Standalone => berth_server::cluster::Role::Standalone,
+                Mode::Node { role, .. } => berth_server::cluster::Role::Node(role.clone()),
+            },
             ..Default::default()
         };
         let server = Server::start_with_builds(
@@ -903,71 +878,43 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         berth_checkpoint::observe_criu(server.criu_observer());
         let _config_reload = limits_config::spawn_reload(config_text, flag_limits, server.limits())
             .context("listening for SIGHUP")?;
-        let metrics = match args.metrics_listen {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("listening for /metrics on {addr}"))?;
-                eprintln!("metrics on http://{}/metrics", listener.local_addr()?);
-                let stop = tokio_util::sync::CancellationToken::new();
-                let serving = axum::serve(listener, server.metrics_router())
-                    .with_graceful_shutdown(stop.clone().cancelled_owned());
-                tokio::spawn(async move {
-                    if let Err(err) = serving.await {
-                        eprintln!("warning: /metrics listener failed: {err}");
-                    }
-                });
-                Some(stop)
-            }
-            None => None,
-        };
+        let metrics = public::serve_metrics(&server, args.metrics_listen).await?;
         let url = client_url(listener.local_addr()?);
-        remote::record_api_url(&state_dir, &url)?;
-        let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
-        mcp_config.toolset = args.mcp_toolset;
-        let listen_ip = args.listen.ip();
-        if !listen_ip.is_unspecified() && !listen_ip.is_loopback() {
-            mcp_config.allowed_hosts.push(listen_ip.to_string());
-        }
-        mcp_config.allowed_hosts.extend(
-            args.domain
-                .iter()
-                .cloned()
-                .chain(args.mcp_allowed_hosts.clone()),
-        );
-        let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
-        let sweeping = tokio_util::sync::CancellationToken::new();
-        let lease_sweep_failed = server.lease_sweep_reporter();
-        let _sweeper = mcp.spawn_sweeper_reporting(sweeping.clone(), move |report| {
-            lease_sweep_failed(report.failed)
-        });
-        let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity {
-            store: store.clone(),
-            api_url: url.clone(),
-        }));
-        let to_terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
-        let key_line = key_line(&store, &state_dir, first_run, to_terminal)?;
-        // One write: a reader that stops after the lines it wants (a script taking the
-        // first three) must not see the rest fail on its closed pipe.
-        print!("E2B_API_URL={url}\nE2B_SANDBOX_URL={url}\n{key_line}\nE2B_DOMAIN={domain}\n");
-        if let Some(hint) = sandbox_host_hint(&domain) {
-            eprintln!("{hint}");
-        }
+        let public = match &mode {
+            Mode::Standalone => Some(public::PublicFace::start(
+                &public::Listening {
+                    state_dir: &state_dir,
+                    url: &url,
+                    listen: args.listen,
+                    domain: args.domain.as_deref(),
+                    sandbox_domain: &domain,
+                },
+                &args.mcp,
+                &store,
+                first_run,
+                server.lease_sweep_reporter(),
+            )?),
+            Mode::Node { role, .. } => {
+                eprintln!(
+                    "node {} serving API instances at {} (advertised as {})",
+                    role.registration.id, url, role.registration.url
+                );
+                None
+            }
+        };
+        let extra = public
+            .as_ref()
+            .map_or_else(axum::Router::new, |public| public.routes(&server));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        // The dashboard calls the API and the sandbox proxy in-process, through the
-        // server's own router.
-        let dashboard = berth_dashboard::router(server.router());
-        eprintln!("dashboard on {url}/dashboard/");
-        let serving =
-            tokio::spawn(
-                server.serve(listener, mcp_routes.merge(dashboard), async move {
-                    let _ = stop_rx.await;
-                }),
-            );
+        let serving = tokio::spawn(server.serve(listener, extra, async move {
+            let _ = stop_rx.await;
+        }));
         shutdown_signal().await;
         eprintln!("shutting down");
         let _ = stop_tx.send(());
-        sweeping.cancel();
+        if let Some(public) = &public {
+            public.stop();
+        }
         if let Some(metrics) = metrics {
             metrics.cancel();
         }
@@ -991,7 +938,7 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
 
 /// The sandbox host domain when none is configured: `localhost`, with the listener's
 /// port unless it is HTTP's own.
-fn default_domain(port: u16) -> String {
+pub(crate) fn default_domain(port: u16) -> String {
     if port == 80 {
         "localhost".to_owned()
     } else {
@@ -1002,7 +949,7 @@ fn default_domain(port: u16) -> String {
 /// What to tell the operator when `<port>-<id>.<domain>` names do not resolve here:
 /// for `localhost` domains, the one package that makes glibc (so Python and Node)
 /// resolve every `*.localhost` name to loopback, as browsers and curl already do.
-fn sandbox_host_hint(domain: &str) -> Option<String> {
+pub(crate) fn sandbox_host_hint(domain: &str) -> Option<String> {
     let host = domain.rsplit_once(':').map_or(domain, |(host, _)| host);
     let probe = format!("49983-berthprobe.{host}:80");
     if std::net::ToSocketAddrs::to_socket_addrs(&probe).is_ok() {
@@ -1038,18 +985,18 @@ mod tests {
         let store = open_store(dir.path()).unwrap();
         let (team, first_run) = ensure_default_team(&store).unwrap();
         assert!(first_run);
-        let piped = key_line(&store, dir.path(), true, false).unwrap();
+        let piped = public::key_line(&store, dir.path(), true, false).unwrap();
         assert!(
             piped.starts_with("# no E2B_API_KEY printed") && piped.contains("berth keys create"),
             "{piped}"
         );
         assert!(!piped.contains("e2b_"), "{piped}");
         assert!(store.list_api_keys(&team.id).unwrap().is_empty());
-        let shown = key_line(&store, dir.path(), true, true).unwrap();
+        let shown = public::key_line(&store, dir.path(), true, true).unwrap();
         let raw = shown.strip_prefix("E2B_API_KEY=").expect("a key line");
         assert!(raw.starts_with("e2b_"), "{shown}");
         assert_eq!(store.list_api_keys(&team.id).unwrap().len(), 1);
-        let later = key_line(&store, dir.path(), false, true).unwrap();
+        let later = public::key_line(&store, dir.path(), false, true).unwrap();
         assert!(later.starts_with('#') && !later.contains("e2b_"), "{later}");
     }
 

@@ -154,9 +154,23 @@ impl Drop for RuntimeFiles {
 impl Kernel {
     /// Starts the kernel and returns once it answered a kernel_info_request on shell
     /// and its iopub broadcasts reach us (so no output of the first execution is lost).
+    /// All of it, including the wait for another TCP kernel's start, within
+    /// `options.start_timeout`.
     pub async fn start(spec: &Kernelspec, options: &LaunchOptions) -> Result<Kernel, KernelError> {
+        let deadline = tokio::time::Instant::now() + options.start_timeout;
+        let timed_out = |output: String| KernelError::StartTimeout {
+            kernelspec: spec.name.clone(),
+            seconds: options.start_timeout.as_secs(),
+            output,
+        };
         let _tcp_launch = match options.transport {
-            Transport::TCP => Some(TCP_LAUNCH.lock().await),
+            Transport::TCP => Some(
+                tokio::time::timeout_at(deadline, TCP_LAUNCH.lock())
+                    .await
+                    .map_err(|_| {
+                        timed_out("(none: it waited for another kernel to start)".into())
+                    })?,
+            ),
             Transport::IPC => None,
         };
         let name = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
@@ -261,8 +275,8 @@ impl Kernel {
         )));
 
         let mut kernel_tasks = KernelTasks(tasks);
-        let connected = tokio::time::timeout(
-            options.start_timeout,
+        let connected = tokio::time::timeout_at(
+            deadline,
             connect(
                 &connection,
                 routes.clone(),
@@ -287,11 +301,7 @@ impl Kernel {
             }
             Err(_) => {
                 kill_group(process_group);
-                return Err(KernelError::StartTimeout {
-                    kernelspec: spec.name.clone(),
-                    seconds: options.start_timeout.as_secs(),
-                    output: tail(),
-                });
+                return Err(timed_out(tail()));
             }
         };
         let kernel = Kernel {
@@ -308,7 +318,7 @@ impl Kernel {
             tasks: Mutex::new(std::mem::take(&mut kernel_tasks.0)),
             _files: files,
         };
-        match kernel.handshake(options.start_timeout).await {
+        match kernel.handshake(deadline, options.start_timeout).await {
             Ok(()) => Ok(kernel),
             Err(KernelError::Dead { status }) => Err(KernelError::ExitedDuringStart {
                 kernelspec: kernel.kernelspec.clone(),
@@ -323,8 +333,11 @@ impl Kernel {
     /// status around it) arrives: that proves the kernel reads shell and that our iopub
     /// subscription is live. (The reply itself is not needed, and some kernels send
     /// kernel_info replies the protocol crate cannot parse.)
-    async fn handshake(&self, timeout: Duration) -> Result<(), KernelError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+    async fn handshake(
+        &self,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> Result<(), KernelError> {
         // Every request stays open: a late broadcast for an earlier one counts too.
         let mut requests = Vec::new();
         let (events, mut heard) = mpsc::unbounded_channel();
@@ -591,12 +604,12 @@ async fn connect(
         loop {
             match iopub.read().await {
                 Ok(message) => dispatch(&iopub_routes, message, false),
-                Err(error @ RuntimeError::ParseError { .. }) => {
-                    tracing::debug!(%error, "iopub message the protocol crate cannot parse; dropped")
-                }
-                Err(error) => {
+                Err(error) if ends_the_socket(&error) => {
                     tracing::debug!(%error, "iopub closed");
                     break;
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "iopub message the protocol crate cannot read; dropped")
                 }
             }
         }
@@ -605,12 +618,12 @@ async fn connect(
         loop {
             match shell_recv.read().await {
                 Ok(message) => dispatch(&routes, message, true),
-                Err(error @ RuntimeError::ParseError { .. }) => {
-                    tracing::debug!(%error, "shell reply the protocol crate cannot parse; dropped")
-                }
-                Err(error) => {
+                Err(error) if ends_the_socket(&error) => {
                     tracing::debug!(%error, "shell closed");
                     break;
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "shell reply the protocol crate cannot read; dropped")
                 }
             }
         }
@@ -618,11 +631,25 @@ async fn connect(
     // Control replies (interrupt_reply, shutdown_reply) carry nothing the server needs,
     // but unread they would pile up in the socket.
     tasks.push(tokio::spawn(async move {
-        while let Ok(message) = control_recv.read().await {
-            tracing::debug!(msg_type = message.header.msg_type, "control reply");
+        loop {
+            match control_recv.read().await {
+                Ok(message) => tracing::debug!(msg_type = message.header.msg_type, "control reply"),
+                Err(error) if ends_the_socket(&error) => break,
+                Err(_) => {}
+            }
         }
     }));
     Ok((shell_send, control_send))
+}
+
+/// Whether a read error means the socket is gone, as opposed to one message that could
+/// not be read (a malformed header, bad framing or signature, content the protocol crate
+/// cannot parse): those are dropped and the socket read on. JJava, for one, publishes a
+/// status message whose header has no `session` right after it starts; a reader that
+/// stopped there never heard the kernel again (a context start then waited out its
+/// timeout whenever iopub connected before that message went out).
+fn ends_the_socket(error: &RuntimeError) -> bool {
+    matches!(error, RuntimeError::ZmqError(_))
 }
 
 /// Whether something listens on `port` (from /proc/net/tcp and tcp6 — the JVM binds
@@ -732,6 +759,21 @@ pub fn is_idle(message: &JupyterMessage) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreadable_message_does_not_end_the_socket() {
+        // JJava's early status message: a header without `session`.
+        let header = serde_json::from_str::<jupyter_protocol::Header>(
+            r#"{"msg_id":"1","username":"kernel","date":"2026-12-02T06:09:50Z","msg_type":"status","version":"5.3"}"#,
+        )
+        .unwrap_err();
+        assert!(!ends_the_socket(&RuntimeError::SerdeError(header)));
+        assert!(!ends_the_socket(&RuntimeError::MissingDelimiter));
+        assert!(!ends_the_socket(&RuntimeError::InsufficientMessageParts(2)));
+        assert!(ends_the_socket(&RuntimeError::ZmqError(
+            zeromq::ZmqError::NoMessage
+        )));
+    }
 
     #[test]
     fn sees_loopback_listeners() {

@@ -56,8 +56,10 @@ struct Args {
         default_value = "http://127.0.0.1:49983"
     )]
     envd_url: String,
-    /// Seconds a kernel gets to start and answer.
-    #[arg(long, default_value_t = 120)]
+    /// Seconds a kernel gets to start and answer. Below the SDKs' 60 s request timeout,
+    /// so a kernel that never answers is reported by this server (naming the kernel and
+    /// its last output) rather than as the client's own timeout.
+    #[arg(long, default_value_t = 45)]
     kernel_start_timeout: u64,
 }
 

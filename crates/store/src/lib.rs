@@ -23,6 +23,9 @@
 //! - `events`: [`EventRecord`], [`WebhookRecord`], [`PendingDelivery`], and each
 //!   webhook's delivery history ([`DeliveryRecord`]).
 //! - `telemetry`: [`LogRecord`], [`MetricSample`].
+//! - `nodes`: a split deployment's [`NodeRecord`]s (leases, draining, loss) and
+//!   placements: which node each sandbox, checkpoint, build and volume lives on
+//!   ([`PlacedKind`]).
 //!
 //! Shared underneath: `db` (the connection, statement helpers, numbered
 //! placeholders for filters), `columns` (time and JSON encodings, and the row reader
@@ -60,6 +63,7 @@ mod db;
 mod error;
 mod events;
 mod keys;
+mod nodes;
 mod sandboxes;
 mod schema;
 mod secrets;
@@ -76,6 +80,7 @@ pub use events::{
     WebhookRecord, DELIVERY_HISTORY,
 };
 pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
+pub use nodes::{NodeRecord, NodeRegistration, NodeUsage, PlacedKind};
 pub use sandboxes::{
     Lifecycle, PausedSandbox, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus,
     StateFilter, TeamUsage,

@@ -246,6 +246,28 @@ CREATE TABLE template_tags (
 ALTER TABLE sandboxes ADD COLUMN execution_id TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN execution_id TEXT NOT NULL DEFAULT '';
 "#,
+    // A split deployment's nodes (leases, capacity) and where each sandbox, checkpoint,
+    // build and volume lives. `berth up` leaves both empty.
+    r#"
+CREATE TABLE nodes (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    cpu_capacity INTEGER NOT NULL,
+    memory_capacity_mb INTEGER NOT NULL,
+    slots INTEGER NOT NULL,
+    draining INTEGER NOT NULL,
+    lost INTEGER NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    lease_until_ms INTEGER NOT NULL
+);
+CREATE TABLE placements (
+    kind TEXT NOT NULL,
+    object_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    PRIMARY KEY (kind, object_id)
+);
+CREATE INDEX placements_node ON placements(node_id, kind);
+"#,
     // Retention: when a sandbox was paused (rows paused before: their last `paused`
     // event, else their start) and which snapshot a sandbox was started from (while it
     // lives, that snapshot is in use).

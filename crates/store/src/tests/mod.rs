@@ -2,6 +2,7 @@
 
 mod corrupt;
 mod events;
+mod nodes;
 mod sandboxes;
 mod schema;
 mod secrets;

@@ -103,7 +103,7 @@ fn a_failed_migration_is_rolled_back_and_named() {
 
 #[test]
 fn paused_rows_from_before_pause_times_take_their_last_paused_event() {
-    let (dir, conn) = database_at(8);
+    let (dir, conn) = database_at(9);
     conn.execute(
         "INSERT INTO teams (id, name, is_default, created_at_ms) VALUES ('t', 't', 1, 0)",
         [],

@@ -151,7 +151,7 @@ fn tags_point_at_a_build_only_once_it_is_ready() {
 fn installed_templates_sync_with_the_host() {
     let (_dir, store) = open();
     assert!(store
-        .sync_installed_templates(&[installed("base", "bb1"), installed("extra", "be1")])
+        .sync_installed_templates(&[installed("base", "bb1"), installed("extra", "be1")], true)
         .unwrap()
         .is_empty());
     let base = store.template_by_alias(None, "base").unwrap().unwrap();
@@ -167,7 +167,7 @@ fn installed_templates_sync_with_the_host() {
     );
     // base rebuilt (new layers), extra gone.
     let removed = store
-        .sync_installed_templates(&[installed("base", "bb2")])
+        .sync_installed_templates(&[installed("base", "bb2")], true)
         .unwrap();
     assert_eq!(removed, ["extra"]);
     assert!(store.template("extra").unwrap().is_none());
@@ -186,7 +186,7 @@ fn installed_templates_sync_with_the_host() {
 fn listings_show_installed_then_the_team_newest_first_and_page() {
     let (_dir, store) = open();
     store
-        .sync_installed_templates(&[installed("base", "bb1")])
+        .sync_installed_templates(&[installed("base", "bb1")], true)
         .unwrap();
     let a = store.create_team("a").unwrap();
     let b = store.create_team("b").unwrap();
