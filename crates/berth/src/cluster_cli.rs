@@ -115,11 +115,11 @@ pub struct ApiArgs {
     #[arg(long, env = "BERTH_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
     /// Longest timeout a sandbox may be given, in seconds, or `unlimited`.
-    #[arg(long, env = "BERTH_MAX_SANDBOX_LIFETIME", default_value = "86400", value_parser = crate::parse_lifetime)]
+    #[arg(long, env = "BERTH_MAX_SANDBOX_LIFETIME", default_value = "86400", value_parser = crate::limits_config::parse_lifetime)]
     max_sandbox_lifetime: berth_server::MaxLifetime,
     /// Most running sandboxes per team (unset: no limit).
     #[arg(long, env = "BERTH_TEAM_MAX_SANDBOXES")]
-    team_max_sandboxes: Option<usize>,
+    team_max_sandboxes: Option<u64>,
     #[command(flatten)]
     mcp: crate::public::McpArgs,
 }
@@ -301,8 +301,14 @@ pub fn api(state_dir: &Path, args: ApiArgs) -> Result<()> {
             tls: Some(tls),
             secrets_key_file: Some(crate::secrets_key_file(state_dir)),
             pool_size: 0,
-            max_lifetime: args.max_sandbox_lifetime,
-            team_max_sandboxes: args.team_max_sandboxes,
+            limits: berth_server::Limits {
+                max_lifetime: args.max_sandbox_lifetime,
+                quotas: berth_server::TeamQuotas {
+                    max_sandboxes: args.team_max_sandboxes,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
             role: Role::Api(ApiRole {
                 token,
                 lease_check: Duration::from_secs(args.lease_check_secs.max(1)),
@@ -331,6 +337,7 @@ pub fn api(state_dir: &Path, args: ApiArgs) -> Result<()> {
             &args.mcp,
             &store,
             first_run,
+            server.lease_sweep_reporter(),
         )?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let extra = public.routes(&server);

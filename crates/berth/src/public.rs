@@ -49,13 +49,15 @@ pub struct Listening<'a> {
 }
 
 impl PublicFace {
-    /// Opens the agent tools' state, starts their sweeper and prints the lines the SDKs
-    /// need (a new key only on the first run, and only to a terminal).
+    /// Opens the agent tools' state, starts their sweeper (its failed releases counted by
+    /// `lease_sweep_failed`) and prints the lines the SDKs need (a new key only on the
+    /// first run, and only to a terminal).
     pub fn start(
         at: &Listening<'_>,
         mcp_args: &McpArgs,
         store: &Arc<Store>,
         first_run: bool,
+        lease_sweep_failed: impl Fn(usize) + Send + Sync + 'static,
     ) -> Result<PublicFace> {
         crate::remote::record_api_url(at.state_dir, at.url)?;
         let mut mcp_config = berth_mcp::McpConfig::new(at.state_dir.to_path_buf(), at.url);
@@ -72,7 +74,9 @@ impl PublicFace {
         );
         let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
         let sweeping = tokio_util::sync::CancellationToken::new();
-        let _sweeper = mcp.spawn_sweeper(sweeping.clone());
+        let _sweeper = mcp.spawn_sweeper_reporting(sweeping.clone(), move |report| {
+            lease_sweep_failed(report.failed)
+        });
         let to_terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
         let key_line = key_line(store, at.state_dir, first_run, to_terminal)?;
         let (url, domain) = (at.url, at.sandbox_domain);
