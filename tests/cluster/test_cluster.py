@@ -98,6 +98,29 @@ def test_a_snapshot_made_on_one_node_starts_on_another_with_its_state(cluster: C
             Sandbox.delete_snapshot(snapshot.snapshot_id)
 
 
+def test_draining_a_node_moves_its_paused_sandboxes_with_their_memory(cluster: Cluster):
+    cluster.use(0)
+    before = counts(cluster)
+    sandbox = Sandbox.create(timeout=900)
+    home = placed_on(cluster, before)
+    try:
+        sandbox.files.write("/home/user/state.txt", f"paused on {home}")
+        holder = sandbox.commands.run("sleep 3600", background=True)
+        sandbox.pause()
+        cluster.berth("node", "drain", home)
+        try:
+            poll(lambda: counts(cluster)[home] == 0, 180, f"{home}'s paused sandbox to move away", interval=0.5)
+        finally:
+            cluster.berth("node", "drain", home, "--undo")
+        assert sum(counts(cluster).values()) == 1
+        cluster.use(1)
+        resumed = Sandbox.connect(sandbox.sandbox_id)
+        assert resumed.files.read("/home/user/state.txt") == f"paused on {home}"
+        assert resumed.commands.run(f"test -d /proc/{holder.pid} && echo alive").stdout.strip() == "alive"
+    finally:
+        sandbox.kill()
+
+
 def cgroup_of(sandbox_id: str) -> Path:
     return Path("/sys/fs/cgroup/pids/berth") / sandbox_id
 

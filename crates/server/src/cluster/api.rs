@@ -198,7 +198,7 @@ fn small_request() -> PlacementRequest {
 }
 
 /// The node for `request`, preferring those for which `has` holds.
-fn choose(
+pub(crate) fn choose(
     state: &AppState,
     request: PlacementRequest,
     has: impl Fn(&NodeRecord) -> bool,

@@ -102,6 +102,7 @@ pub(crate) fn routes(state: SharedState) -> Router {
     Router::new()
         .route(berth_cluster::tunnel::ROUTE, post(tunnel))
         .route("/internal/v1/sandboxes/{id}/resume", post(resume))
+        .route("/internal/v1/sandboxes/{id}/adopt", post(adopt))
         .route("/internal/v1/manifests/{reference}", get(manifest))
         .route("/internal/v1/layers/{id}", get(layer))
         .route("/internal/v1/checkpoints/{id}", get(checkpoint))
@@ -146,6 +147,172 @@ async fn resume(State(state): State<SharedState>, Path(id): Path<String>) -> Res
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(err) => crate::error::to_api(&err).into_response(),
     }
+}
+
+/// What a draining node asks of the node it moves a paused sandbox to.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Adoption {
+    /// The draining node, which holds the checkpoint.
+    from: String,
+    /// The paused sandbox exported as a checkpoint (`Runtime::export_paused`).
+    checkpoint: String,
+    /// Whether it was paused with its memory.
+    memory: bool,
+}
+
+/// Takes over paused sandbox `id` from a draining node: fetches its checkpoint,
+/// restores it under the same id, pauses it again here and records it placed here. On
+/// failure nothing of it stays here and it stays where it was.
+async fn adopt(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    axum::Json(adoption): axum::Json<Adoption>,
+) -> Response {
+    let _guard = state.sandbox_locks.lock(id.clone()).await;
+    let adopted = async {
+        ensure_checkpoint_from(&state, &adoption.from, &adoption.checkpoint).await?;
+        let runtime = state.runtime.clone();
+        let (sandbox, checkpoint, memory) =
+            (id.clone(), adoption.checkpoint.clone(), adoption.memory);
+        let moved = sandboxes::blocking(&id, crate::error::Stage::Restore, move || {
+            runtime.restore(&checkpoint, &sandbox, memory)?;
+            let paused = runtime.pause(&sandbox, memory);
+            if paused.is_err() {
+                let _ = runtime.kill(&sandbox);
+            }
+            paused
+        })
+        .await;
+        let runtime = state.runtime.clone();
+        let checkpoint = adoption.checkpoint.clone();
+        let _ = tokio::task::spawn_blocking(move || runtime.delete_checkpoint(&checkpoint)).await;
+        moved?;
+        place_here(&state, PlacedKind::Sandbox, &id)
+    };
+    match adopted.await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(err) => crate::error::to_api(&err).into_response(),
+    }
+}
+
+/// While this node drains, moves its paused sandboxes to nodes that take sandboxes, one
+/// at a time: each is exported as a checkpoint, adopted by the other node (restored and
+/// paused again there, its placement moved), then removed here. One that cannot move
+/// (no node with room, volumes of this node, a failure) stays paused here and is tried
+/// again at the next renewal.
+async fn move_paused_away(state: &SharedState, me: &str) {
+    let paused = match state.store.placed_on(PlacedKind::Sandbox, me) {
+        Ok(ids) => ids,
+        Err(err) => {
+            tracing::error!(%err, "listing this node's sandboxes to move");
+            return;
+        }
+    };
+    for id in paused {
+        if let Err(err) = move_one(state, me, &id).await {
+            tracing::warn!(sandbox = %id, %err, "moving a paused sandbox off this draining node; it stays here for now");
+        }
+    }
+}
+
+async fn move_one(state: &SharedState, me: &str, id: &str) -> Result<(), ServiceError> {
+    let _guard = state.sandbox_locks.lock(id.to_string()).await;
+    let Some(row) = state.store.live_sandbox_any_team(id)? else {
+        return Ok(());
+    };
+    let SandboxStatus::Paused { memory } = row.status else {
+        return Ok(());
+    };
+    if !row.volume_mounts.is_empty()
+        || state.store.placement(PlacedKind::Sandbox, id)?.as_deref() != Some(me)
+    {
+        return Ok(());
+    }
+    let request = berth_cluster::PlacementRequest {
+        cpu_count: row.cpu_count,
+        memory_mb: row.memory_mb,
+    };
+    let target = super::api::choose(state, request, |_| false)?;
+    let checkpoint = format!("move-{id}");
+    let runtime = state.runtime.clone();
+    let (sandbox, export) = (id.to_string(), checkpoint.clone());
+    sandboxes::blocking(id, crate::error::Stage::Checkpoint, move || {
+        runtime.export_paused(&sandbox, &export)
+    })
+    .await?;
+    let adoption = Adoption {
+        from: me.to_string(),
+        checkpoint: checkpoint.clone(),
+        memory,
+    };
+    let asked = post_json(
+        state,
+        &target,
+        &format!("/internal/v1/sandboxes/{id}/adopt"),
+        &adoption,
+    )
+    .await;
+    let runtime = state.runtime.clone();
+    let export = checkpoint.clone();
+    let _ = tokio::task::spawn_blocking(move || runtime.delete_checkpoint(&export)).await;
+    asked?;
+    // It is the other node's now: what is left of it here goes.
+    sandboxes::kill_in_runtime(state, id)
+        .await
+        .map_err(|source| ServiceError::Runtime {
+            sandbox: id.to_string(),
+            stage: crate::error::Stage::Kill,
+            source,
+        })?;
+    sandboxes::log(
+        state,
+        id,
+        berth_api::LogLevel::Info,
+        &format!("paused sandbox moved from node {me} (draining) to node {target}"),
+    );
+    tracing::info!(sandbox = %id, from = %me, to = %target, "moved a paused sandbox off this draining node");
+    Ok(())
+}
+
+/// POSTs `body` as JSON to `path` on node `node_id`; a non-2xx answer is an error
+/// naming it.
+async fn post_json(
+    state: &AppState,
+    node_id: &str,
+    path: &str,
+    body: &impl serde::Serialize,
+) -> Result<(), ServiceError> {
+    let node = state.config.role.node().expect("only nodes ask nodes");
+    let addr = node_addr(state, node_id)?;
+    let request = http::Request::post(path)
+        .header(http::header::HOST, addr.host.as_str())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::Full::new(Bytes::from(
+            serde_json::to_vec(body).expect("serializable"),
+        )))
+        .expect("a POST with a valid path");
+    let response = berth_cluster::Forwarder::new(node.token.clone())
+        .forward(&addr, request)
+        .await
+        .map_err(|source| ServiceError::NodeUnreachable {
+            node: node_id.to_string(),
+            source,
+        })?;
+    if response.status().is_success() {
+        return Ok(());
+    }
+    let status = response.status().as_u16();
+    let detail = response
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    Err(ServiceError::NodeFetch {
+        node: node_id.to_string(),
+        what: path.to_string(),
+        detail: format!("{status}: {detail}"),
+    })
 }
 
 /// What another node needs to use a template build: its layer ids and config.
@@ -254,19 +421,35 @@ fn tokio_stream_from(
     futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
 }
 
-/// Registers this node, then renews its lease every third of it. A renewal refused
+/// Renews this node's lease every third of it (while draining, its paused sandboxes are
+/// moved away by a task of their own, one move at a time). A renewal refused
 /// because the node was found lost (its lease lapsed: a pause, a partition) means the
 /// API instances reported its running sandboxes lost: those are killed here too
 /// before the node registers again, so nothing runs that the database says is gone.
 pub(crate) async fn keep_lease(state: SharedState, node: NodeRole) {
     let every = node.lease / 3;
+    let moving = std::sync::Arc::new(tokio::sync::Mutex::new(()));
     loop {
         tokio::time::sleep(every).await;
         let store = state.store.clone();
         let (id, lease) = (node.registration.id.clone(), node.lease);
         let renewed = tokio::task::spawn_blocking(move || store.renew_node_lease(&id, lease)).await;
         match renewed {
-            Ok(Ok(true)) => continue,
+            Ok(Ok(true)) => {
+                let draining = state
+                    .store
+                    .node(&node.registration.id)
+                    .map(|record| record.is_some_and(|r| r.draining));
+                // Moving takes seconds per sandbox: never in the way of the next renewal.
+                if matches!(draining, Ok(true)) && moving.try_lock().is_ok() {
+                    let (state, moving, me) =
+                        (state.clone(), moving.clone(), node.registration.id.clone());
+                    tokio::spawn(async move {
+                        let _one_at_a_time = moving.lock().await;
+                        move_paused_away(&state, &me).await;
+                    });
+                }
+            }
             Ok(Ok(false)) => {
                 tracing::warn!(node = %node.registration.id, "this node's lease lapsed and it was reported lost; reconciling");
                 reconcile_after_loss(&state).await;
