@@ -91,7 +91,12 @@ pub async fn delete(state: &AppState, team_id: &str, id: &str) -> Result<(), Ser
         Err(ServiceError::Volume {
             source: berth_runtime::RuntimeError::VolumeNotFound(_),
             ..
-        }) => Ok(()),
+        })
+        | Ok(()) => crate::cluster::node::forget_placement(
+            state,
+            berth_store::PlacedKind::Volume,
+            &record.id,
+        ),
         other => other,
     }
 }

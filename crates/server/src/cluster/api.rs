@@ -470,6 +470,7 @@ fn report_lost(state: &AppState, node: &str) -> Result<(), ServiceError> {
         if row.status != SandboxStatus::Running || !state.store.mark_killed(&id)? {
             continue;
         }
+        state.store.remove_placement(PlacedKind::Sandbox, &id)?;
         sandboxes::log(
             state,
             &id,

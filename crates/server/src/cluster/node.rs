@@ -54,6 +54,18 @@ pub(crate) fn place_here(
     Ok(())
 }
 
+/// Forgets where `object_id` lived once it is gone; nothing outside a split deployment.
+pub(crate) fn forget_placement(
+    state: &AppState,
+    kind: PlacedKind,
+    object_id: &str,
+) -> Result<(), ServiceError> {
+    if state.config.role.node().is_some() {
+        state.store.remove_placement(kind, object_id)?;
+    }
+    Ok(())
+}
+
 /// The items this process looks after: all of them standalone, on a node those placed
 /// on it (recovery, the reaper and build recovery must never act on another node's).
 pub(crate) fn only_mine<T>(

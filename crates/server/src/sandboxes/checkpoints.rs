@@ -422,7 +422,9 @@ pub async fn delete_snapshot(
     name_or_id: &str,
 ) -> Result<(), ServiceError> {
     let removed = state.store.delete_snapshot(team_id, name_or_id)?;
-    delete_checkpoint(state, checkpoint_id(&removed.checkpoint_id)).await;
+    let checkpoint = checkpoint_id(&removed.checkpoint_id);
+    delete_checkpoint(state, checkpoint).await;
+    crate::cluster::node::forget_placement(state, berth_store::PlacedKind::Checkpoint, checkpoint)?;
     events::record_snapshot_deleted(state, &removed, serde_json::json!({ "reason": "request" }));
     Ok(())
 }

@@ -418,6 +418,7 @@ async fn kill_locked(
         })?;
     state.connections.close_all(&sandbox.id);
     let was_running = state.store.mark_killed(&sandbox.id)?;
+    crate::cluster::node::forget_placement(state, berth_store::PlacedKind::Sandbox, &sandbox.id)?;
     if was_running {
         log(
             state,
