@@ -9,6 +9,12 @@
 # all and the exit status is non-zero if any failed. Adding a suite is one `step` line
 # at the bottom. BERTH_TEST_ONLY=<regex> runs only the steps whose name matches (for
 # local iteration; CI runs everything).
+#
+# Artifacts: what is worth keeping from a run goes to one directory, $CI_ARTIFACTS_DIR
+# (default <target>/ci-artifacts): the dashboard suite's screenshots
+# (dashboard-screenshots/, unless BERTH_SCREENSHOT_DIR says elsewhere), and for every
+# failed suite of the lanes its output and the `berth up` logs it kept
+# (failed/<step>/), plus summary.txt.
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +28,30 @@ target_dir="${CARGO_TARGET_DIR:-$repo_root/target}"
 
 summary=()
 failed=0
+
+artifacts_dir="${CI_ARTIFACTS_DIR:-$target_dir/ci-artifacts}"
+[[ "$artifacts_dir" = /* ]] || artifacts_dir="$repo_root/$artifacts_dir"
+mkdir -p "$artifacts_dir"
+# Only what this script puts there is cleared: the directory may be the CI's own.
+rm -rf "$artifacts_dir/failed" "$artifacts_dir/dashboard-screenshots" "$artifacts_dir/summary.txt"
+export BERTH_SCREENSHOT_DIR="${BERTH_SCREENSHOT_DIR:-$artifacts_dir/dashboard-screenshots}"
+
+# keep_failure NAME LOG LOGS: copies a failed step's output, the `berth up` logs its
+# suites left in LOGS (their BERTH_TEST_LOG_DIR: a log stays there only when its tests
+# failed) and every other `berth up` log its output names that still exists, into
+# $artifacts_dir/failed/<step>/.
+keep_failure() {
+    local name="$1" log="$2" logs="$3" slug dir path
+    slug="$(printf '%s' "$name" | tr -c 'A-Za-z0-9' '-' | tr -s '-' | sed 's/^-//; s/-$//')"
+    dir="$artifacts_dir/failed/$slug"
+    mkdir -p "$dir"
+    cp "$log" "$dir/output.log"
+    { find "$logs" -name 'berth-up.log' 2>/dev/null; grep -oE '/[^ :]*berth-up\.log' "$log"; } |
+        sort -u | while read -r path; do
+            [[ -f "$path" ]] && cp "$path" "$dir/$(printf '%s' "${path#/}" | tr '/' '_')"
+        done
+    return 0
+}
 
 # step NAME COMMAND...: runs COMMAND, records pass/fail and its duration.
 step() {
@@ -64,10 +94,13 @@ lanes() {
                 fi
                 local started=$SECONDS
                 printf '%s\n' "$name" >"$dir/$index.name"
+                # The suite's `berth up` logs, kept below when it fails.
+                export BERTH_TEST_LOG_DIR="$dir/$index.berth-logs"
                 if "$fn" </dev/null >"$dir/$index.log" 2>&1; then
                     echo PASS >"$dir/$index.status"
                 else
                     echo FAIL >"$dir/$index.status"
+                    keep_failure "$name" "$dir/$index.log" "$BERTH_TEST_LOG_DIR"
                 fi
                 echo $((SECONDS - started)) >"$dir/$index.secs"
             done
@@ -183,7 +216,7 @@ templates_js() {
 
 # The dashboard in a real browser (tests/dashboard): Debian's chromium through
 # Playwright against a real berth up; screenshots land in $BERTH_SCREENSHOT_DIR
-# (default <target>/dashboard-screenshots), kept by CI as an artifact.
+# (here <artifacts>/dashboard-screenshots), kept by CI as an artifact.
 dashboard_suite() {
     [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
     (cd tests/dashboard && in_private_netns ../../.venv/bin/python -m pytest)
@@ -274,4 +307,6 @@ lanes \
 
 printf '\n==> summary (%ss total)\n' "$SECONDS"
 printf '    %s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" >"$artifacts_dir/summary.txt"
+echo "artifacts (screenshots, failed suites' logs): $artifacts_dir"
 exit "$failed"

@@ -316,3 +316,73 @@ def test_get_host_urls_open_in_a_browser(context: BrowserContext, berth: Berth, 
         page.close()
     finally:
         sandbox.kill()
+
+
+class FlakyReceiver:
+    """A webhook receiver on 127.0.0.1 that answers its first delivery 503, then 204."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        import threading
+
+        received: list[bytes] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                received.append(self.rfile.read(int(self.headers.get("content-length", "0"))))
+                self.send_response(503 if len(received) == 1 else 204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.received = received
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_webhook_deliveries_page(page: Page, berth: Berth, other_team_key: str, shots: Shots) -> None:
+    receiver = FlakyReceiver()
+    headers = {"X-API-Key": berth.api_key}
+    created = httpx.post(f"{berth.api_url}/events/webhooks", headers=headers, timeout=30, json={
+        "name": "ci-receiver", "url": receiver.url, "enabled": True,
+        "events": ["sandbox.lifecycle.created"], "signatureSecret": "dashboard-secret",
+    })
+    assert created.status_code == 201, created.text
+    webhook_id = created.json()["id"]
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        def delivered() -> bool:
+            listed = httpx.get(f"{berth.api_url}/events/webhooks/{webhook_id}/deliveries", headers=headers, timeout=30)
+            return listed.status_code == 200 and any(d["status"] == "delivered" for d in listed.json())
+
+        poll(delivered, timeout=60, what="the webhook delivery to succeed on its retry")
+        page.goto("/dashboard/webhooks")
+        page.get_by_role("link", name="ci-receiver").click()
+        page.wait_for_url(f"**/dashboard/webhooks/{webhook_id}")
+        expect(page.get_by_role("heading", name="Webhook ci-receiver")).to_be_visible()
+        row = page.locator("#deliveries tbody tr[data-status=delivered]").first
+        expect(row).to_contain_text("sandbox.lifecycle.created")
+        cells = row.locator("td")
+        expect(cells.nth(1)).to_have_text("delivered")
+        expect(cells.nth(2)).to_have_text("2")
+        expect(cells.nth(3)).to_have_text("204")
+        expect(page.locator("#webhook-target")).to_contain_text(receiver.url)
+        expect(page.locator("#status")).not_to_have_class(re.compile("error"))
+        assert page.locator('nav[aria-label="Main"] a[aria-current="page"]').inner_text() == "Webhooks"
+        shots(page, "webhook-deliveries")
+        # The delivery history is the team's: another team's key sees neither the
+        # webhook nor its deliveries, and its id in the dashboard URL is a 404 page.
+        foreign = httpx.get(f"{berth.api_url}/events/webhooks/{webhook_id}/deliveries",
+                            headers={"X-API-Key": other_team_key}, timeout=30)
+        assert foreign.status_code == 404
+        assert page.goto("/dashboard/webhooks/not-a-webhook-of-yours").status == 404
+    finally:
+        sandbox.kill()
+        httpx.delete(f"{berth.api_url}/events/webhooks/{webhook_id}", headers=headers, timeout=30)
+        receiver.close()

@@ -1,5 +1,7 @@
 """`berth up --metrics-listen`: /metrics parsed by prometheus_client's OpenMetrics parser;
-histograms move with the operations they time; no label carries a key or an id."""
+histograms (operations, CRIU runs and image sizes, store calls) and the proxy's
+connection and byte counters move with what they count; no label carries a key or an
+id."""
 
 from __future__ import annotations
 
@@ -59,12 +61,35 @@ def test_metrics_move_with_operations(cli: Cli, berth: Berth, other_team_key: st
         assert value(after, "berth_pool_sandboxes", "berth_pool_sandboxes", template="base") >= 0
 
         text = httpx.get(f"http://{METRICS_ADDR}/metrics", timeout=30).text
-        # The SDK-style traffic of `exec` went through the proxy.
+        # The SDK-style traffic of `exec` went through the proxy, over connections it
+        # opened into the sandbox, both ways.
         assert value(after, "berth_proxy_requests", "berth_proxy_requests_total", status="2xx") >= 1
+        assert value(after, "berth_proxy_connections_opened", "berth_proxy_connections_opened_total") >= 1
+        for direction in ("to_sandbox", "from_sandbox"):
+            assert value(after, "berth_proxy_bytes", "berth_proxy_bytes_total", direction=direction) > \
+                value(before, "berth_proxy_bytes", "berth_proxy_bytes_total", direction=direction), direction
+        assert "berth_proxy_connections_open" in after
+        # CRIU: the pause and the fork dumped (with images), the resume and the fork
+        # restored.
+        for action in ("dump", "restore"):
+            assert value(after, "berth_criu_duration_seconds", "berth_criu_duration_seconds_count",
+                         action=action, outcome="ok") >= \
+                value(before, "berth_criu_duration_seconds", "berth_criu_duration_seconds_count",
+                      action=action, outcome="ok") + 1, action
+        assert value(after, "berth_criu_image_size_bytes", "berth_criu_image_size_bytes_count") >= \
+            value(before, "berth_criu_image_size_bytes", "berth_criu_image_size_bytes_count") + 2
+        assert value(after, "berth_criu_image_size_bytes", "berth_criu_image_size_bytes_sum") > 0
+        # Every store call is timed.
+        assert value(after, "berth_store_query_duration_seconds", "berth_store_query_duration_seconds_count") > \
+            value(before, "berth_store_query_duration_seconds", "berth_store_query_duration_seconds_count")
+        assert "berth_store_wait_duration_seconds" in after
         for forbidden in (berth.api_key, other_team_key, sandbox_id, "topsecret-label", "e2b_"):
             assert forbidden not in text
         label_names = {name for samples in after.values() for s in samples for name in s.labels}
-        assert label_names <= {"operation", "outcome", "state", "template", "kind", "status", "le"}, label_names
+        assert label_names <= {
+            "operation", "outcome", "state", "template", "kind", "status", "le", "action", "direction", "sweeper",
+            "rule",
+        }, label_names
     finally:
         cli.run("sandbox", "kill", sandbox_id)
 

@@ -306,10 +306,20 @@ def new_berth(internet: FakeInternet, state_dir: Path, log_path: Path, **env: st
     )
 
 
+def log_root() -> Optional[str]:
+    """Where `berth up` logs are made: `BERTH_TEST_LOG_DIR` when set (scripts/test.sh
+    points it at a directory per suite, and keeps what a failed suite left there as a CI
+    artifact), else the system's temp dir. A log is removed when its tests pass."""
+    root = os.environ.get("BERTH_TEST_LOG_DIR")
+    if root:
+        os.makedirs(root, exist_ok=True)
+    return root or None
+
+
 @pytest.fixture(scope="session")
 def berth(request: pytest.FixtureRequest, internet: FakeInternet) -> Iterator[Berth]:
     state_dir = Path(tempfile.mkdtemp(prefix="berth-tpl-state-"))
-    log_dir = Path(tempfile.mkdtemp(prefix="berth-tpl-log-"))
+    log_dir = Path(tempfile.mkdtemp(prefix="berth-tpl-log-", dir=log_root()))
     instance = new_berth(internet, state_dir, log_dir / "berth-up.log")
     try:
         instance.start()

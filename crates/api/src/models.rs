@@ -691,14 +691,16 @@ pub struct TemplateAliasResponse {
     pub public: bool,
 }
 
-/// Lifecycle event types, as E2B names them.
-pub const EVENT_TYPES: [&str; 6] = [
+/// Event types: E2B's lifecycle events, and berth's `sandbox.snapshot.deleted` (a
+/// snapshot deleted by request or by the operator's retention).
+pub const EVENT_TYPES: [&str; 7] = [
     "sandbox.lifecycle.created",
     "sandbox.lifecycle.killed",
     "sandbox.lifecycle.paused",
     "sandbox.lifecycle.resumed",
     "sandbox.lifecycle.updated",
     "sandbox.lifecycle.checkpointed",
+    "sandbox.snapshot.deleted",
 ];
 
 /// A sandbox lifecycle event (also the body of a webhook delivery).
@@ -777,6 +779,42 @@ pub struct Webhook {
     pub events: Vec<String>,
     #[serde(rename = "createdAt", with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+}
+
+/// One delivery of an event to a webhook (berth's `GET
+/// /events/webhooks/{webhookID}/deliveries`; E2B's API has no delivery listing).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WebhookDelivery {
+    pub id: i64,
+    #[serde(rename = "eventID")]
+    pub event_id: String,
+    #[serde(rename = "eventType")]
+    pub event_type: String,
+    /// `pending` (tried again at `nextAttemptAt`), `delivered` or `failed` (given up).
+    pub status: String,
+    pub attempts: u32,
+    /// The receiver's HTTP status to the last attempt, when it answered.
+    #[serde(rename = "responseCode")]
+    pub response_code: Option<u16>,
+    /// Why the last attempt failed, when it did.
+    pub error: Option<String>,
+    #[serde(rename = "createdAt", with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(rename = "lastAttemptAt", with = "time::serde::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub last_attempt_at: Option<OffsetDateTime>,
+    #[serde(rename = "nextAttemptAt", with = "time::serde::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub next_attempt_at: Option<OffsetDateTime>,
+}
+
+/// Query of `GET /events/webhooks/{webhookID}/deliveries`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveriesQuery {
+    /// Newest deliveries to return, 1..=100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<i64>,
 }
 
 /// Query of `GET /events/sandboxes` and `GET /events/sandboxes/{id}`.

@@ -3,16 +3,25 @@
 //! Ownership is what the runtime writes down machine-wide: every sandbox's uid range is
 //! claimed in `/var/lib/berth/uid-slots/<uid>` by (state dir, sandbox id), and a sandbox
 //! is alive exactly while `<state dir>/sandboxes/<id>/` exists (made before the claim,
-//! removed after its processes are dead). A sandbox whose claim names a missing
-//! directory is an orphan: its cgroups (`<mount>/<ctrl>/berth/<id>`, with whatever still
-//! runs in them) and loop devices backed by deleted files under that directory are
-//! garbage. Sandboxes of live directories, of any daemon, are never touched, and neither
-//! is a cgroup no claim accounts for (it may be a sandbox being created right now).
+//! before its cgroups and its network namespace; removed after its processes are dead).
+//! So, never touching a sandbox whose directory exists, of any daemon:
+//!
+//! - A sandbox whose claim names a missing directory is an orphan: its cgroups
+//!   (`<mount>/<ctrl>/berth/<id>`, with whatever still runs in them) and loop devices
+//!   backed by deleted files under that directory are garbage.
+//! - A network namespace pin (`<state dir>/net/netns/<id>`, a bind mount) whose
+//!   sandbox's directory is gone holds a namespace nothing will use again.
+//! - A `berth/<id>` cgroup that no claim names, whose id has a directory in no known
+//!   state dir, and none of whose processes runs as a uid of any claimed range, belongs
+//!   to no daemon (its claim went: a wiped `uid-slots`, a crash in an older berth). A
+//!   cgroup of a sandbox being created is never one: the claim comes before the cgroup.
 //!
 //! Facts are gathered first, then [`plan`] (pure, unit-tested) decides, then the
-//! executor acts. By default only the orphans of `--state-dir` are considered;
-//! `--all-state-dirs` widens it to every daemon's. Stale claims themselves are left:
-//! the next claim of their range takes them over.
+//! executor acts. By default only the orphans and pins of `--state-dir` are considered
+//! (and unclaimed cgroups, which are no daemon's); `--all-state-dirs` widens it to every
+//! daemon's. Stale claims themselves are left: the next claim of their range takes them
+//! over. Network records (`net/sandboxes/<id>.json`) are berth-net's: a daemon's next
+//! start reconciles them.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -21,6 +30,8 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 const SLOTS_DIR: &str = "/var/lib/berth/uid-slots";
+/// Host uids per sandbox range (`berth_runtime`'s slot size).
+const RANGE_SIZE: u32 = 65_536;
 const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
 /// The runtime's cgroup parent (`LinuxRuntimeConfig::cgroup_parent`).
 const CGROUP_PARENT: &str = "berth";
@@ -32,6 +43,9 @@ pub struct Claim {
     pub sandbox: String,
     #[serde(skip)]
     pub live: bool,
+    /// The first host uid of the range (the claim's file name).
+    #[serde(skip)]
+    pub first_uid: u32,
 }
 
 /// One sandbox cgroup: its directories (one per v1 controller, or one on v2) and the
@@ -41,6 +55,18 @@ pub struct SandboxCgroup {
     pub id: String,
     pub dirs: Vec<PathBuf>,
     pub pids: Vec<u32>,
+    /// The host uids its processes run as.
+    pub uids: Vec<u32>,
+}
+
+/// A network namespace pin under a state dir, and whether its sandbox's directory is
+/// there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetnsPin {
+    pub state_dir: PathBuf,
+    pub sandbox: String,
+    pub path: PathBuf,
+    pub sandbox_dir_exists: bool,
 }
 
 /// An attached loop device and its backing file, as the kernel reports it (` (deleted)`
@@ -56,6 +82,9 @@ pub struct Facts {
     pub claims: Vec<Claim>,
     pub cgroups: Vec<SandboxCgroup>,
     pub loops: Vec<LoopDevice>,
+    pub pins: Vec<NetnsPin>,
+    /// Ids with a sandbox directory in any known state dir.
+    pub sandbox_dirs: std::collections::BTreeSet<String>,
 }
 
 /// What gc removes.
@@ -73,6 +102,18 @@ pub enum Garbage {
     LoopDevice {
         device: String,
         backing_file: String,
+    },
+    /// A network namespace pin whose sandbox's directory is gone.
+    NetnsPin {
+        sandbox: String,
+        state_dir: PathBuf,
+        path: PathBuf,
+    },
+    /// A sandbox cgroup no claim and no state dir accounts for.
+    UnclaimedCgroup {
+        sandbox: String,
+        dirs: Vec<PathBuf>,
+        pids: Vec<u32>,
     },
 }
 
@@ -92,6 +133,24 @@ pub fn plan(facts: &Facts, scope: Option<&Path>) -> Vec<Garbage> {
         })
         .collect();
     let mut garbage = Vec::new();
+    let in_claimed_range = |uid: u32| {
+        facts.claims.iter().any(|claim| {
+            (claim.first_uid..claim.first_uid.saturating_add(RANGE_SIZE)).contains(&uid)
+        })
+    };
+    for group in &facts.cgroups {
+        let claimed = facts.claims.iter().any(|claim| claim.sandbox == group.id);
+        if !claimed
+            && !facts.sandbox_dirs.contains(&group.id)
+            && !group.uids.iter().any(|uid| in_claimed_range(*uid))
+        {
+            garbage.push(Garbage::UnclaimedCgroup {
+                sandbox: group.id.clone(),
+                dirs: group.dirs.clone(),
+                pids: group.pids.clone(),
+            });
+        }
+    }
     for claim in &orphans {
         if let Some(group) = facts.cgroups.iter().find(|g| g.id == claim.sandbox) {
             garbage.push(Garbage::SandboxCgroup {
@@ -120,6 +179,15 @@ pub fn plan(facts: &Facts, scope: Option<&Path>) -> Vec<Garbage> {
             }
         }
     }
+    for pin in &facts.pins {
+        if !pin.sandbox_dir_exists && scope.is_none_or(|dir| pin.state_dir == dir) {
+            garbage.push(Garbage::NetnsPin {
+                sandbox: pin.sandbox.clone(),
+                state_dir: pin.state_dir.clone(),
+                path: pin.path.clone(),
+            });
+        }
+    }
     garbage
 }
 
@@ -129,18 +197,68 @@ fn read_claims() -> Vec<Claim> {
     };
     entries
         .flatten()
-        .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter_map(|entry| std::fs::read(entry.path()).ok())
-        .filter_map(|bytes| serde_json::from_slice::<Claim>(&bytes).ok())
-        .map(|mut claim| {
+        .filter_map(|entry| {
+            let first_uid = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let mut claim =
+                serde_json::from_slice::<Claim>(&std::fs::read(entry.path()).ok()?).ok()?;
+            claim.first_uid = first_uid;
             claim.live = claim
                 .state_dir
                 .join("sandboxes")
                 .join(&claim.sandbox)
                 .is_dir();
-            claim
+            Some(claim)
         })
         .collect()
+}
+
+/// The state dirs gc knows of: the given one and every one a claim names.
+fn known_state_dirs(state_dir: &Path, claims: &[Claim]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = claims.iter().map(|claim| claim.state_dir.clone()).collect();
+    dirs.push(state_dir.to_path_buf());
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// Names of the entries of `dir` (none when it cannot be read).
+fn entry_names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn read_pins(state_dirs: &[PathBuf]) -> Vec<NetnsPin> {
+    let mut pins = Vec::new();
+    for state_dir in state_dirs {
+        let netns = state_dir.join("net").join("netns");
+        for sandbox in entry_names(&netns) {
+            pins.push(NetnsPin {
+                sandbox_dir_exists: state_dir.join("sandboxes").join(&sandbox).is_dir(),
+                path: netns.join(&sandbox),
+                state_dir: state_dir.clone(),
+                sandbox,
+            });
+        }
+    }
+    pins
+}
+
+/// The real uid of process `pid`, if it still runs.
+fn process_uid(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Every `berth/<id>` group under every hierarchy, merged by id.
@@ -178,9 +296,19 @@ fn read_cgroups() -> Vec<SandboxCgroup> {
                     id,
                     dirs: vec![child.path()],
                     pids,
+                    uids: Vec::new(),
                 }),
             }
         }
+    }
+    for group in &mut groups {
+        group.uids = group
+            .pids
+            .iter()
+            .filter_map(|pid| process_uid(*pid))
+            .collect();
+        group.uids.sort_unstable();
+        group.uids.dedup();
     }
     groups
 }
@@ -217,11 +345,33 @@ fn read_loops() -> Vec<LoopDevice> {
         .collect()
 }
 
-pub fn facts() -> Facts {
+pub fn facts(state_dir: &Path) -> Facts {
+    let claims = read_claims();
+    let state_dirs = known_state_dirs(state_dir, &claims);
     Facts {
-        claims: read_claims(),
         cgroups: read_cgroups(),
         loops: read_loops(),
+        pins: read_pins(&state_dirs),
+        sandbox_dirs: state_dirs
+            .iter()
+            .flat_map(|dir| entry_names(&dir.join("sandboxes")))
+            .collect(),
+        claims,
+    }
+}
+
+/// Unmounts a namespace pin and removes its file. A pin already unmounted (its daemon
+/// got there first) is fine.
+fn remove_pin(path: &Path) -> Result<()> {
+    match rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH) {
+        Ok(()) | Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::NOENT) => {}
+        Err(err) => return Err(err).with_context(|| format!("unmounting {}", path.display())),
+    }
+    match std::fs::remove_file(path) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            Err(err).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -283,7 +433,7 @@ fn detach_loop(device: &str) -> Result<()> {
 
 pub fn run(state_dir: &Path, all_state_dirs: bool, yes: bool, json: bool) -> Result<()> {
     let scope = (!all_state_dirs).then_some(state_dir);
-    let garbage = plan(&facts(), scope);
+    let garbage = plan(&facts(state_dir), scope);
     if json {
         crate::remote::print_json(&garbage)?;
     } else if garbage.is_empty() {
@@ -306,6 +456,15 @@ pub fn run(state_dir: &Path, all_state_dirs: bool, yes: bool, json: bool) -> Res
                     device,
                     backing_file,
                 } => println!("loop device /dev/{device}: {backing_file}"),
+                Garbage::NetnsPin { sandbox, path, .. } => println!(
+                    "network namespace of sandbox {sandbox} (directory gone): {}",
+                    path.display()
+                ),
+                Garbage::UnclaimedCgroup { sandbox, dirs, pids } => println!(
+                    "cgroup berth/{sandbox} (no claim, no state dir): {} cgroup(s), {} process(es)",
+                    dirs.len(),
+                    pids.len()
+                ),
             }
         }
     }
@@ -317,15 +476,26 @@ pub fn run(state_dir: &Path, all_state_dirs: bool, yes: bool, json: bool) -> Res
     }
     // Processes first: once they are gone their mounts and loop devices usually are too.
     for item in &garbage {
-        if let Garbage::SandboxCgroup { sandbox, dirs, .. } = item {
-            remove_cgroup(dirs).with_context(|| format!("collecting sandbox {sandbox}"))?;
-            eprintln!("removed sandbox {sandbox}'s processes and cgroups");
+        match item {
+            Garbage::SandboxCgroup { sandbox, dirs, .. }
+            | Garbage::UnclaimedCgroup { sandbox, dirs, .. } => {
+                remove_cgroup(dirs).with_context(|| format!("collecting sandbox {sandbox}"))?;
+                eprintln!("removed sandbox {sandbox}'s processes and cgroups");
+            }
+            Garbage::LoopDevice { .. } | Garbage::NetnsPin { .. } => {}
         }
     }
     for item in &garbage {
-        if let Garbage::LoopDevice { device, .. } = item {
-            detach_loop(device)?;
-            eprintln!("detached /dev/{device}");
+        match item {
+            Garbage::LoopDevice { device, .. } => {
+                detach_loop(device)?;
+                eprintln!("detached /dev/{device}");
+            }
+            Garbage::NetnsPin { sandbox, path, .. } => {
+                remove_pin(path)?;
+                eprintln!("removed sandbox {sandbox}'s network namespace pin");
+            }
+            Garbage::SandboxCgroup { .. } | Garbage::UnclaimedCgroup { .. } => {}
         }
     }
     Ok(())
@@ -340,6 +510,7 @@ mod tests {
             state_dir: state_dir.into(),
             sandbox: sandbox.into(),
             live,
+            first_uid: 1 << 30,
         }
     }
 
@@ -348,7 +519,29 @@ mod tests {
             id: id.into(),
             dirs: vec![format!("/sys/fs/cgroup/pids/berth/{id}").into()],
             pids: vec![42],
+            uids: vec![(1 << 30) + 1000],
         }
+    }
+
+    fn pin(state_dir: &str, sandbox: &str, sandbox_dir_exists: bool) -> NetnsPin {
+        NetnsPin {
+            state_dir: state_dir.into(),
+            sandbox: sandbox.into(),
+            path: format!("{state_dir}/net/netns/{sandbox}").into(),
+            sandbox_dir_exists,
+        }
+    }
+
+    fn kinds(garbage: &[Garbage]) -> Vec<(&'static str, &str)> {
+        garbage
+            .iter()
+            .map(|item| match item {
+                Garbage::SandboxCgroup { sandbox, .. } => ("cgroup", sandbox.as_str()),
+                Garbage::UnclaimedCgroup { sandbox, .. } => ("unclaimed", sandbox.as_str()),
+                Garbage::NetnsPin { sandbox, .. } => ("pin", sandbox.as_str()),
+                Garbage::LoopDevice { device, .. } => ("loop", device.as_str()),
+            })
+            .collect()
     }
 
     #[test]
@@ -363,7 +556,10 @@ mod tests {
                 group("orphan"),
                 group("alive"),
                 group("other-daemons-orphan"),
-                group("unclaimed"),
+                SandboxCgroup {
+                    uids: vec![(1 << 30) + 5],
+                    ..group("unclaimed-but-running-in-a-claimed-range")
+                },
             ],
             loops: vec![
                 LoopDevice {
@@ -375,6 +571,7 @@ mod tests {
                     backing_file: "/a/sandboxes/alive/disk.img".into(),
                 },
             ],
+            ..Default::default()
         };
         let scoped = plan(&facts, Some(Path::new("/a")));
         assert_eq!(scoped.len(), 2);
@@ -395,8 +592,49 @@ mod tests {
         let facts = Facts {
             claims: vec![claim("/a", "x", false), claim("/b", "x", true)],
             cgroups: vec![group("x")],
-            loops: Vec::new(),
+            ..Default::default()
         };
         assert!(plan(&facts, None).is_empty());
+    }
+
+    #[test]
+    fn a_pin_goes_with_its_sandboxs_directory_and_only_in_scope() {
+        let facts = Facts {
+            pins: vec![
+                pin("/a", "gone", false),
+                pin("/a", "paused", true),
+                pin("/b", "gone-elsewhere", false),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            kinds(&plan(&facts, Some(Path::new("/a")))),
+            [("pin", "gone")]
+        );
+        assert_eq!(
+            kinds(&plan(&facts, None)),
+            [("pin", "gone"), ("pin", "gone-elsewhere")]
+        );
+    }
+
+    #[test]
+    fn an_unclaimed_cgroup_goes_only_if_nothing_accounts_for_it() {
+        let stray = |id: &str, uids: Vec<u32>| SandboxCgroup { uids, ..group(id) };
+        let facts = Facts {
+            claims: vec![claim("/a", "claimed", true)],
+            cgroups: vec![
+                stray("stray", vec![0]),
+                stray("empty", Vec::new()),
+                stray("has-a-directory", vec![0]),
+                // Its processes run in a claimed range: some daemon's, whatever its name.
+                stray("in-a-claimed-range", vec![(1 << 30) + 65_535]),
+                stray("claimed", vec![0]),
+            ],
+            sandbox_dirs: ["has-a-directory".to_string()].into(),
+            ..Default::default()
+        };
+        let expected = [("unclaimed", "stray"), ("unclaimed", "empty")];
+        assert_eq!(kinds(&plan(&facts, Some(Path::new("/a")))), expected);
+        assert_eq!(kinds(&plan(&facts, None)), expected);
     }
 }

@@ -44,6 +44,8 @@ Wants=network-online.target
 Type=simple
 EnvironmentFile=-/etc/default/berth
 ExecStart={binary} up
+# Re-reads the limits config file (BERTH_CONFIG) without a restart.
+ExecReload=/bin/kill -HUP $MAINPID
 Restart=on-failure
 RestartSec=2
 # SIGTERM to berth up only: sandboxes run in berth's own cgroups and are reattached
@@ -67,6 +69,9 @@ BERTH_STATE_DIR={}
 BERTH_LISTEN={listen}
 # BERTH_METRICS_LISTEN=127.0.0.1:9090
 # BERTH_EGRESS_ALLOW=
+# Limits, quotas and retention: flags below, or a TOML file re-read on
+# `systemctl reload berth` (README, section Limits).
+# BERTH_CONFIG=/etc/berth/limits.toml
 # BERTH_TEAM_MAX_SANDBOXES=
 # BERTH_MAX_SANDBOX_LIFETIME=86400
 # BERTH_LOG_FORMAT=json
@@ -151,6 +156,7 @@ mod tests {
         let text = unit(Path::new("/usr/local/bin/berth"));
         assert!(text.contains("ExecStart=/usr/local/bin/berth up\n"));
         assert!(text.contains("KillMode=process\n"));
+        assert!(text.contains("ExecReload=/bin/kill -HUP $MAINPID\n"));
         assert!(text.contains("EnvironmentFile=-/etc/default/berth\n"));
         assert_eq!(
             under(Path::new("/tmp/r"), "/etc/default/berth"),

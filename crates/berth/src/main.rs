@@ -13,6 +13,7 @@ mod egress;
 mod gc;
 mod host_templates;
 mod install;
+mod limits_config;
 mod remote;
 mod sandbox_cli;
 mod shell;
@@ -300,28 +301,8 @@ struct UpArgs {
     /// without authentication: keep it on loopback or a private network).
     #[arg(long, env = "BERTH_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
-    /// Longest timeout a sandbox may be given, in seconds, or `unlimited`.
-    #[arg(long, env = "BERTH_MAX_SANDBOX_LIFETIME", default_value = "86400", value_parser = parse_lifetime)]
-    max_sandbox_lifetime: berth_server::MaxLifetime,
-    /// Most running sandboxes per team; creates, resumes and forks beyond it get E2B's
-    /// 429 (unset: no limit).
-    #[arg(long, env = "BERTH_TEAM_MAX_SANDBOXES")]
-    team_max_sandboxes: Option<usize>,
-}
-
-fn parse_lifetime(text: &str) -> Result<berth_server::MaxLifetime, String> {
-    if text.eq_ignore_ascii_case("unlimited") || text.eq_ignore_ascii_case("none") {
-        return Ok(berth_server::MaxLifetime::Unlimited);
-    }
-    match text.parse::<i64>() {
-        Ok(seconds) if seconds > 0 && seconds <= i64::from(i32::MAX) => {
-            Ok(berth_server::MaxLifetime::Seconds(seconds))
-        }
-        _ => Err(format!(
-            "expected seconds (1..={}) or `unlimited`, got {text:?}",
-            i32::MAX
-        )),
-    }
+    #[command(flatten)]
+    limits: limits_config::LimitArgs,
 }
 
 #[derive(Subcommand)]
@@ -779,6 +760,18 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
             );
         }
     }
+    let flag_limits = args.limits.flags();
+    let (limits, config_text) = match &args.limits.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the config file {}", path.display()))?;
+            let limits = limits_config::parse(path, &text, &flag_limits)
+                .context("the config file is refused")?;
+            (limits, Some((path.clone(), text)))
+        }
+        None => (flag_limits.clone(), None),
+    };
+    eprintln!("limits: {}", limits_config::describe(&limits));
     let store = Arc::new(open_store(&state_dir)?);
     let (_, first_run) = ensure_default_team(&store)?;
     let templates = TemplateStore::open(&state_dir).context("opening the template store")?;
@@ -883,8 +876,7 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
                 0
             },
             host_templates,
-            max_lifetime: args.max_sandbox_lifetime,
-            team_max_sandboxes: args.team_max_sandboxes,
+            limits,
             ..Default::default()
         };
         let server = Server::start_with_builds(
@@ -908,6 +900,9 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
             return built;
         }
         let _host_template_refresh = server.spawn_host_template_refresh();
+        berth_checkpoint::observe_criu(server.criu_observer());
+        let _config_reload = limits_config::spawn_reload(config_text, flag_limits, server.limits())
+            .context("listening for SIGHUP")?;
         let metrics = match args.metrics_listen {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
@@ -942,7 +937,10 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         );
         let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
         let sweeping = tokio_util::sync::CancellationToken::new();
-        let _sweeper = mcp.spawn_sweeper(sweeping.clone());
+        let lease_sweep_failed = server.lease_sweep_reporter();
+        let _sweeper = mcp.spawn_sweeper_reporting(sweeping.clone(), move |report| {
+            lease_sweep_failed(report.failed)
+        });
         let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity {
             store: store.clone(),
             api_url: url.clone(),
@@ -1069,15 +1067,6 @@ mod tests {
             fresh.clone()
         };
         assert_eq!(criu_state_dir(&fresh, None), expected);
-    }
-
-    #[test]
-    fn lifetimes_are_seconds_or_unlimited() {
-        use berth_server::MaxLifetime;
-        assert_eq!(parse_lifetime("600"), Ok(MaxLifetime::Seconds(600)));
-        assert_eq!(parse_lifetime("unlimited"), Ok(MaxLifetime::Unlimited));
-        assert!(parse_lifetime("0").is_err());
-        assert!(parse_lifetime("1h").is_err());
     }
 
     #[test]

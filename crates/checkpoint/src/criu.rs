@@ -297,7 +297,7 @@ impl Criu {
     /// network is not locked (a sandbox's netns has no traffic CRIU must hold), and
     /// established TCP connections are saved so their owners survive the dump.
     pub fn dump(&self, dump: &Dump) -> Result<(), CriuError> {
-        self.run_logged(self.dump_command(dump), "dump", &dump.images.join(DUMP_LOG))
+        self.run_logged(self.dump_command(dump), "dump", &dump.images)
     }
 
     /// [`Criu::dump`] with `script` as CRIU's action script: an executable CRIU runs
@@ -311,7 +311,7 @@ impl Criu {
     pub fn dump_with_action_script(&self, dump: &Dump, script: &Path) -> Result<(), CriuError> {
         let mut cmd = self.dump_command(dump);
         cmd.arg("--action-script").arg(script);
-        self.run_logged(cmd, "dump", &dump.images.join(DUMP_LOG))
+        self.run_logged(cmd, "dump", &dump.images)
     }
 
     fn dump_command(&self, dump: &Dump) -> Command {
@@ -396,7 +396,7 @@ impl Criu {
         for (controller, root) in cgroup_roots {
             cmd.arg("--cgroup-root").arg(format!("{controller}:{root}"));
         }
-        self.run_logged(cmd, "restore", &log)?;
+        self.run_logged(cmd, "restore", &restore.work)?;
         fs::read_to_string(&pidfile)
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
@@ -404,18 +404,29 @@ impl Criu {
             .ok_or(CriuError::NoPid(pidfile))
     }
 
+    /// Runs a dump (`dir`: its images directory, which holds its log) or a restore
+    /// (`dir`: its work directory, likewise), reporting it to the CRIU observer.
     fn run_logged(
         &self,
         mut cmd: Command,
         action: &'static str,
-        log: &Path,
+        dir: &Path,
     ) -> Result<(), CriuError> {
+        let (kind, log) = match action {
+            "dump" => (crate::CriuAction::Dump, dir.join(DUMP_LOG)),
+            _ => (crate::CriuAction::Restore, dir.join(RESTORE_LOG)),
+        };
+        let log = log.as_path();
+        let started = std::time::Instant::now();
         let status = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .status()
-            .map_err(io_err(format!("run criu {action}")))?;
+            .status();
+        let ok = matches!(&status, Ok(status) if status.success());
+        let images = (kind == crate::CriuAction::Dump).then_some(dir);
+        crate::observe::report(kind, ok, started.elapsed(), images);
+        let status = status.map_err(io_err(format!("run criu {action}")))?;
         if status.success() {
             return Ok(());
         }

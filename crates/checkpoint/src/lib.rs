@@ -11,6 +11,8 @@
 
 pub mod criu;
 pub mod images;
+mod observe;
 
 pub use criu::{Criu, CriuError, CriuVersion, Dump, Restore};
 pub use images::{ghost_names, prepare_restore_images, GhostName, ImageError, ImageRewrite};
+pub use observe::{observe_criu, CriuAction, CriuObserver, CriuRun};

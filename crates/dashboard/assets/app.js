@@ -534,6 +534,35 @@ function simpleList(path, table, empty, row) {
   });
 }
 
+function webhookPage() {
+  const webhookId = main.dataset.webhookId;
+  const path = `/events/webhooks/${encodeURIComponent(webhookId)}`;
+  every(5000, async () => {
+    const [hook, deliveries] = await Promise.all([api(path), api(`${path}/deliveries?limit=100`)]);
+    document.getElementById("webhook-target").textContent =
+      `Delivers ${(hook.events ?? []).join(", ") || "every event"} to ${hook.url}${hook.enabled ? "" : " (disabled)"}.`;
+    fillTable(
+      "deliveries",
+      (deliveries ?? []).map((delivery) =>
+        el(
+          "tr",
+          { "data-delivery": String(delivery.id), "data-status": delivery.status },
+          cell(`${delivery.eventType || "?"} · ${delivery.eventID.slice(0, 8)}`),
+          cell(delivery.status),
+          cell(String(delivery.attempts)),
+          cell(delivery.responseCode == null ? "—" : String(delivery.responseCode)),
+          cell(delivery.error ?? ""),
+          cell(when(delivery.createdAt)),
+          cell(when(delivery.lastAttemptAt)),
+          cell(when(delivery.nextAttemptAt)),
+        ),
+      ),
+      "No deliveries yet.",
+    );
+    setStatus(`${(deliveries ?? []).length} deliveries, updated ${new Date().toLocaleTimeString()}`);
+  });
+}
+
 function maskText(mask) {
   if (!mask) return "";
   return `${mask.prefix ?? ""}${mask.maskedValuePrefix ?? ""}…${mask.maskedValueSuffix ?? ""}`;
@@ -576,11 +605,12 @@ const pages = {
     simpleList("/api-keys", "keys", "No keys.", (key) => [key.name, maskText(key.mask), when(key.createdAt), when(key.lastUsed)]),
   webhooks: () =>
     simpleList("/events/webhooks", "webhooks", "No webhooks.", (hook) => [
-      hook.name || hook.id,
+      el("a", { href: `/dashboard/webhooks/${encodeURIComponent(hook.id)}`, text: hook.name || hook.id }),
       hook.url,
-      (hook.events ?? []).join(", "),
+      (hook.events ?? []).join(", ") || "all",
       hook.enabled ? "yes" : "no",
     ]),
+  webhook: webhookPage,
   usage: usagePage,
 };
 

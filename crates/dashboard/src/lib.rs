@@ -99,6 +99,7 @@ pub fn router(api: Router) -> Router {
         .route("/dashboard/secrets", get(pages::secrets))
         .route("/dashboard/keys", get(pages::keys))
         .route("/dashboard/webhooks", get(pages::webhooks))
+        .route("/dashboard/webhooks/{id}", get(pages::webhook))
         .route("/dashboard/usage", get(pages::usage))
         .route("/dashboard/api/{*path}", any(upstream::relay))
         .route("/dashboard/assets/{name}", get(assets::serve))

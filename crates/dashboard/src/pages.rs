@@ -85,6 +85,8 @@ struct Shell<'a> {
     nav: &'a str,
     body: &'a str,
     sandbox_id: Option<&'a str>,
+    /// The webhook a deliveries page shows (`data-webhook-id`).
+    webhook_id: Option<&'a str>,
     /// Loads xterm.js and uPlot.
     heavy: bool,
 }
@@ -107,10 +109,13 @@ fn shell(session: &Session, page: Shell<'_>) -> Response {
     } else {
         ("", "")
     };
-    let sandbox = page
+    let mut sandbox = page
         .sandbox_id
         .map(|id| format!(r#" data-sandbox-id="{}""#, escape(id)))
         .unwrap_or_default();
+    if let Some(id) = page.webhook_id {
+        let _ = write!(sandbox, r#" data-webhook-id="{}""#, escape(id));
+    }
     let body = format!(
         r##"<!doctype html>
 <html lang="en">
@@ -315,6 +320,7 @@ async fn simple(
             nav,
             body,
             sandbox_id: None,
+            webhook_id: None,
             heavy: page == "usage",
         },
     )
@@ -421,6 +427,7 @@ pub async fn sandbox(
                 nav: "/dashboard/",
                 body: SANDBOX_BODY,
                 sandbox_id: Some(&id),
+                webhook_id: None,
                 heavy: true,
             },
         ),
@@ -440,6 +447,7 @@ fn not_found_page(session: Option<&Session>) -> Response {
                 nav: "",
                 body,
                 sandbox_id: None,
+                webhook_id: None,
                 heavy: false,
             },
         ),
@@ -550,7 +558,12 @@ pub async fn webhooks(State(state): State<Shared>, headers: HeaderMap) -> Respon
     let body = table_body(
         "webhooks",
         "Webhooks of your team",
-        &["Webhook", "URL", "Events", "Enabled"],
+        &[
+            "Webhook (select for deliveries)",
+            "URL",
+            "Events",
+            "Enabled",
+        ],
     );
     simple(
         &state,
@@ -561,6 +574,44 @@ pub async fn webhooks(State(state): State<Shared>, headers: HeaderMap) -> Respon
         &body,
     )
     .await
+}
+
+const WEBHOOK_BODY: &str = r#"<p id="webhook-target"></p>
+<table id="deliveries"><caption>Recent deliveries, newest first (the last 100 finished ones are kept)</caption>
+<thead><tr><th scope="col">Event</th><th scope="col">Status</th><th scope="col">Attempts</th><th scope="col">Response</th><th scope="col">Error</th><th scope="col">Queued</th><th scope="col">Last attempt</th><th scope="col">Next attempt</th></tr></thead><tbody></tbody></table>
+<p><a href="/dashboard/webhooks">Back to webhooks</a></p>"#;
+
+/// One webhook and its recent deliveries.
+pub async fn webhook(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(session) = state.sessions.find(&headers) else {
+        return see_other("/dashboard/login");
+    };
+    match state.upstream.webhook(&session.api_key, &id).await {
+        Ok(hook) => {
+            let name = hook["name"]
+                .as_str()
+                .filter(|name| !name.is_empty())
+                .unwrap_or(&id);
+            shell(
+                &session,
+                Shell {
+                    title: &format!("Webhook {name}"),
+                    page: "webhook",
+                    nav: "/dashboard/webhooks",
+                    body: WEBHOOK_BODY,
+                    sandbox_id: None,
+                    webhook_id: Some(&id),
+                    heavy: false,
+                },
+            )
+        }
+        Err(DashboardError::NotFound) => not_found_page(Some(&session)),
+        Err(error) => error.into_response(),
+    }
 }
 
 const USAGE_BODY: &str = r#"<div class="inline">

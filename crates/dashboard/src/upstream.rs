@@ -87,6 +87,24 @@ impl Upstream {
         }
     }
 
+    /// Webhook `id` of the key's team, as the API returns it.
+    pub async fn webhook(&self, key: &str, id: &str) -> Result<serde_json::Value, DashboardError> {
+        if !is_plain_id(id) {
+            return Err(DashboardError::NotFound);
+        }
+        let (status, body) = self
+            .api(key, Method::GET, &format!("/events/webhooks/{id}"), None)
+            .await?;
+        match status {
+            StatusCode::OK => serde_json::from_slice(&body).map_err(DashboardError::Decode),
+            StatusCode::NOT_FOUND => Err(DashboardError::NotFound),
+            status => Err(DashboardError::Api {
+                status,
+                message: api_message(&body),
+            }),
+        }
+    }
+
     /// A request to envd of sandbox `id` through the proxy, with its access token.
     pub fn envd_request(
         id: &str,

@@ -131,7 +131,17 @@ impl Mcp {
         &self,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
-        self.components.sweeper.clone().spawn(shutdown)
+        self.spawn_sweeper_reporting(shutdown, |_| {})
+    }
+
+    /// [`Mcp::spawn_sweeper`], handing each pass's report to `reported` (the operator's
+    /// metrics count its failures).
+    pub fn spawn_sweeper_reporting(
+        &self,
+        shutdown: tokio_util::sync::CancellationToken,
+        reported: impl Fn(&SweepReport) + Send + Sync + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        self.components.sweeper.clone().spawn(shutdown, reported)
     }
 
     /// Releases every sandbox whose lease expired and whose retry time has come.

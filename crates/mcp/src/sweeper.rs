@@ -52,10 +52,12 @@ impl Sweeper {
         }
     }
 
-    /// Runs [`Sweeper::sweep_once`] every `lease.sweep_interval` until `shutdown` fires.
+    /// Runs [`Sweeper::sweep_once`] every `lease.sweep_interval` until `shutdown` fires,
+    /// handing each pass's report to `reported`.
     pub(crate) fn spawn(
         self: Arc<Self>,
         shutdown: CancellationToken,
+        reported: impl Fn(&SweepReport) + Send + Sync + 'static,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
@@ -63,7 +65,7 @@ impl Sweeper {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(self.lease.sweep_interval) => {}
                 }
-                self.sweep_once().await;
+                reported(&self.sweep_once().await);
             }
         })
     }

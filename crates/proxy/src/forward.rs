@@ -157,11 +157,18 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Proxy
 #[derive(Clone, Default)]
 pub struct SandboxConnections {
     pool: ConnectionPool,
+    /// Connections opened and open, bytes each way.
+    counters: Arc<crate::stats::Counters>,
     /// Cancelled (and replaced) to close every open connection of a sandbox.
     closers: Arc<Mutex<HashMap<SandboxId, CancellationToken>>>,
 }
 
 impl SandboxConnections {
+    /// Totals of the connections into sandboxes since the proxy started.
+    pub fn stats(&self) -> crate::ProxyStats {
+        self.counters.read()
+    }
+
     /// Closes every connection into sandbox `sandbox_id`: idle ones are dropped, busy
     /// ones end (their responses end early, tunnels close).
     pub fn close_all(&self, sandbox_id: &str) {
@@ -462,6 +469,7 @@ async fn open_connection(
         .map_err(|source| connect_error(target, source))?;
     // Nagle would hold back the small frames of Connect streams.
     stream.set_nodelay(true).ok();
+    let stream = crate::stats::Counted::new(stream, connections.counters.clone());
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await

@@ -25,6 +25,7 @@ mod forward;
 mod pool;
 mod resolver;
 mod signed;
+mod stats;
 mod target;
 
 pub use forward::{
@@ -34,6 +35,7 @@ pub use resolver::{
     connect_blocking, BoxFuture, PortConnector, ResolveError, Route, SandboxResolver,
 };
 pub use signed::{SignatureError, SignedFileUrl};
+pub use stats::ProxyStats;
 pub use target::{
     is_internal_envd_route, Addressing, RoutingConfig, SandboxId, Target, TargetError,
     PATH_PREFIX_SEGMENT,

@@ -93,9 +93,22 @@ pub enum ServiceError {
     #[error(
         "You have reached the maximum number of concurrent E2B sandboxes ({limit}). If you \
          need more, kill or pause some, or ask the operator of this berth to raise \
-         --team-max-sandboxes."
+         --team-max-sandboxes (team_quotas.max_sandboxes in its config file)."
     )]
-    TeamSandboxLimit { limit: usize },
+    TeamSandboxLimit { limit: u64 },
+    /// Another per-team quota (`crate::limits`).
+    #[error(
+        "Your team has reached its limit of {limit} {} ({used} in use, this needs {asked} \
+         more). Kill, pause or delete what you no longer need ({}), or ask the operator of \
+         this berth to raise {}.",
+        resource.counted(), resource.remedy(), resource.setting()
+    )]
+    TeamQuota {
+        resource: crate::limits::QuotaResource,
+        limit: u64,
+        used: u64,
+        asked: u64,
+    },
     #[error(
         "snapshot \"{0}\" mounts its own volumes (those of the sandbox it was taken from); \
          leave volumeMounts out or repeat them exactly"
@@ -283,7 +296,9 @@ pub fn to_api(err: &ServiceError) -> ApiError {
             } => ApiError::Unavailable(err.to_string()),
             _ => ApiError::Internal(err.to_string()),
         },
-        ServiceError::TeamSandboxLimit { .. } => ApiError::TooManyRequests(err.to_string()),
+        ServiceError::TeamSandboxLimit { .. } | ServiceError::TeamQuota { .. } => {
+            ApiError::TooManyRequests(err.to_string())
+        }
         ServiceError::InvalidTemplate { .. } | ServiceError::SnapshotVolumeMounts(_) => {
             ApiError::BadRequest(err.to_string())
         }

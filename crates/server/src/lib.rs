@@ -19,11 +19,13 @@ mod events;
 mod extract;
 mod handlers;
 mod keyed_lock;
+mod limits;
 mod metrics;
 mod openapi;
 mod prometheus;
 mod reaper;
 mod resolver;
+mod retention;
 mod sandboxes;
 mod secrets;
 mod templates;
@@ -45,6 +47,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 pub use error::ServiceError;
+pub use limits::{Limits, LimitsHandle, MaxLifetime, QuotaResource, Retention, TeamQuotas};
 pub use openapi::openapi_document;
 pub use secrets::{RotationReport, SecretVault, SecretsResolver};
 pub use templates::host::{HostTemplate, HOST_FILES_SCOPE};
@@ -101,35 +104,9 @@ pub struct ServerConfig {
     pub pool_size: usize,
     /// Templates this host builds itself on first use (`code-interpreter-v1`).
     pub host_templates: Vec<HostTemplate>,
-    /// The longest timeout a sandbox may be given (create, connect, resume, timeout).
-    pub max_lifetime: MaxLifetime,
-    /// Most running sandboxes one team may have at once (None: no limit); a create,
-    /// resume or fork beyond it is answered 429 as E2B does.
-    pub team_max_sandboxes: Option<usize>,
-}
-
-/// The longest a sandbox may be asked to live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MaxLifetime {
-    Seconds(i64),
-    /// Any timeout the API can express (int32 seconds).
-    Unlimited,
-}
-
-impl Default for MaxLifetime {
-    /// E2B's largest plan: 24 hours.
-    fn default() -> Self {
-        MaxLifetime::Seconds(24 * 60 * 60)
-    }
-}
-
-impl MaxLifetime {
-    pub fn seconds(self) -> i64 {
-        match self {
-            MaxLifetime::Seconds(seconds) => seconds,
-            MaxLifetime::Unlimited => i64::from(i32::MAX),
-        }
-    }
+    /// The operator's limits at start (lifetime, team quotas, retention); replaceable
+    /// later through [`Server::limits`].
+    pub limits: Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +153,11 @@ pub(crate) struct AppState {
     pub pools: sandboxes::pool::WarmPools,
     /// The operator's Prometheus metrics.
     pub prometheus: prometheus::Metrics,
+    /// The operator's limits in force.
+    pub limits: LimitsHandle,
+    /// Snapshots sandboxes are being started from, by snapshot id, with how many starts
+    /// are in flight: retention leaves them alone (see `retention`).
+    pub snapshot_starts: Mutex<HashMap<String, usize>>,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -285,6 +267,7 @@ impl Server {
             None => berth_vault::Vault::from_keys([(1, rand::random::<[u8; 32]>())].into())?,
         };
         let pool_size = config.pool_size;
+        let limits = LimitsHandle::new(config.limits.clone());
         let state = Arc::new(AppState {
             webhook_guard: webhook_target::WebhookGuard::new(&config.webhooks),
             store,
@@ -302,13 +285,19 @@ impl Server {
             secrets: Arc::new(SecretVault::new(vault)),
             pools: sandboxes::pool::WarmPools::new(pool_size),
             prometheus: prometheus::Metrics::new(),
+            limits,
+            snapshot_starts: Mutex::new(HashMap::new()),
         });
+        state
+            .store
+            .observe_queries(state.prometheus.store_observer());
         sandboxes::recover(&state).await?;
         templates::recover(&state).await?;
         let tasks = vec![
             tokio::spawn(reaper::run(state.clone())),
             tokio::spawn(webhooks::run(state.clone())),
             tokio::spawn(metrics::run(state.clone())),
+            tokio::spawn(retention::run(state.clone())),
         ];
         let refill = sandboxes::pool::spawn_refill(&state);
         Ok(Server {
@@ -346,6 +335,28 @@ impl Server {
                 }
             }
         })
+    }
+
+    /// What tells the operator's metrics of every CRIU run; the program passes it to
+    /// `berth_checkpoint::observe_criu` (CRIU runs are process-wide).
+    pub fn criu_observer(&self) -> Arc<dyn berth_checkpoint::CriuObserver> {
+        self.state.prometheus.criu_observer()
+    }
+
+    /// What counts the failed releases of each MCP lease sweep in the operator's
+    /// metrics (`berth_sweeper_failures_total{sweeper="mcp_leases"}`).
+    pub fn lease_sweep_reporter(&self) -> impl Fn(usize) + Send + Sync + 'static {
+        let state = self.state.clone();
+        move |failures| {
+            state
+                .prometheus
+                .sweeper_failed("mcp_leases", u64::try_from(failures).unwrap_or(u64::MAX))
+        }
+    }
+
+    /// The operator's limits in force, to read or replace while the server runs.
+    pub fn limits(&self) -> LimitsHandle {
+        self.state.limits.clone()
     }
 
     /// The resolver the egress proxy injects `${e2b.secrets.NAME}` with: `sandbox_at`

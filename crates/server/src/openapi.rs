@@ -84,6 +84,7 @@ impl Modify for ApiKeyScheme {
         handlers::get_webhook,
         handlers::update_webhook,
         handlers::delete_webhook,
+        handlers::webhook_deliveries,
     )
 )]
 struct BerthApi;
@@ -103,6 +104,7 @@ mod tests {
         let paths = doc["paths"].as_object().unwrap();
         assert!(paths.contains_key("/v2/sandboxes"));
         assert!(paths.contains_key("/events/webhooks/{webhookID}"));
+        assert!(paths.contains_key("/events/webhooks/{webhookID}/deliveries"));
         assert!(paths.contains_key("/sandboxes/{sandboxID}/pause"));
         for route in [
             "/v3/templates",

@@ -1,10 +1,12 @@
 //! The operator's Prometheus metrics (`berth up --metrics-listen`), in the text
 //! exposition format (prometheus-client).
 //!
-//! Two kinds: event metrics recorded where things happen (lifecycle latencies, build
-//! durations, reaper and webhook failures, proxied requests), and state read when
-//! scraped (sandboxes by state and template from the store, warm pool sizes, this
-//! process's resource use from `/proc/self`). Labels carry only closed sets (operation,
+//! Two kinds: event metrics recorded where things happen (lifecycle latencies, CRIU
+//! dump and restore durations and image sizes, store call latencies, build durations,
+//! reaper, webhook and sweeper failures, retention evictions, proxied requests), and
+//! state read when scraped (sandboxes by state and template from the store, warm pool
+//! sizes, the proxy's connections and bytes, this process's resource use from
+//! `/proc/self`). Labels carry only closed sets (operation,
 //! outcome, state) and template names: never a key, token, team or sandbox id, so
 //! cardinality stays bounded and a scrape leaks nothing an operator should not log.
 
@@ -71,11 +73,43 @@ struct FailureLabels {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CriuLabels {
+    action: &'static str,
+    outcome: Outcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SweeperLabels {
+    sweeper: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EvictionLabels {
+    kind: &'static str,
+    rule: &'static str,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
     // 5 ms .. ~82 s.
     Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+fn store_histogram() -> Histogram {
+    // 20 µs .. ~0.65 s.
+    Histogram::new(exponential_buckets(0.00002, 2.0, 16))
+}
+
+fn image_size_histogram() -> Histogram {
+    // 256 KiB .. 8 GiB.
+    Histogram::new(exponential_buckets(262_144.0, 2.0, 16))
 }
 
 fn build_histogram() -> Histogram {
@@ -90,6 +124,15 @@ pub struct Metrics {
     builds: Histograms<OutcomeLabels>,
     reaper_failures: Family<FailureLabels, Counter>,
     webhook_failures: Family<FailureLabels, Counter>,
+    evictions: Family<EvictionLabels, Counter>,
+    sweeper_failures: Family<SweeperLabels, Counter>,
+    criu: Histograms<CriuLabels>,
+    criu_images: Histogram,
+    store_queries: Histogram,
+    store_waits: Histogram,
+    proxy_connections_opened: Counter,
+    proxy_connections_open: Gauge,
+    proxy_bytes: Family<DirectionLabels, Counter>,
     proxied: Family<StatusLabels, Counter>,
     sandboxes: Family<SandboxLabels, Gauge>,
     pooled: Family<TemplateLabels, Gauge>,
@@ -119,6 +162,15 @@ impl Metrics {
             builds: Family::new_with_constructor(build_histogram),
             reaper_failures: Family::default(),
             webhook_failures: Family::default(),
+            evictions: Family::default(),
+            sweeper_failures: Family::default(),
+            criu: Family::new_with_constructor(latency_histogram),
+            criu_images: image_size_histogram(),
+            store_queries: store_histogram(),
+            store_waits: store_histogram(),
+            proxy_connections_opened: Counter::default(),
+            proxy_connections_open: Gauge::default(),
+            proxy_bytes: Family::default(),
             proxied: Family::default(),
             sandboxes: Family::default(),
             pooled: Family::default(),
@@ -146,6 +198,56 @@ impl Metrics {
             "webhook_delivery_failures",
             "Failed webhook delivery attempts (retry) and deliveries given up (dropped)",
             metrics.webhook_failures.clone(),
+        );
+        registry.register(
+            "retention_evictions",
+            "Paused sandboxes (kind=paused) and snapshots (kind=snapshot) evicted by retention, by rule",
+            metrics.evictions.clone(),
+        );
+        registry.register(
+            "sweeper_failures",
+            "Failures of background sweepers: retention passes and evictions (retention), MCP lease releases (mcp_leases)",
+            metrics.sweeper_failures.clone(),
+        );
+        registry.register_with_unit(
+            "criu_duration",
+            "CRIU dumps (pause, snapshot, fork) and restores (resume, starts from checkpoints, trial restores)",
+            Unit::Seconds,
+            metrics.criu.clone(),
+        );
+        registry.register_with_unit(
+            "criu_image_size",
+            "Size of the images each successful CRIU dump wrote",
+            Unit::Bytes,
+            metrics.criu_images.clone(),
+        );
+        registry.register_with_unit(
+            "store_query_duration",
+            "How long each store call held the database connection (one statement or transaction)",
+            Unit::Seconds,
+            metrics.store_queries.clone(),
+        );
+        registry.register_with_unit(
+            "store_wait_duration",
+            "How long each store call waited for the database connection",
+            Unit::Seconds,
+            metrics.store_waits.clone(),
+        );
+        registry.register(
+            "proxy_connections_opened",
+            "Connections the sandbox proxy opened into sandboxes",
+            metrics.proxy_connections_opened.clone(),
+        );
+        registry.register(
+            "proxy_connections_open",
+            "Connections into sandboxes the sandbox proxy holds now (idle pooled ones included)",
+            metrics.proxy_connections_open.clone(),
+        );
+        registry.register_with_unit(
+            "proxy",
+            "Bytes through the sandbox proxy's connections into sandboxes (to_sandbox, from_sandbox)",
+            Unit::Bytes,
+            metrics.proxy_bytes.clone(),
         );
         registry.register(
             "proxy_requests",
@@ -234,6 +336,40 @@ impl Metrics {
             .inc();
     }
 
+    pub(crate) fn evicted(&self, eviction: &crate::retention::Eviction) {
+        use crate::retention::Eviction;
+        let (kind, rule) = match eviction {
+            Eviction::Paused { rule, .. } => ("paused", rule.key()),
+            Eviction::Snapshot { rule, .. } => ("snapshot", rule.key()),
+        };
+        self.evictions
+            .get_or_create(&EvictionLabels { kind, rule })
+            .inc();
+    }
+
+    /// `sweeper`: `retention` or `mcp_leases`.
+    pub fn sweeper_failed(&self, sweeper: &'static str, failures: u64) {
+        self.sweeper_failures
+            .get_or_create(&SweeperLabels { sweeper })
+            .inc_by(failures);
+    }
+
+    /// What tells these metrics of every CRIU run (see `berth_checkpoint::observe_criu`).
+    pub fn criu_observer(&self) -> std::sync::Arc<dyn berth_checkpoint::CriuObserver> {
+        std::sync::Arc::new(CriuTimer {
+            durations: self.criu.clone(),
+            images: self.criu_images.clone(),
+        })
+    }
+
+    /// What tells these metrics of every store call (see `Store::observe_queries`).
+    pub fn store_observer(&self) -> std::sync::Arc<dyn berth_store::QueryObserver> {
+        std::sync::Arc::new(StoreTimer {
+            queries: self.store_queries.clone(),
+            waits: self.store_waits.clone(),
+        })
+    }
+
     pub fn proxied(&self, status: u16) {
         let status = match status {
             100..=199 => "1xx",
@@ -274,12 +410,65 @@ impl Metrics {
                 .get_or_create(&TemplateLabels { template })
                 .set(i64::try_from(waiting).unwrap_or(i64::MAX));
         }
+        let proxy = state.connections.stats();
+        // Counters only go up: add what the proxy counted since the last scrape.
+        let catch_up = |counter: &Counter, total: u64| {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        };
+        catch_up(&self.proxy_connections_opened, proxy.connections_opened);
+        catch_up(
+            &self.proxy_bytes.get_or_create(&DirectionLabels {
+                direction: "to_sandbox",
+            }),
+            proxy.bytes_to_sandboxes,
+        );
+        catch_up(
+            &self.proxy_bytes.get_or_create(&DirectionLabels {
+                direction: "from_sandbox",
+            }),
+            proxy.bytes_from_sandboxes,
+        );
+        self.proxy_connections_open
+            .set(i64::try_from(proxy.connections_open).unwrap_or(i64::MAX));
         self.process.read();
         let mut text = String::new();
         if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &registry) {
             tracing::warn!(%err, "encoding /metrics");
         }
         text
+    }
+}
+
+struct CriuTimer {
+    durations: Histograms<CriuLabels>,
+    images: Histogram,
+}
+
+impl berth_checkpoint::CriuObserver for CriuTimer {
+    fn finished(&self, run: berth_checkpoint::CriuRun) {
+        let action = match run.action {
+            berth_checkpoint::CriuAction::Dump => "dump",
+            berth_checkpoint::CriuAction::Restore => "restore",
+        };
+        let outcome = if run.ok { Outcome::ok } else { Outcome::error };
+        self.durations
+            .get_or_create(&CriuLabels { action, outcome })
+            .observe(run.duration.as_secs_f64());
+        if let Some(bytes) = run.image_bytes {
+            self.images.observe(bytes as f64);
+        }
+    }
+}
+
+struct StoreTimer {
+    queries: Histogram,
+    waits: Histogram,
+}
+
+impl berth_store::QueryObserver for StoreTimer {
+    fn query_finished(&self, waited: std::time::Duration, held: std::time::Duration) {
+        self.waits.observe(waited.as_secs_f64());
+        self.queries.observe(held.as_secs_f64());
     }
 }
 
@@ -346,6 +535,18 @@ mod tests {
         assert!(failed.is_err());
         metrics.webhook_failed("retry");
         metrics.proxied(502);
+        metrics.sweeper_failed("mcp_leases", 2);
+        metrics.criu_observer().finished(berth_checkpoint::CriuRun {
+            action: berth_checkpoint::CriuAction::Dump,
+            ok: true,
+            duration: std::time::Duration::from_millis(70),
+            image_bytes: Some(5 << 20),
+        });
+        berth_store::QueryObserver::query_finished(
+            &*metrics.store_observer(),
+            std::time::Duration::ZERO,
+            std::time::Duration::from_micros(300),
+        );
         metrics.process.read();
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &metrics.registry.lock()).unwrap();
@@ -357,6 +558,10 @@ mod tests {
         ));
         assert!(text.contains(r#"berth_webhook_delivery_failures_total{kind="retry"} 1"#));
         assert!(text.contains(r#"berth_proxy_requests_total{status="5xx"} 1"#));
+        assert!(text.contains(r#"berth_sweeper_failures_total{sweeper="mcp_leases"} 2"#));
+        assert!(text.contains(r#"berth_criu_duration_seconds_count{action="dump",outcome="ok"} 1"#));
+        assert!(text.contains("berth_criu_image_size_bytes_sum 5242880"));
+        assert!(text.contains("berth_store_query_duration_seconds_count 1"));
         assert!(text.contains("berth_process_threads "));
         assert!(!text.contains("berth_process_resident_memory_bytes 0\n"));
     }

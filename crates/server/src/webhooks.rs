@@ -17,6 +17,8 @@ use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
+use berth_store::DeliveryAttempt;
+
 use crate::webhook_target::{Target, WebhookGuard};
 use crate::SharedState;
 
@@ -56,21 +58,29 @@ pub async fn run(state: SharedState) {
                     let state = state.clone();
                     async move {
                         let outcome = deliver(&state.webhook_guard, &delivery.url, &delivery.secret, &delivery.body).await;
-                        let stored = match outcome {
-                            Ok(()) => state.store.finish_delivery(delivery.id),
-                            Err(err) if delivery.attempts + 1 >= MAX_ATTEMPTS => {
-                                state.prometheus.webhook_failed("dropped");
-                                tracing::warn!(webhook = %delivery.webhook_id, %err, "giving up on webhook delivery");
-                                state.store.finish_delivery(delivery.id)
-                            }
-                            Err(err) => {
-                                state.prometheus.webhook_failed("retry");
-                                tracing::debug!(webhook = %delivery.webhook_id, %err, "webhook delivery failed; will retry");
-                                let next = OffsetDateTime::now_utc() + backoff(delivery.attempts);
-                                state.store.retry_delivery(delivery.id, next)
+                        let (attempt, retry_at) = match outcome {
+                            Ok(code) => (
+                                DeliveryAttempt { delivered: true, response_code: Some(code), error: None },
+                                None,
+                            ),
+                            Err(failure) => {
+                                let attempt = DeliveryAttempt {
+                                    delivered: false,
+                                    response_code: failure.response_code,
+                                    error: Some(failure.message.clone()),
+                                };
+                                if delivery.attempts + 1 >= MAX_ATTEMPTS {
+                                    state.prometheus.webhook_failed("dropped");
+                                    tracing::warn!(webhook = %delivery.webhook_id, err = %failure.message, "giving up on webhook delivery");
+                                    (attempt, None)
+                                } else {
+                                    state.prometheus.webhook_failed("retry");
+                                    tracing::debug!(webhook = %delivery.webhook_id, err = %failure.message, "webhook delivery failed; will retry");
+                                    (attempt, Some(OffsetDateTime::now_utc() + backoff(delivery.attempts)))
+                                }
                             }
                         };
-                        if let Err(err) = stored {
+                        if let Err(err) = state.store.record_delivery_attempt(delivery.id, &attempt, retry_at) {
                             tracing::error!(%err, "updating webhook delivery");
                         }
                     }
@@ -102,20 +112,38 @@ async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
     while set.join_next().await.is_some() {}
 }
 
+/// Why one delivery attempt failed.
+#[derive(Debug)]
+pub(crate) struct DeliveryFailure {
+    /// The receiver's answer, when it gave one.
+    pub response_code: Option<u16>,
+    pub message: String,
+}
+
+impl From<String> for DeliveryFailure {
+    fn from(message: String) -> Self {
+        DeliveryFailure {
+            response_code: None,
+            message,
+        }
+    }
+}
+
 /// One delivery attempt: check the URL now, then POST to the checked addresses only.
+/// Returns the receiver's (2xx) status.
 pub(crate) async fn deliver(
     guard: &WebhookGuard,
     url: &str,
     secret: &str,
     body: &str,
-) -> Result<(), String> {
+) -> Result<u16, DeliveryFailure> {
     let target = guard.check(url).await.map_err(|err| err.to_string())?;
     tokio::time::timeout(DELIVERY_TIMEOUT, post(&target, secret, body))
         .await
         .map_err(|_| format!("no answer within {DELIVERY_TIMEOUT:?}"))?
 }
 
-async fn post(target: &Target, secret: &str, body: &str) -> Result<(), String> {
+async fn post(target: &Target, secret: &str, body: &str) -> Result<u16, DeliveryFailure> {
     let stream = connect(target).await?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -140,14 +168,17 @@ async fn post(target: &Target, secret: &str, body: &str) -> Result<(), String> {
     let status = response.status();
     let _ = response.into_body().collect().await;
     if status.is_success() {
-        Ok(())
-    } else if status.is_redirection() {
-        Err(format!(
-            "receiver answered {status}; redirects are not followed"
-        ))
-    } else {
-        Err(format!("receiver answered {status}"))
+        return Ok(status.as_u16());
     }
+    let message = if status.is_redirection() {
+        format!("receiver answered {status}; redirects are not followed")
+    } else {
+        format!("receiver answered {status}")
+    };
+    Err(DeliveryFailure {
+        response_code: Some(status.as_u16()),
+        message,
+    })
 }
 
 /// A TCP connection to the first of the target's checked addresses that accepts one.

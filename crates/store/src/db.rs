@@ -1,9 +1,10 @@
 //! The connection: opening, locking, and running statements whose rows decode into
 //! records through [`crate::columns::Columns`].
 
+use std::ops::{Deref, DerefMut};
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use rusqlite::types::Value;
 use rusqlite::{Connection, Params, Row};
@@ -17,9 +18,46 @@ pub const DATABASE_FILE: &str = "berth.db";
 /// How long a statement waits for another process's write lock before failing.
 pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Told how long each store call waited for the connection and then held it (one
+/// statement or one transaction), for the operator's metrics.
+pub trait QueryObserver: Send + Sync {
+    fn query_finished(&self, waited: Duration, held: Duration);
+}
+
 /// The database handle. Cheap calls; each takes the connection lock briefly.
 pub struct Store {
     conn: Mutex<Connection>,
+    observer: OnceLock<Arc<dyn QueryObserver>>,
+}
+
+/// The connection, held for one store call; tells the observer how long on drop.
+pub(crate) struct Conn<'a> {
+    guard: MutexGuard<'a, Connection>,
+    asked: Instant,
+    taken: Instant,
+    observer: Option<&'a Arc<dyn QueryObserver>>,
+}
+
+impl Deref for Conn<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.guard
+    }
+}
+
+impl DerefMut for Conn<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.guard
+    }
+}
+
+impl Drop for Conn<'_> {
+    fn drop(&mut self) {
+        if let Some(observer) = self.observer {
+            observer.query_finished(self.taken - self.asked, self.taken.elapsed());
+        }
+    }
 }
 
 impl Store {
@@ -53,15 +91,30 @@ impl Store {
         schema::migrate(&conn)?;
         Ok(Store {
             conn: Mutex::new(conn),
+            observer: OnceLock::new(),
         })
     }
 
-    pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
+    /// Reports every later store call's timing to `observer` (once per store: a second
+    /// observer is ignored).
+    pub fn observe_queries(&self, observer: Arc<dyn QueryObserver>) {
+        let _ = self.observer.set(observer);
+    }
+
+    pub(crate) fn conn(&self) -> Conn<'_> {
+        let asked = Instant::now();
         // A panic while holding the lock cannot leave SQLite inconsistent (each call is
         // one statement or one transaction), so a poisoned lock is still usable.
-        self.conn
+        let guard = self
+            .conn
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Conn {
+            guard,
+            asked,
+            taken: Instant::now(),
+            observer: self.observer.get(),
+        }
     }
 }
 

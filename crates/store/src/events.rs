@@ -58,6 +58,59 @@ pub struct PendingDelivery {
     pub attempts: u32,
 }
 
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryStatus {
+    /// Not delivered yet; tried again at its next attempt time.
+    Pending,
+    /// The receiver answered 2xx.
+    Delivered,
+    /// Given up after the last attempt failed.
+    Failed,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One delivery of an event to a webhook, as its history shows it.
+#[derive(Debug, Clone)]
+pub struct DeliveryRecord {
+    pub id: i64,
+    pub webhook_id: String,
+    pub event_id: String,
+    /// The event's type (empty when the event row is gone).
+    pub event_type: String,
+    pub status: DeliveryStatus,
+    pub attempts: u32,
+    /// The receiver's answer to the last attempt, if it answered.
+    pub response_code: Option<u16>,
+    /// Why the last attempt failed, if it did.
+    pub last_error: Option<String>,
+    pub created_at: OffsetDateTime,
+    pub last_attempt_at: Option<OffsetDateTime>,
+    /// When a pending delivery is tried next.
+    pub next_attempt_at: Option<OffsetDateTime>,
+}
+
+/// The result of one delivery attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryAttempt {
+    /// The receiver answered 2xx.
+    pub delivered: bool,
+    pub response_code: Option<u16>,
+    pub error: Option<String>,
+}
+
+/// Finished deliveries kept per webhook (the newest); older ones are forgotten.
+pub const DELIVERY_HISTORY: usize = 100;
+
 const EVENT_COLUMNS: &str =
     "id, team_id, sandbox_id, template_id, build_id, event_type, data, timestamp_ms, execution_id";
 
@@ -149,8 +202,8 @@ impl Store {
             }
             execute(
                 &tx,
-                "INSERT INTO webhook_deliveries (webhook_id, event_id, body, attempts, next_attempt_ms) \
-                 VALUES (?1, ?2, ?3, 0, ?4)",
+                "INSERT INTO webhook_deliveries (webhook_id, event_id, body, attempts, \
+                 next_attempt_ms, status, created_at_ms) VALUES (?1, ?2, ?3, 0, ?4, 'pending', ?4)",
                 params![hook.id, event.id, rendered, to_ms(now())],
             )?;
         }
@@ -298,7 +351,8 @@ impl Store {
             &self.conn(),
             "SELECT d.id, d.webhook_id, w.url, w.secret, d.body, d.attempts \
              FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id \
-             WHERE d.next_attempt_ms <= ?1 ORDER BY d.next_attempt_ms, d.id LIMIT ?2",
+             WHERE d.status = 'pending' AND d.next_attempt_ms <= ?1 \
+             ORDER BY d.next_attempt_ms, d.id LIMIT ?2",
             params![to_ms(at), i64::try_from(limit).unwrap_or(i64::MAX)],
             |row| {
                 let c = Columns::new(row, "webhook_deliveries", &["id"])?;
@@ -318,29 +372,106 @@ impl Store {
     pub fn next_delivery_at(&self) -> Result<Option<OffsetDateTime>> {
         query_opt(
             &self.conn(),
-            "SELECT id, next_attempt_ms FROM webhook_deliveries ORDER BY next_attempt_ms LIMIT 1",
+            "SELECT id, next_attempt_ms FROM webhook_deliveries WHERE status = 'pending' \
+             ORDER BY next_attempt_ms LIMIT 1",
             [],
             |row| Columns::new(row, "webhook_deliveries", &["id"])?.time("next_attempt_ms"),
         )
     }
 
-    /// A delivery succeeded (or is abandoned): forget it.
-    pub fn finish_delivery(&self, id: i64) -> Result<()> {
+    /// Records attempt `attempt` of delivery `id`: with `retry_at`, it stays pending
+    /// until then; without, it is finished (delivered or failed) and kept in its
+    /// webhook's history, of which the newest [`DELIVERY_HISTORY`] stay.
+    pub fn record_delivery_attempt(
+        &self,
+        id: i64,
+        attempt: &DeliveryAttempt,
+        retry_at: Option<OffsetDateTime>,
+    ) -> Result<()> {
+        let status = match (attempt.delivered, retry_at) {
+            (true, _) => DeliveryStatus::Delivered,
+            (false, Some(_)) => DeliveryStatus::Pending,
+            (false, None) => DeliveryStatus::Failed,
+        };
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
         execute(
-            &self.conn(),
-            "DELETE FROM webhook_deliveries WHERE id = ?1",
-            [id],
+            &tx,
+            "UPDATE webhook_deliveries SET attempts = attempts + 1, status = ?2, \
+             response_code = ?3, last_error = ?4, last_attempt_ms = ?5, \
+             next_attempt_ms = coalesce(?6, next_attempt_ms) WHERE id = ?1",
+            params![
+                id,
+                status.as_str(),
+                attempt.response_code,
+                attempt.error,
+                to_ms(now()),
+                retry_at.map(to_ms),
+            ],
         )?;
+        if status != DeliveryStatus::Pending {
+            execute(
+                &tx,
+                "DELETE FROM webhook_deliveries WHERE status <> 'pending' \
+                 AND webhook_id = (SELECT webhook_id FROM webhook_deliveries WHERE id = ?1) \
+                 AND id NOT IN (SELECT d.id FROM webhook_deliveries d \
+                     WHERE d.webhook_id = (SELECT webhook_id FROM webhook_deliveries WHERE id = ?1) \
+                     AND d.status <> 'pending' ORDER BY d.id DESC LIMIT ?2)",
+                params![id, DELIVERY_HISTORY as i64],
+            )?;
+        }
+        tx.commit()?;
         Ok(())
     }
 
-    /// A delivery failed: try again at `next`.
-    pub fn retry_delivery(&self, id: i64, next: OffsetDateTime) -> Result<()> {
-        execute(
-            &self.conn(),
-            "UPDATE webhook_deliveries SET attempts = attempts + 1, next_attempt_ms = ?1 WHERE id = ?2",
-            params![to_ms(next), id],
-        )?;
-        Ok(())
+    /// The newest `limit` deliveries of webhook `webhook_id` of `team_id`, newest first;
+    /// [`StoreError::NotFound`] when the team has no such webhook.
+    pub fn webhook_deliveries(
+        &self,
+        team_id: &str,
+        webhook_id: &str,
+        limit: usize,
+    ) -> Result<Vec<DeliveryRecord>> {
+        let conn = self.conn();
+        if webhook(&conn, team_id, webhook_id)?.is_none() {
+            return Err(webhook_not_found(webhook_id));
+        }
+        query_all(
+            &conn,
+            "SELECT d.id, d.webhook_id, d.event_id, coalesce(e.event_type, '') AS event_type, \
+             d.status, d.attempts, d.response_code, d.last_error, d.created_at_ms, \
+             d.last_attempt_ms, d.next_attempt_ms \
+             FROM webhook_deliveries d LEFT JOIN events e ON e.id = d.event_id \
+             WHERE d.webhook_id = ?1 ORDER BY d.id DESC LIMIT ?2",
+            params![webhook_id, i64::try_from(limit).unwrap_or(i64::MAX)],
+            |row| {
+                let c = Columns::new(row, "webhook_deliveries", &["id"])?;
+                let status = c.word("status", "pending, delivered or failed", |text| {
+                    [
+                        DeliveryStatus::Pending,
+                        DeliveryStatus::Delivered,
+                        DeliveryStatus::Failed,
+                    ]
+                    .into_iter()
+                    .find(|status| status.as_str() == text)
+                })?;
+                Ok(DeliveryRecord {
+                    id: c.get("id")?,
+                    webhook_id: c.get("webhook_id")?,
+                    event_id: c.get("event_id")?,
+                    event_type: c.get("event_type")?,
+                    status,
+                    attempts: c.get("attempts")?,
+                    response_code: c.get("response_code")?,
+                    last_error: c.get("last_error")?,
+                    created_at: c.time("created_at_ms")?,
+                    last_attempt_at: c.time_opt("last_attempt_ms")?,
+                    next_attempt_at: match status {
+                        DeliveryStatus::Pending => Some(c.time("next_attempt_ms")?),
+                        _ => None,
+                    },
+                })
+            },
+        )
     }
 }

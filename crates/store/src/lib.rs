@@ -20,7 +20,8 @@
 //! - `volumes`: [`VolumeRecord`], which sandboxes mount them ([`VolumeMountRecord`]).
 //! - `secrets`: [`SecretRecord`] and its versions, sealed by the caller's vault
 //!   ([`SealedVersion`]: the store never sees a secret's value).
-//! - `events`: [`EventRecord`], [`WebhookRecord`], [`PendingDelivery`].
+//! - `events`: [`EventRecord`], [`WebhookRecord`], [`PendingDelivery`], and each
+//!   webhook's delivery history ([`DeliveryRecord`]).
 //! - `telemetry`: [`LogRecord`], [`MetricSample`].
 //!
 //! Shared underneath: `db` (the connection, statement helpers, numbered
@@ -68,12 +69,16 @@ mod telemetry;
 mod templates;
 mod volumes;
 
-pub use db::{Store, DATABASE_FILE};
+pub use db::{QueryObserver, Store, DATABASE_FILE};
 pub use error::{Corruption, Result, StoreError};
-pub use events::{EventRecord, PendingDelivery, WebhookChanges, WebhookRecord};
+pub use events::{
+    DeliveryAttempt, DeliveryRecord, DeliveryStatus, EventRecord, PendingDelivery, WebhookChanges,
+    WebhookRecord, DELIVERY_HISTORY,
+};
 pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
 pub use sandboxes::{
-    Lifecycle, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus, StateFilter,
+    Lifecycle, PausedSandbox, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus,
+    StateFilter, TeamUsage,
 };
 pub use secrets::{SealedVersion, SecretPage, SecretRecord, SECRET_ID_PREFIX};
 pub use snapshots::SnapshotRecord;

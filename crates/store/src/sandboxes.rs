@@ -100,6 +100,27 @@ pub struct SandboxRecord {
     /// The current execution (E2B's `sandboxExecutionId`): new at create and at every
     /// resume; empty for rows written before execution ids existed.
     pub execution_id: String,
+    /// The snapshot this sandbox was started from (None: a template or a fork); while
+    /// the sandbox lives, retention keeps that snapshot.
+    pub from_snapshot: Option<String>,
+}
+
+/// What a team's running sandboxes hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TeamUsage {
+    pub sandboxes: u64,
+    pub cpu_count: u64,
+    pub memory_mb: u64,
+}
+
+/// A paused sandbox, as retention sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PausedSandbox {
+    pub id: String,
+    pub team_id: String,
+    /// When it was paused (rows paused before this was kept: their last `paused`
+    /// event, else their start).
+    pub paused_at: OffsetDateTime,
 }
 
 /// Filters of a sandbox listing.
@@ -156,7 +177,8 @@ pub struct SandboxPage {
 const SANDBOX_COLUMNS: &str = "id, team_id, template_id, alias, build_id, cpu_count, memory_mb, \
      disk_size_mb, metadata, envd_version, envd_access_token, allow_internet_access, \
      started_at_ms, end_at_ms, status, paused_memory, env_vars, timeout_secs, auto_pause, \
-     auto_pause_memory, auto_resume, network, traffic_access_token, volume_mounts, execution_id";
+     auto_pause_memory, auto_resume, network, traffic_access_token, volume_mounts, execution_id, \
+     from_snapshot";
 
 /// Live rows: the states [`SandboxStatus::Running`] and [`SandboxStatus::Paused`].
 const LIVE: &str = "status IN ('running', 'paused')";
@@ -200,6 +222,7 @@ fn sandbox_from_row(row: &Row<'_>) -> Result<SandboxRecord> {
         traffic_access_token: c.get("traffic_access_token")?,
         volume_mounts: c.json("volume_mounts")?,
         execution_id: c.get("execution_id")?,
+        from_snapshot: c.get("from_snapshot")?,
     })
 }
 
@@ -285,7 +308,7 @@ impl Store {
             &format!(
                 "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-                 ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"
+                 ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)"
             ),
             params![
                 sandbox.id,
@@ -318,6 +341,7 @@ impl Store {
                     }
                 })?,
                 sandbox.execution_id,
+                sandbox.from_snapshot,
             ],
         )?;
         for (position, mount) in sandbox.volume_mounts.iter().enumerate() {
@@ -390,14 +414,53 @@ impl Store {
         self.sandbox_where(&format!("id = ?1 AND {LIVE}"), [id])
     }
 
-    /// How many sandboxes of `team_id` are running now.
-    pub fn running_sandbox_count(&self, team_id: &str) -> Result<usize> {
-        let count: i64 = self.conn().query_row(
-            "SELECT COUNT(*) FROM sandboxes WHERE team_id = ?1 AND status = 'running'",
+    /// How many sandboxes of `team_id` are running now, and the CPUs and memory they
+    /// were given.
+    pub fn team_usage(&self, team_id: &str) -> Result<TeamUsage> {
+        let (sandboxes, cpu_count, memory_mb): (i64, i64, i64) = self.conn().query_row(
+            "SELECT COUNT(*), coalesce(SUM(cpu_count), 0), coalesce(SUM(memory_mb), 0) \
+             FROM sandboxes WHERE team_id = ?1 AND status = 'running'",
             [team_id],
-            |row| row.get(0),
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
         )?;
-        Ok(usize::try_from(count).unwrap_or(0))
+        Ok(TeamUsage {
+            sandboxes: u64::try_from(sandboxes).unwrap_or(0),
+            cpu_count: u64::try_from(cpu_count).unwrap_or(0),
+            memory_mb: u64::try_from(memory_mb).unwrap_or(0),
+        })
+    }
+
+    /// Every paused sandbox of every team with the time it was paused, oldest pause
+    /// first (for retention).
+    pub fn paused_sandboxes_by_age(&self) -> Result<Vec<PausedSandbox>> {
+        query_all(
+            &self.conn(),
+            "SELECT id, team_id, coalesce(paused_at_ms, started_at_ms) AS paused_ms \
+             FROM sandboxes WHERE status = 'paused' ORDER BY paused_ms, id",
+            [],
+            |row| {
+                let c = Columns::new(row, "sandboxes", &["id"])?;
+                Ok(PausedSandbox {
+                    id: c.get("id")?,
+                    team_id: c.get("team_id")?,
+                    paused_at: c.time("paused_ms")?,
+                })
+            },
+        )
+    }
+
+    /// Ids of the snapshots live (running or paused) sandboxes were started from.
+    pub fn snapshots_in_use(&self) -> Result<std::collections::HashSet<String>> {
+        let ids = query_all(
+            &self.conn(),
+            &format!(
+                "SELECT DISTINCT from_snapshot FROM sandboxes \
+                 WHERE from_snapshot IS NOT NULL AND {LIVE}"
+            ),
+            [],
+            |row| Columns::new(row, "sandboxes", &[])?.get("from_snapshot"),
+        )?;
+        Ok(ids.into_iter().collect())
     }
 
     /// Every running sandbox of every team.
@@ -515,9 +578,9 @@ impl Store {
     pub fn mark_paused(&self, id: &str, memory: bool) -> Result<bool> {
         let changed = execute(
             &self.conn(),
-            "UPDATE sandboxes SET status = 'paused', paused_memory = ?1 \
+            "UPDATE sandboxes SET status = 'paused', paused_memory = ?1, paused_at_ms = ?3 \
              WHERE id = ?2 AND status = 'running'",
-            params![memory, id],
+            params![memory, id, to_ms(now())],
         )?;
         Ok(changed == 1)
     }
@@ -532,8 +595,8 @@ impl Store {
     ) -> Result<bool> {
         let changed = execute(
             &self.conn(),
-            "UPDATE sandboxes SET status = 'running', paused_memory = NULL, end_at_ms = ?1, \
-             execution_id = ?3 WHERE id = ?2 AND status = 'paused'",
+            "UPDATE sandboxes SET status = 'running', paused_memory = NULL, paused_at_ms = NULL, \
+             end_at_ms = ?1, execution_id = ?3 WHERE id = ?2 AND status = 'paused'",
             params![to_ms(end_at), id, execution_id],
         )?;
         Ok(changed == 1)

@@ -246,6 +246,34 @@ CREATE TABLE template_tags (
 ALTER TABLE sandboxes ADD COLUMN execution_id TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN execution_id TEXT NOT NULL DEFAULT '';
 "#,
+    // Retention: when a sandbox was paused (rows paused before: their last `paused`
+    // event, else their start) and which snapshot a sandbox was started from (while it
+    // lives, that snapshot is in use).
+    r#"
+ALTER TABLE sandboxes ADD COLUMN paused_at_ms INTEGER;
+ALTER TABLE sandboxes ADD COLUMN from_snapshot TEXT;
+UPDATE sandboxes SET paused_at_ms = coalesce(
+    (SELECT max(e.timestamp_ms) FROM events e
+     WHERE e.sandbox_id = sandboxes.id AND e.event_type = 'sandbox.lifecycle.paused'),
+    started_at_ms)
+WHERE status = 'paused';
+CREATE INDEX sandboxes_from_snapshot ON sandboxes(from_snapshot) WHERE from_snapshot IS NOT NULL;
+"#,
+    // Webhook delivery history: a delivery stays after its last attempt (delivered or
+    // failed) with its answer, so a team can see what reached its receivers. Rows from
+    // before were all pending.
+    r#"
+ALTER TABLE webhook_deliveries ADD COLUMN status TEXT NOT NULL DEFAULT 'pending';
+ALTER TABLE webhook_deliveries ADD COLUMN response_code INTEGER;
+ALTER TABLE webhook_deliveries ADD COLUMN last_error TEXT;
+ALTER TABLE webhook_deliveries ADD COLUMN last_attempt_ms INTEGER;
+ALTER TABLE webhook_deliveries ADD COLUMN created_at_ms INTEGER NOT NULL DEFAULT 0;
+UPDATE webhook_deliveries SET created_at_ms = coalesce(
+    (SELECT e.timestamp_ms FROM events e WHERE e.id = webhook_deliveries.event_id),
+    next_attempt_ms);
+CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries(webhook_id, id);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_ms);
+"#,
 ];
 
 /// The schema version this berth writes.

@@ -201,6 +201,28 @@ impl Store {
         Ok(snapshot)
     }
 
+    /// Every snapshot of every team, oldest first (for retention).
+    pub fn all_snapshots(&self) -> Result<Vec<SnapshotRecord>> {
+        query_all(
+            &self.conn(),
+            &format!("SELECT {SNAPSHOT_COLUMNS} FROM snapshots ORDER BY created_at_ms, id"),
+            [],
+            snapshot_from_row,
+        )
+    }
+
+    /// Bytes of `team_id`'s snapshots, leaving out the one named `except` (the one a new
+    /// snapshot of that name replaces).
+    pub fn snapshot_storage(&self, team_id: &str, except: Option<&str>) -> Result<u64> {
+        let bytes: i64 = self.conn().query_row(
+            "SELECT coalesce(SUM(size_bytes), 0) FROM snapshots \
+             WHERE team_id = ?1 AND (?2 IS NULL OR name <> ?2)",
+            params![team_id, except],
+            |row| row.get(0),
+        )?;
+        Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
     /// Every snapshot's checkpoint id (recovery keeps these, deletes the rest).
     pub fn snapshot_checkpoints(&self) -> Result<Vec<String>> {
         query_all(

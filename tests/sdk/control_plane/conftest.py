@@ -86,6 +86,16 @@ def berth_binary() -> Path:
     return target_dir() / "debug" / "berth"
 
 
+def log_root() -> Optional[str]:
+    """Where `berth up` logs are made: `BERTH_TEST_LOG_DIR` when set (scripts/test.sh
+    points it at a directory per suite, and keeps what a failed suite left there as a CI
+    artifact), else the system's temp dir. A log is removed when its tests pass."""
+    root = os.environ.get("BERTH_TEST_LOG_DIR")
+    if root:
+        os.makedirs(root, exist_ok=True)
+    return root or None
+
+
 def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -312,7 +322,7 @@ def berth(request: pytest.FixtureRequest, internet: FakeInternet) -> Iterator[Be
     templates = Path(os.environ.get("BERTH_TEMPLATES_DIR", "/var/lib/berth/templates"))
     if templates.is_dir():
         (state_dir / "templates").symlink_to(templates)
-    log_dir = Path(tempfile.mkdtemp(prefix="berth-cp-log-"))
+    log_dir = Path(tempfile.mkdtemp(prefix="berth-cp-log-", dir=log_root()))
     instance = Berth(
         binary=binary,
         state_dir=state_dir,

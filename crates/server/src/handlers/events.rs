@@ -4,7 +4,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use berth_api::{
-    ApiError, EventsQuery, NewWebhook, SandboxEvent, Webhook, WebhookUpdate, EVENT_TYPES,
+    ApiError, DeliveriesQuery, EventsQuery, NewWebhook, SandboxEvent, Webhook, WebhookDelivery,
+    WebhookUpdate, EVENT_TYPES,
 };
 use berth_store::{WebhookChanges, WebhookRecord};
 use time::OffsetDateTime;
@@ -283,4 +284,52 @@ pub async fn delete_webhook(
             other => HttpError::from(other),
         })?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The newest deliveries of one webhook of the caller's team (berth's own route: E2B
+/// has none), with their status, attempts and the receiver's last answer.
+#[utoipa::path(get, path = "/events/webhooks/{webhookID}/deliveries", tag = "events",
+    params(("webhookID" = String, Path, description = "Webhook id"), DeliveriesQuery),
+    responses(
+        (status = 200, body = Vec<WebhookDelivery>, description = "Deliveries, newest first"),
+        (status = 400, body = berth_api::Error, description = "Bad request"),
+        (status = 401, body = berth_api::Error, description = "Bad API key"),
+        (status = 404, body = berth_api::Error, description = "No such webhook"),
+    ), security(("ApiKeyAuth" = [])))]
+pub async fn webhook_deliveries(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<DeliveriesQuery>,
+) -> Result<Json<Vec<WebhookDelivery>>, HttpError> {
+    let limit = query.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(
+            ApiError::BadRequest(format!("limit must be between 1 and 100, got {limit}")).into(),
+        );
+    }
+    let deliveries = state
+        .store
+        .webhook_deliveries(&caller.team.id, &id, limit as usize)
+        .map_err(|err| match err {
+            berth_store::StoreError::NotFound { .. } => not_found(&id).into(),
+            other => HttpError::from(other),
+        })?;
+    Ok(Json(
+        deliveries
+            .into_iter()
+            .map(|delivery| WebhookDelivery {
+                id: delivery.id,
+                event_id: delivery.event_id,
+                event_type: delivery.event_type,
+                status: delivery.status.as_str().to_string(),
+                attempts: delivery.attempts,
+                response_code: delivery.response_code,
+                error: delivery.last_error,
+                created_at: delivery.created_at,
+                last_attempt_at: delivery.last_attempt_at,
+                next_attempt_at: delivery.next_attempt_at,
+            })
+            .collect(),
+    ))
 }

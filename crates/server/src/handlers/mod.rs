@@ -223,6 +223,10 @@ pub fn router(state: SharedState) -> Router {
                 .delete(events::delete_webhook),
         )
         .route(
+            "/events/webhooks/{webhookID}/deliveries",
+            get(events::webhook_deliveries),
+        )
+        .route(
             "/volumes",
             get(volumes::list_volumes).post(volumes::create_volume),
         )

@@ -201,7 +201,7 @@ async fn create(
     let network = requested_network(&body)?;
     let lifecycle = requested_lifecycle(&body)?;
     let timeout_secs = validate_timeout(
-        state.config.max_lifetime,
+        state.limits.current().max_lifetime,
         body.timeout.unwrap_or(default_timeout),
     )?;
     let idempotency_key = headers
@@ -571,7 +571,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<SandboxTimeoutRequest>,
 ) -> Result<StatusCode, HttpError> {
-    let seconds = validate_timeout(state.config.max_lifetime, body.timeout)?;
+    let seconds = validate_timeout(state.limits.current().max_lifetime, body.timeout)?;
     let record = running_not_paused(&state, &caller, &id)?;
     set_end(
         &state,
@@ -619,7 +619,7 @@ async fn connect(
     timeout: i64,
     keep_memory: bool,
 ) -> Result<Response, HttpError> {
-    let seconds = validate_timeout(state.config.max_lifetime, timeout)?;
+    let seconds = validate_timeout(state.limits.current().max_lifetime, timeout)?;
     live(&state, &caller, &id)?;
     let mut record = match sandboxes::resume(&state, &id, Some(seconds), keep_memory).await? {
         Resumed::Resumed(record) => {
@@ -725,7 +725,7 @@ pub async fn resume_sandbox(
     ApiJson(body): ApiJson<ResumedSandbox>,
 ) -> Result<Response, HttpError> {
     let seconds = validate_timeout(
-        state.config.max_lifetime,
+        state.limits.current().max_lifetime,
         body.timeout.unwrap_or(DEFAULT_TIMEOUT_V1),
     )?;
     live(&state, &caller, &id)?;

@@ -74,7 +74,7 @@ pub async fn fork_sandbox(
         .into());
     }
     let timeout = validate_timeout(
-        state.config.max_lifetime,
+        state.limits.current().max_lifetime,
         body.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT),
     )?;
     check_owner(&state, &caller, &id)?;

@@ -17,6 +17,7 @@ use time::OffsetDateTime;
 use super::pipeline::{self, Boot, BringUp, Init, NewRow, Row};
 use super::{blocking, live, log, new_sandbox_id, new_token, CreateRequest};
 use crate::error::{ServiceError, Stage};
+use crate::limits::{check_snapshot_storage, check_team_quota, Need};
 use crate::{events, AppState};
 
 /// Most forks started at once: each restore is CPU-bound (CRIU, a disk copy, a chown
@@ -52,6 +53,8 @@ struct Origin {
     network: Option<serde_json::Value>,
     /// The checkpointed sandbox's volumes, which the new one mounts too (the same ones).
     volume_mounts: Vec<berth_store::VolumeMountRecord>,
+    /// The snapshot the checkpoint is (None: a fork's).
+    snapshot_id: Option<String>,
 }
 
 /// What a sandbox started from a checkpoint is asked to be.
@@ -105,6 +108,7 @@ async fn start_from_checkpoint(
                 .then(new_token),
             network,
             volume_mounts: origin.volume_mounts.clone(),
+            from_snapshot: origin.snapshot_id.clone(),
         })),
         log_line: format!(
             "sandbox started from a checkpoint of template {}",
@@ -170,7 +174,12 @@ async fn fork_untimed(
     timeout_secs: i64,
 ) -> Result<Vec<Result<SandboxRecord, ServiceError>>, ServiceError> {
     if let Some(source) = state.store.live_sandbox_any_team(id)? {
-        super::check_team_limit(state, &source.team_id, count)?;
+        let count = u64::try_from(count).unwrap_or(u64::MAX);
+        check_team_quota(
+            state,
+            &source.team_id,
+            Need::sandboxes(count, source.cpu_count, source.memory_mb),
+        )?;
     }
     let checkpoint = format!("fork-{}", uuid::Uuid::new_v4());
     let (source, _) = checkpoint_running(state, id, &checkpoint).await?;
@@ -186,6 +195,7 @@ async fn fork_untimed(
         memory: true,
         network: source.network.clone(),
         volume_mounts: source.volume_mounts.clone(),
+        snapshot_id: None,
     });
     let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
     let mut forks = tokio::task::JoinSet::new();
@@ -271,9 +281,16 @@ async fn snapshot_untimed(
             return Err(ServiceError::SnapshotNameTaken(name.clone()));
         }
     }
+    if let Some(source) = state.store.live_sandbox_any_team(id)? {
+        check_snapshot_storage(state, &source.team_id, name.as_deref(), 0)?;
+    }
     let snapshot_id = format!("s{}", &new_sandbox_id()[1..]);
     let name = name.unwrap_or_else(|| snapshot_id.clone());
     let (source, info) = checkpoint_running(state, id, &snapshot_id).await?;
+    if let Err(err) = check_snapshot_storage(state, &source.team_id, Some(&name), info.size_bytes) {
+        delete_checkpoint(state, &snapshot_id).await;
+        return Err(err);
+    }
     if memory {
         // A snapshot is reported made only once it is known to restore: a trial restore
         // with nothing of it running (the source is not locked meanwhile).
@@ -352,6 +369,13 @@ pub(super) async fn create_from_snapshot(
     if !request.volume_mounts.is_empty() && request.volume_mounts != snapshot.volume_mounts {
         return Err(ServiceError::SnapshotVolumeMounts(snapshot.name.clone()));
     }
+    check_team_quota(
+        state,
+        &snapshot.team_id,
+        Need::sandboxes(1, snapshot.cpu_count, snapshot.memory_mb),
+    )?;
+    // Until the new sandbox's row names the snapshot, this keeps retention off it.
+    let _start = SnapshotStart::begin(state, snapshot)?;
     let origin = Origin {
         team_id: snapshot.team_id.clone(),
         template_id: snapshot.template_id.clone(),
@@ -368,6 +392,7 @@ pub(super) async fn create_from_snapshot(
         memory: snapshot.memory,
         network: snapshot.network.clone(),
         volume_mounts: snapshot.volume_mounts.clone(),
+        snapshot_id: Some(snapshot.id.clone()),
     };
     let start = Start {
         timeout_secs: request.timeout_secs,
@@ -385,7 +410,8 @@ pub(super) async fn create_from_snapshot(
     .await
 }
 
-/// Delete snapshot `name_or_id` of `team_id` and its checkpoint.
+/// Delete snapshot `name_or_id` of `team_id` and its checkpoint; emits
+/// `sandbox.snapshot.deleted` (reason `request`).
 pub async fn delete_snapshot(
     state: &AppState,
     team_id: &str,
@@ -393,7 +419,84 @@ pub async fn delete_snapshot(
 ) -> Result<(), ServiceError> {
     let removed = state.store.delete_snapshot(team_id, name_or_id)?;
     delete_checkpoint(state, checkpoint_id(&removed.checkpoint_id)).await;
+    events::record_snapshot_deleted(state, &removed, serde_json::json!({ "reason": "request" }));
     Ok(())
+}
+
+/// Retention's eviction of snapshot `snapshot_id` of `team_id`: deleted with its
+/// checkpoint unless it is in use now — a sandbox is being started from it, or a live
+/// (running or paused) sandbox was. `event_data` goes into its
+/// `sandbox.snapshot.deleted` event, and `reason` into berth's log. Returns whether
+/// it was evicted.
+pub async fn evict_snapshot(
+    state: &AppState,
+    team_id: &str,
+    snapshot_id: &str,
+    reason: &str,
+    event_data: serde_json::Value,
+) -> Result<bool, ServiceError> {
+    let removed = {
+        // Starts register under this lock after re-reading the row, so a start either
+        // sees the row gone or is seen here.
+        let starts = state.snapshot_starts.lock();
+        if starts.contains_key(snapshot_id) || state.store.snapshots_in_use()?.contains(snapshot_id)
+        {
+            return Ok(false);
+        }
+        match state.store.delete_snapshot(team_id, snapshot_id) {
+            Ok(removed) => removed,
+            Err(berth_store::StoreError::NotFound { .. }) => return Ok(false),
+            Err(err) => return Err(err.into()),
+        }
+    };
+    delete_checkpoint(state, checkpoint_id(&removed.checkpoint_id)).await;
+    tracing::warn!(
+        snapshot = %removed.id,
+        name = %removed.name,
+        team = %removed.team_id,
+        size_bytes = removed.size_bytes,
+        "retention deleted a snapshot: {reason}"
+    );
+    events::record_snapshot_deleted(state, &removed, event_data);
+    Ok(true)
+}
+
+/// A start from a snapshot in flight, registered in `AppState::snapshot_starts` while
+/// it lives.
+struct SnapshotStart<'a> {
+    state: &'a AppState,
+    snapshot_id: String,
+}
+
+impl<'a> SnapshotStart<'a> {
+    /// Registers a start from `snapshot`, unless retention deleted it meanwhile.
+    fn begin(state: &'a AppState, snapshot: &SnapshotRecord) -> Result<Self, ServiceError> {
+        let mut starts = state.snapshot_starts.lock();
+        if state
+            .store
+            .snapshot(&snapshot.team_id, &snapshot.id)?
+            .is_none()
+        {
+            return Err(ServiceError::TemplateNotFound(snapshot.name.clone()));
+        }
+        *starts.entry(snapshot.id.clone()).or_default() += 1;
+        Ok(SnapshotStart {
+            state,
+            snapshot_id: snapshot.id.clone(),
+        })
+    }
+}
+
+impl Drop for SnapshotStart<'_> {
+    fn drop(&mut self) {
+        let mut starts = self.state.snapshot_starts.lock();
+        if let Some(count) = starts.get_mut(&self.snapshot_id) {
+            *count -= 1;
+            if *count == 0 {
+                starts.remove(&self.snapshot_id);
+            }
+        }
+    }
 }
 
 /// At start: delete checkpoints no snapshot owns (a fork's, or a snapshot's whose

@@ -26,10 +26,11 @@ use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
 
 use crate::error::{ServiceError, Stage};
+use crate::limits::{check_team_quota, Need};
 use crate::prometheus::Operation;
 use crate::{events, AppState};
 
-pub use checkpoints::{delete_snapshot, fork, snapshot};
+pub use checkpoints::{delete_snapshot, evict_snapshot, fork, snapshot};
 pub use recovery::recover;
 
 use pipeline::{Boot, BringUp, Init, NewRow, Row};
@@ -124,23 +125,6 @@ pub(crate) fn live(state: &AppState, id: &str) -> Result<SandboxRecord, ServiceE
         .ok_or_else(|| ServiceError::SandboxNotFound(id.to_string()))
 }
 
-/// Refuses to start `adding` more sandboxes for `team_id` beyond the operator's
-/// per-team limit. Concurrent starts may each pass before either runs: the limit holds
-/// to within the starts in flight.
-pub(crate) fn check_team_limit(
-    state: &AppState,
-    team_id: &str,
-    adding: usize,
-) -> Result<(), ServiceError> {
-    let Some(limit) = state.config.team_max_sandboxes else {
-        return Ok(());
-    };
-    if state.store.running_sandbox_count(team_id)? + adding > limit {
-        return Err(ServiceError::TeamSandboxLimit { limit });
-    }
-    Ok(())
-}
-
 /// Create a sandbox from a template (or a snapshot of that name) and wait until its
 /// envd is initialised.
 pub async fn create(
@@ -157,7 +141,6 @@ async fn create_untimed(
     state: &Arc<AppState>,
     request: CreateRequest,
 ) -> Result<SandboxRecord, ServiceError> {
-    check_team_limit(state, &request.team_id, 1)?;
     let team_slug =
         crate::templates::team_slug(&crate::templates::team(state, &request.team_id)?.name);
     let snapshot = match crate::templates::snapshot_name(&request.template, &team_slug) {
@@ -169,6 +152,15 @@ async fn create_untimed(
     }
     let template =
         crate::templates::for_sandbox(state, &request.team_id, &request.template).await?;
+    check_team_quota(
+        state,
+        &request.team_id,
+        Need::sandboxes(
+            1,
+            template.resources.cpu_count,
+            template.resources.memory_mb,
+        ),
+    )?;
     let mut id = new_sandbox_id();
     // No volume this sandbox mounts is deleted before its row records the mount.
     let _volumes = match request.volume_mounts.is_empty() {
@@ -217,6 +209,7 @@ async fn create_untimed(
             network: request.network,
             traffic_access_token,
             volume_mounts: request.volume_mounts,
+            from_snapshot: None,
         })),
         log_line: from_template::log_line(&template),
     };
@@ -313,7 +306,11 @@ async fn resume_untimed(
     if record.status == SandboxStatus::Running {
         return Ok(Resumed::WasRunning(record));
     }
-    check_team_limit(state, &record.team_id, 1)?;
+    check_team_quota(
+        state,
+        &record.team_id,
+        Need::sandboxes(1, record.cpu_count, record.memory_mb),
+    )?;
     let plan = BringUp {
         id: id.to_string(),
         init: Init {
@@ -400,6 +397,16 @@ pub async fn kill(
     reason: &str,
 ) -> Result<bool, ServiceError> {
     let _guard = state.sandbox_locks.lock(sandbox.id.clone()).await;
+    kill_locked(state, sandbox, reason, None).await
+}
+
+/// [`kill`] under the sandbox's lock; `event_data` goes into the `killed` event.
+async fn kill_locked(
+    state: &AppState,
+    sandbox: &SandboxRecord,
+    reason: &str,
+    event_data: Option<serde_json::Value>,
+) -> Result<bool, ServiceError> {
     kill_in_runtime(state, &sandbox.id)
         .await
         .map_err(|source| ServiceError::Runtime {
@@ -416,10 +423,27 @@ pub async fn kill(
             LogLevel::Info,
             &format!("sandbox killed ({reason})"),
         );
-        events::record(state, sandbox, events::KILLED, None);
+        events::record(state, sandbox, events::KILLED, event_data);
         crate::metrics::forget(state, &sandbox.id);
     }
     Ok(was_running)
+}
+
+/// Retention's eviction of paused sandbox `id`: killed as [`kill`] does, with `reason`
+/// in its log and `event_data` in its `killed` event, only if it is still paused when
+/// its lock is taken (a resume meanwhile wins). Returns whether it was evicted.
+pub async fn evict_paused(
+    state: &AppState,
+    id: &str,
+    reason: &str,
+    event_data: serde_json::Value,
+) -> Result<bool, ServiceError> {
+    let _guard = state.sandbox_locks.lock(id.to_string()).await;
+    let record = match state.store.live_sandbox_any_team(id)? {
+        Some(record) if matches!(record.status, SandboxStatus::Paused { .. }) => record,
+        _ => return Ok(false),
+    };
+    kill_locked(state, &record, reason, Some(event_data)).await
 }
 
 /// A running sandbox whose envd (its init) exited on its own, so nothing inside answers

@@ -94,6 +94,8 @@ pub(super) struct NewRow {
     pub network: Option<NetworkPolicy>,
     pub traffic_access_token: Option<String>,
     pub volume_mounts: Vec<berth_store::VolumeMountRecord>,
+    /// The snapshot it starts from, if any (kept from retention while it lives).
+    pub from_snapshot: Option<String>,
 }
 
 /// The row stage: a new row, or the paused row back to running.
@@ -297,6 +299,7 @@ fn record(
                 traffic_access_token: row.traffic_access_token.clone(),
                 volume_mounts: row.volume_mounts.clone(),
                 execution_id: new_execution_id(),
+                from_snapshot: row.from_snapshot.clone(),
             };
             state.store.insert_sandbox(&record)?;
             Ok(record)

@@ -84,13 +84,49 @@ fn events_page_filter_and_queue_deliveries() {
     assert_eq!(due.len(), 1);
     assert_eq!(due[0].body, "e2");
     assert_eq!(due[0].url, "http://127.0.0.1:9/");
+    let refused = DeliveryAttempt {
+        delivered: false,
+        response_code: Some(503),
+        error: Some("receiver answered 503".into()),
+    };
     store
-        .retry_delivery(due[0].id, now() + time::Duration::hours(1))
+        .record_delivery_attempt(due[0].id, &refused, Some(now() + time::Duration::hours(1)))
         .unwrap();
     assert!(store.due_deliveries(now(), 10).unwrap().is_empty());
     assert!(store.next_delivery_at().unwrap().unwrap() > now());
-    store.finish_delivery(due[0].id).unwrap();
+    let pending = store.webhook_deliveries(&team.id, "w1", 10).unwrap();
+    assert_eq!(pending[0].status, DeliveryStatus::Pending);
+    assert_eq!(
+        (pending[0].attempts, pending[0].response_code),
+        (1, Some(503))
+    );
+    assert!(pending[0].next_attempt_at.is_some());
+    let delivered = DeliveryAttempt {
+        delivered: true,
+        response_code: Some(204),
+        error: None,
+    };
+    store
+        .record_delivery_attempt(due[0].id, &delivered, None)
+        .unwrap();
     assert!(store.next_delivery_at().unwrap().is_none());
+    let history = store.webhook_deliveries(&team.id, "w1", 10).unwrap();
+    assert_eq!(history.len(), 1, "a finished delivery stays in the history");
+    assert_eq!(history[0].status, DeliveryStatus::Delivered);
+    assert_eq!(history[0].event_type, "sandbox.lifecycle.killed");
+    assert_eq!(
+        (history[0].attempts, history[0].response_code),
+        (2, Some(204))
+    );
+    assert_eq!(history[0].last_error, None);
+    assert!(history[0].last_attempt_at.is_some() && history[0].next_attempt_at.is_none());
+    assert!(matches!(
+        store.webhook_deliveries("other", "w1", 10),
+        Err(StoreError::NotFound {
+            what: "webhook",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -149,4 +185,37 @@ fn webhooks_update_disable_and_delete_with_their_deliveries() {
         store.delete_webhook(&team.id, "w1"),
         Err(StoreError::NotFound { .. })
     ));
+}
+
+#[test]
+fn a_webhooks_history_keeps_its_newest_finished_deliveries() {
+    let (_dir, store) = open();
+    let team = store.create_team("t").unwrap();
+    store.create_webhook(&hook("w1", &team.id, &[])).unwrap();
+    let total = DELIVERY_HISTORY + 3;
+    for i in 0..total {
+        store
+            .record_event(&event(&format!("e{i}"), &team.id, "created"), |e| {
+                e.id.clone()
+            })
+            .unwrap();
+    }
+    let failed = DeliveryAttempt {
+        delivered: false,
+        response_code: None,
+        error: Some("connection refused".into()),
+    };
+    let due = store.due_deliveries(now(), total).unwrap();
+    assert_eq!(due.len(), total);
+    for delivery in &due {
+        store
+            .record_delivery_attempt(delivery.id, &failed, None)
+            .unwrap();
+    }
+    let history = store.webhook_deliveries(&team.id, "w1", 1000).unwrap();
+    assert_eq!(history.len(), DELIVERY_HISTORY);
+    assert_eq!(history[0].id, due.last().unwrap().id, "newest first");
+    assert!(history.iter().all(|d| d.status == DeliveryStatus::Failed));
+    assert_eq!(history[0].last_error.as_deref(), Some("connection refused"));
+    assert!(store.due_deliveries(now(), 10).unwrap().is_empty());
 }

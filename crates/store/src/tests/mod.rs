@@ -55,9 +55,28 @@ fn sandbox(team: &str, id: &str, started_ms: i64) -> SandboxRecord {
         traffic_access_token: None,
         volume_mounts: Vec::new(),
         execution_id: format!("exec-{id}"),
+        from_snapshot: None,
     }
 }
 
 fn ids(records: &[SandboxRecord]) -> Vec<&str> {
     records.iter().map(|s| s.id.as_str()).collect()
+}
+
+#[test]
+fn every_store_call_is_reported_to_the_query_observer() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    struct Counting(AtomicUsize);
+    impl QueryObserver for Counting {
+        fn query_finished(&self, _waited: std::time::Duration, _held: std::time::Duration) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let (_dir, store) = open();
+    let observer = Arc::new(Counting(AtomicUsize::new(0)));
+    store.observe_queries(observer.clone());
+    let team = store.create_team("a").unwrap();
+    store.team_usage(&team.id).unwrap();
+    assert!(observer.0.load(Ordering::Relaxed) >= 2);
 }

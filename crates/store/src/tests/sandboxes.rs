@@ -530,3 +530,58 @@ fn end_times_drive_expiry_and_kill_keeps_the_earlier_end() {
     assert!(spans.contains(&(at(2_000), Some(at(62_000)))));
     assert_eq!(store.next_end_at().unwrap(), Some(at(90_000)));
 }
+
+#[test]
+fn team_usage_sums_running_sandboxes_and_paused_ones_carry_their_pause_time() {
+    let (_dir, store) = open();
+    let team = store.create_team("a").unwrap();
+    let other = store.create_team("b").unwrap();
+    for (id, team_id) in [("iu1", &team.id), ("iu2", &team.id), ("iu3", &other.id)] {
+        store.insert_sandbox(&sandbox(team_id, id, 1_000)).unwrap();
+    }
+    let mut from_snapshot = sandbox(&team.id, "iu4", 2_000);
+    from_snapshot.from_snapshot = Some("s1".into());
+    store.insert_sandbox(&from_snapshot).unwrap();
+    assert_eq!(
+        store.team_usage(&team.id).unwrap(),
+        TeamUsage {
+            sandboxes: 3,
+            cpu_count: 6,
+            memory_mb: 1536
+        }
+    );
+    assert_eq!(
+        store
+            .live_sandbox(&team.id, "iu4")
+            .unwrap()
+            .unwrap()
+            .from_snapshot
+            .as_deref(),
+        Some("s1")
+    );
+    assert_eq!(store.snapshots_in_use().unwrap(), ["s1".to_string()].into());
+
+    let before = now();
+    assert!(store.mark_paused("iu2", true).unwrap());
+    assert!(store.mark_paused("iu4", false).unwrap());
+    assert_eq!(store.team_usage(&team.id).unwrap().sandboxes, 1);
+    let paused = store.paused_sandboxes_by_age().unwrap();
+    assert_eq!(
+        paused.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+        ["iu2", "iu4"]
+    );
+    assert!(paused[0].paused_at >= before - time::Duration::milliseconds(1));
+    assert_eq!(
+        store.snapshots_in_use().unwrap(),
+        ["s1".to_string()].into(),
+        "a paused sandbox still holds its snapshot"
+    );
+    assert!(store.mark_resumed("iu2", at(9_000), "exec").unwrap());
+    assert_eq!(
+        store.paused_sandboxes_by_age().unwrap().len(),
+        1,
+        "a resume forgets the pause"
+    );
+    assert!(store.mark_killed("iu4").unwrap());
+    assert!(store.snapshots_in_use().unwrap().is_empty());
+}

@@ -76,7 +76,7 @@ fn a_database_from_a_newer_berth_is_refused() {
 fn a_failed_migration_is_rolled_back_and_named() {
     let (dir, conn) = database_at(VERSION - 1);
     // The second column the newest migration adds already exists: it cannot apply.
-    conn.execute_batch("ALTER TABLE events ADD COLUMN execution_id TEXT")
+    conn.execute_batch("ALTER TABLE webhook_deliveries ADD COLUMN response_code INTEGER")
         .unwrap();
     drop(conn);
     let err = Store::open(dir.path())
@@ -93,10 +93,41 @@ fn a_failed_migration_is_rolled_back_and_named() {
     assert_eq!(version as usize, VERSION - 1);
     let first_change: i64 = conn
         .query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('sandboxes') WHERE name = 'execution_id'",
+            "SELECT COUNT(*) FROM pragma_table_info('webhook_deliveries') WHERE name = 'status'",
             [],
             |r| r.get(0),
         )
         .unwrap();
     assert_eq!(first_change, 0, "the failed migration changed nothing");
+}
+
+#[test]
+fn paused_rows_from_before_pause_times_take_their_last_paused_event() {
+    let (dir, conn) = database_at(8);
+    conn.execute(
+        "INSERT INTO teams (id, name, is_default, created_at_ms) VALUES ('t', 't', 1, 0)",
+        [],
+    )
+    .unwrap();
+    for id in ["i1", "i2"] {
+        conn.execute(
+            "INSERT INTO sandboxes (id, team_id, template_id, build_id, cpu_count, memory_mb, \
+             disk_size_mb, metadata, envd_version, started_at_ms, end_at_ms, status) \
+             VALUES (?1, 't', 'base', 'b', 1, 1, 1, '{}', '0.6.4', 1000, 2000, 'paused')",
+            [id],
+        )
+        .unwrap();
+    }
+    conn.execute(
+        "INSERT INTO events (id, team_id, sandbox_id, template_id, build_id, event_type, \
+         timestamp_ms) VALUES ('e1', 't', 'i1', 'base', 'b', 'sandbox.lifecycle.paused', 5000)",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let store = Store::open(dir.path()).unwrap();
+    let paused = store.paused_sandboxes_by_age().unwrap();
+    assert_eq!(paused[0].id, "i2");
+    assert_eq!(paused[0].paused_at, at(1000), "no event: the start");
+    assert_eq!(paused[1].paused_at, at(5000));
 }

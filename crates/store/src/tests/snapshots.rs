@@ -124,3 +124,29 @@ fn snapshot_pages_follow_the_keyset_through_ties_and_inserts() {
         );
     }
 }
+
+#[test]
+fn snapshot_storage_is_per_team_and_can_leave_out_a_name() {
+    let (_dir, store) = open();
+    let a = store.create_team("a").unwrap();
+    let b = store.create_team("b").unwrap();
+    store
+        .put_snapshot(&snapshot("s1", &a.id, "one", 2))
+        .unwrap();
+    store
+        .put_snapshot(&snapshot("s2", &a.id, "two", 1))
+        .unwrap();
+    store
+        .put_snapshot(&snapshot("s3", &b.id, "one", 3))
+        .unwrap();
+    assert_eq!(store.snapshot_storage(&a.id, None).unwrap(), 84);
+    assert_eq!(store.snapshot_storage(&a.id, Some("one")).unwrap(), 42);
+    assert_eq!(store.snapshot_storage("nobody", None).unwrap(), 0);
+    let all: Vec<String> = store
+        .all_snapshots()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(all, ["s2", "s1", "s3"], "oldest first");
+}
