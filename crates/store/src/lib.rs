@@ -60,22 +60,25 @@ mod db;
 mod error;
 mod events;
 mod keys;
+mod postgres;
 mod sandboxes;
 mod schema;
 mod secrets;
 mod snapshots;
+mod sqlite;
 mod teams;
 mod telemetry;
 mod templates;
 mod volumes;
 
-pub use db::{QueryObserver, Store, DATABASE_FILE};
-pub use error::{Corruption, Result, StoreError};
+pub use db::{DatabaseConfig, QueryObserver, Store, DATABASE_FILE};
+pub use error::{ColumnTypeError, Corruption, Result, StoreError};
 pub use events::{
     DeliveryAttempt, DeliveryRecord, DeliveryStatus, EventRecord, PendingDelivery, WebhookChanges,
     WebhookRecord, DELIVERY_HISTORY,
 };
 pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
+pub use postgres::PostgresConfig;
 pub use sandboxes::{
     Lifecycle, PausedSandbox, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus,
     StateFilter, TeamUsage,

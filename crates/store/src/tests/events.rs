@@ -27,9 +27,8 @@ fn event(id: &str, team: &str, kind: &str) -> EventRecord {
     }
 }
 
-#[test]
-fn events_page_filter_and_queue_deliveries() {
-    let (_dir, store) = open();
+fn events_page_filter_and_queue_deliveries(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     store
         .create_webhook(&hook("w1", &team.id, &["sandbox.lifecycle.killed"]))
@@ -129,9 +128,8 @@ fn events_page_filter_and_queue_deliveries() {
     ));
 }
 
-#[test]
-fn webhooks_update_disable_and_delete_with_their_deliveries() {
-    let (_dir, store) = open();
+fn webhooks_update_disable_and_delete_with_their_deliveries(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     store.create_webhook(&hook("w1", &team.id, &[])).unwrap();
     let changed = store
@@ -187,9 +185,8 @@ fn webhooks_update_disable_and_delete_with_their_deliveries() {
     ));
 }
 
-#[test]
-fn a_webhooks_history_keeps_its_newest_finished_deliveries() {
-    let (_dir, store) = open();
+fn a_webhooks_history_keeps_its_newest_finished_deliveries(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     store.create_webhook(&hook("w1", &team.id, &[])).unwrap();
     let total = DELIVERY_HISTORY + 3;
@@ -219,3 +216,9 @@ fn a_webhooks_history_keeps_its_newest_finished_deliveries() {
     assert_eq!(history[0].last_error.as_deref(), Some("connection refused"));
     assert!(store.due_deliveries(now(), 10).unwrap().is_empty());
 }
+
+on_both_backends!(
+    events_page_filter_and_queue_deliveries,
+    webhooks_update_disable_and_delete_with_their_deliveries,
+    a_webhooks_history_keeps_its_newest_finished_deliveries,
+);
