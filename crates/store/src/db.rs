@@ -199,7 +199,9 @@ impl Store {
     /// Runs `work` in one transaction that behaves as if it ran alone: SQLite takes the
     /// write lock up front (`BEGIN IMMEDIATE`); Postgres runs it `SERIALIZABLE` and runs
     /// it again (up to [`WRITE_ATTEMPTS`] times) when it conflicted with a concurrent
-    /// one, so `work` must have no effects outside the transaction but its result.
+    /// one (a serialization failure, a deadlock, or a unique key a concurrent
+    /// transaction inserted first), so `work` must have no effects outside the
+    /// transaction but its result.
     pub(crate) fn write<T>(&self, work: impl FnMut(&mut Conn<'_>) -> Result<T>) -> Result<T> {
         self.transaction(Isolation::Write, work)
     }
@@ -243,10 +245,18 @@ impl Store {
                             source,
                         });
                     }
-                    crate::postgres::back_off(attempt);
                 }
+                // A key a concurrent transaction inserted and committed after this one
+                // began: run again on a snapshot that sees it (as Postgres's docs advise
+                // for serializable transactions). A duplicate that stays one is reported
+                // as such after the last attempt.
+                err @ StoreError::Postgres(_)
+                    if isolation == Isolation::Write
+                        && err.is_unique_violation()
+                        && attempt < attempts => {}
                 other => return Err(other),
             }
+            crate::postgres::back_off(attempt);
         }
     }
 }

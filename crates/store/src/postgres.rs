@@ -508,29 +508,41 @@ mod tests {
             numbered("SELECT a FROM t WHERE b = ?1 AND c IN (?2, ?10) AND d = '?3' AND \"?4\" = ?"),
             "SELECT a FROM t WHERE b = $1 AND c IN ($2, $10) AND d = '?3' AND \"?4\" = ?"
         );
-        assert_eq!(numbered("x = 'it''s ?1' OR y = ?2"), "x = 'it''s ?1' OR y = $2");
+        assert_eq!(
+            numbered("x = 'it''s ?1' OR y = ?2"),
+            "x = 'it''s ?1' OR y = $2"
+        );
     }
 
     #[test]
     fn urls_name_postgres_and_keep_their_password_out_of_sight() {
         let config =
             PostgresConfig::parse("postgres://berth:hunter2@db.internal:5433/state", None).unwrap();
-        assert_eq!(config.to_string(), "postgres://berth@db.internal:5433/state");
+        assert_eq!(
+            config.to_string(),
+            "postgres://berth@db.internal:5433/state"
+        );
         assert!(!format!("{config:?}").contains("hunter2"));
         assert_eq!(config.config.get_password(), Some(&b"hunter2"[..]));
         // A password from PGPASSWORD fills in for a URL without one, never over one.
         let from_env = PostgresConfig::parse("postgresql://berth@db/state", Some("env")).unwrap();
         assert_eq!(from_env.config.get_password(), Some(&b"env"[..]));
-        let from_url =
-            PostgresConfig::parse("postgres://berth:url@db/state", Some("env")).unwrap();
+        let from_url = PostgresConfig::parse("postgres://berth:url@db/state", Some("env")).unwrap();
         assert_eq!(from_url.config.get_password(), Some(&b"url"[..]));
         // No host: Debian's socket directory, as libpq there.
         let local = PostgresConfig::parse("postgres://berth@/state", None);
         let local = local.map(|config| config.to_string());
         assert_eq!(local.unwrap(), "postgres://berth@/var/run/postgresql/state");
-        for bad in ["mysql://x@y/z", "/var/lib/berth", "postgres://u@h:notaport/d"] {
+        for bad in [
+            "mysql://x@y/z",
+            "/var/lib/berth",
+            "postgres://u@h:notaport/d",
+        ] {
             let err = PostgresConfig::parse(bad, None).unwrap_err();
-            assert!(matches!(err, StoreError::DatabaseUrl { .. }), "{bad}: {err}");
+            assert!(
+                matches!(err, StoreError::DatabaseUrl { .. }),
+                "{bad}: {err}"
+            );
         }
     }
 
@@ -548,7 +560,10 @@ mod tests {
             "{message}"
         );
         assert!(err.is_unavailable());
-        assert!(message.contains("postgres://berth@127.0.0.1:1/state"), "{message}");
+        assert!(
+            message.contains("postgres://berth@127.0.0.1:1/state"),
+            "{message}"
+        );
         assert!(!message.contains("hunter2"), "{message}");
         assert!(!format!("{err:?}").contains("hunter2"));
     }

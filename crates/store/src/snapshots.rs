@@ -210,7 +210,7 @@ impl Store {
     pub fn snapshot_storage(&self, team_id: &str, except: Option<&str>) -> Result<u64> {
         let bytes = self.conn()?.query_count(
             "SELECT CAST(coalesce(SUM(size_bytes), 0) AS BIGINT) AS n FROM snapshots \
-             WHERE team_id = ?1 AND (?2 IS NULL OR name <> ?2)",
+             WHERE team_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR name <> ?2)",
             params![team_id, except],
         )?;
         Ok(u64::try_from(bytes).unwrap_or(0))

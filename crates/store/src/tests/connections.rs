@@ -25,10 +25,12 @@ fn a_password_from_the_url_or_pgpassword_is_used_and_a_wrong_one_refused(_db: &T
     let (url, password) = password_role();
     let dir = tempfile::tempdir().unwrap();
     let connect = |config: DatabaseConfig| {
-        Store::connect(&config).and_then(|store| store.create_team("t").or_else(|err| match err {
-            StoreError::TeamExists { .. } => Ok(store.team_by_name("t")?.unwrap()),
-            other => Err(other),
-        }))
+        Store::connect(&config).and_then(|store| {
+            store.create_team("t").or_else(|err| match err {
+                StoreError::TeamExists { .. } => Ok(store.team_by_name("t")?.unwrap()),
+                other => Err(other),
+            })
+        })
     };
 
     let in_url = DatabaseConfig::from_url(Some(&with_password(&url, &password)), dir.path());
@@ -40,7 +42,10 @@ fn a_password_from_the_url_or_pgpassword_is_used_and_a_wrong_one_refused(_db: &T
     let config = DatabaseConfig::from_url(Some(&with_password(&url, wrong)), dir.path());
     let err = connect(config.unwrap()).unwrap_err();
     let message = err.to_string();
-    assert!(matches!(err, StoreError::DatabaseRejected { .. }), "{message}");
+    assert!(
+        matches!(err, StoreError::DatabaseRejected { .. }),
+        "{message}"
+    );
     assert!(!message.contains(wrong), "{message}");
     assert!(!format!("{err:?}").contains(wrong));
     assert!(message.contains("berth_pw@"), "names the user: {message}");
