@@ -28,7 +28,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use berth_runtime::{LinuxRuntime, LinuxRuntimeConfig};
 use berth_server::{Server, ServerConfig};
-use berth_store::Store;
+use berth_store::{DatabaseConfig, Store};
 use berth_template::{BuildProgress, TemplateStore};
 use clap::{Args, Parser, Subcommand};
 
@@ -56,6 +56,18 @@ struct Cli {
         global = true
     )]
     state_dir: PathBuf,
+    /// Where the control plane keeps its state: a Postgres URL,
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (a password not in the URL is
+    /// taken from PGPASSWORD), shared by every berth process given the same URL; unset:
+    /// SQLite, `berth.db` in the state directory. Templates, sandboxes and checkpoints
+    /// stay in the state directory either way.
+    #[arg(
+        long,
+        env = "BERTH_DATABASE_URL",
+        global = true,
+        hide_env_values = true
+    )]
+    database: Option<String>,
     /// Log lines on stderr as text, or as one JSON object per line (with the span
     /// fields: request ids on every line of an API request, sandbox ids where known).
     #[arg(long, env = "BERTH_LOG_FORMAT", default_value = "text", global = true)]
@@ -345,11 +357,16 @@ fn main() -> Result<()> {
             .init(),
     }
     state_dir::secure(&cli.state_dir)?;
+    // Parsed when a command opens the store, so a bad URL fails only those.
+    let database = || {
+        DatabaseConfig::from_url(cli.database.as_deref(), &cli.state_dir)
+            .context("--database / BERTH_DATABASE_URL")
+    };
     match cli.command {
-        Command::Up(args) => up(&cli.state_dir, args, &[]),
-        Command::Keys { command } => keys(&cli.state_dir, command),
+        Command::Up(args) => up(&cli.state_dir, &database()?, args, &[]),
+        Command::Keys { command } => keys(&database()?, command),
         Command::Provision(args) if args.templates.is_empty() => provision(&cli.state_dir),
-        Command::Provision(args) => up(&cli.state_dir, args.up, &args.templates),
+        Command::Provision(args) => up(&cli.state_dir, &database()?, args.up, &args.templates),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
         Command::Sandbox { api, command } => remote_command(&cli.state_dir, &api, |remote| {
@@ -389,7 +406,7 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
-        Command::RotateKek => rotate_kek(&cli.state_dir),
+        Command::RotateKek => rotate_kek(&cli.state_dir, &database()?),
     }
 }
 
@@ -414,8 +431,8 @@ fn secrets_key_file(state_dir: &Path) -> PathBuf {
     state_dir.join("secrets").join("kek")
 }
 
-fn rotate_kek(state_dir: &Path) -> Result<()> {
-    let store = open_store(state_dir)?;
+fn rotate_kek(state_dir: &Path, database: &DatabaseConfig) -> Result<()> {
+    let store = open_store(database)?;
     let secrets = berth_server::rotate_secrets_kek(&store, &secrets_key_file(state_dir))
         .context("rotating the secrets vault's key")?;
     eprintln!(
@@ -497,8 +514,8 @@ impl berth_mcp::IdentityResolver for ApiKeyIdentity {
     }
 }
 
-fn open_store(state_dir: &Path) -> Result<Store> {
-    Store::open(state_dir).with_context(|| format!("opening state in {}", state_dir.display()))
+fn open_store(database: &DatabaseConfig) -> Result<Store> {
+    Store::connect(database).with_context(|| format!("opening state in {}", database.describe()))
 }
 
 /// The default team, created on first use. Returns the team and whether this call
@@ -523,8 +540,21 @@ fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
 /// What `berth up` prints about the API key: on the first run and to a terminal, a new
 /// key of the default team (shown this once; keys are stored hashed); otherwise where to
 /// get one, so no key ends up in a log or a pipe.
-fn key_line(store: &Store, state_dir: &Path, first_run: bool, to_terminal: bool) -> Result<String> {
-    let create = format!("berth keys create --state-dir {}", state_dir.display());
+fn key_line(
+    store: &Store,
+    database: &DatabaseConfig,
+    first_run: bool,
+    to_terminal: bool,
+) -> Result<String> {
+    let create = match database {
+        DatabaseConfig::Sqlite { state_dir } => {
+            format!("berth keys create --state-dir {}", state_dir.display())
+        }
+        // The URL may hold the password: name the variable, not its value.
+        DatabaseConfig::Postgres(_) => {
+            "berth keys create (with the same --database / BERTH_DATABASE_URL)".to_string()
+        }
+    };
     if !first_run {
         return Ok(format!(
             "# E2B_API_KEY was printed on first run; make another with: {create}"
@@ -540,8 +570,8 @@ fn key_line(store: &Store, state_dir: &Path, first_run: bool, to_terminal: bool)
     Ok(format!("E2B_API_KEY={raw}"))
 }
 
-fn keys(state_dir: &Path, command: KeysCommand) -> Result<()> {
-    let store = open_store(state_dir)?;
+fn keys(database: &DatabaseConfig, command: KeysCommand) -> Result<()> {
+    let store = open_store(database)?;
     match command {
         KeysCommand::Create { team, name } => {
             let team = match team {
@@ -735,7 +765,12 @@ fn criu_state_dir(state_dir: &Path, given: Option<PathBuf>) -> PathBuf {
 
 /// Runs `berth up`; with `build_only` host templates named, builds those instead of
 /// serving (`berth provision --template`) and returns once they are ready.
-fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
+fn up(
+    state_dir: &Path,
+    database: &DatabaseConfig,
+    args: UpArgs,
+    build_only: &[String],
+) -> Result<()> {
     let state_dir = state_dir.to_path_buf();
     let interpreter = args
         .interpreter_binary
@@ -772,7 +807,8 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
         None => (flag_limits.clone(), None),
     };
     eprintln!("limits: {}", limits_config::describe(&limits));
-    let store = Arc::new(open_store(&state_dir)?);
+    let store = Arc::new(open_store(database)?);
+    eprintln!("state: {}", database.describe());
     let (_, first_run) = ensure_default_team(&store)?;
     let templates = TemplateStore::open(&state_dir).context("opening the template store")?;
     if !args.skip_base {
@@ -946,7 +982,7 @@ fn up(state_dir: &Path, args: UpArgs, build_only: &[String]) -> Result<()> {
             api_url: url.clone(),
         }));
         let to_terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
-        let key_line = key_line(&store, &state_dir, first_run, to_terminal)?;
+        let key_line = key_line(&store, database, first_run, to_terminal)?;
         // One write: a reader that stops after the lines it wants (a script taking the
         // first three) must not see the rest fail on its closed pipe.
         print!("E2B_API_URL={url}\nE2B_SANDBOX_URL={url}\n{key_line}\nE2B_DOMAIN={domain}\n");
@@ -1035,21 +1071,22 @@ mod tests {
     #[test]
     fn the_first_key_is_printed_only_to_a_terminal() {
         let dir = tempfile::tempdir().unwrap();
-        let store = open_store(dir.path()).unwrap();
+        let database = DatabaseConfig::from_url(None, dir.path()).unwrap();
+        let store = open_store(&database).unwrap();
         let (team, first_run) = ensure_default_team(&store).unwrap();
         assert!(first_run);
-        let piped = key_line(&store, dir.path(), true, false).unwrap();
+        let piped = key_line(&store, &database, true, false).unwrap();
         assert!(
             piped.starts_with("# no E2B_API_KEY printed") && piped.contains("berth keys create"),
             "{piped}"
         );
         assert!(!piped.contains("e2b_"), "{piped}");
         assert!(store.list_api_keys(&team.id).unwrap().is_empty());
-        let shown = key_line(&store, dir.path(), true, true).unwrap();
+        let shown = key_line(&store, &database, true, true).unwrap();
         let raw = shown.strip_prefix("E2B_API_KEY=").expect("a key line");
         assert!(raw.starts_with("e2b_"), "{shown}");
         assert_eq!(store.list_api_keys(&team.id).unwrap().len(), 1);
-        let later = key_line(&store, dir.path(), false, true).unwrap();
+        let later = key_line(&store, &database, false, true).unwrap();
         assert!(later.starts_with('#') && !later.contains("e2b_"), "{later}");
     }
 
