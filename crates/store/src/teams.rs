@@ -67,8 +67,8 @@ fn team_where(conn: &mut Conn<'_>, condition: &str, param: Value) -> Result<Opti
 impl Store {
     /// Create a team. The first team ever created becomes the default one.
     ///
-    /// One write transaction (see [`Store::write`]): "first team" is exact when two
-    /// processes race, and a name taken meanwhile is [`StoreError::TeamExists`].
+    /// One write transaction: "first team" is exact when two processes race, and a name
+    /// taken meanwhile is [`StoreError::TeamExists`].
     pub fn create_team(&self, name: &str) -> Result<Team> {
         let created = self.write(|tx| {
             if team_where(tx, "name = ?1", name.to_value())?.is_some() {
