@@ -82,7 +82,7 @@ enum Backend {
     /// One connection: SQLite serialises writers anyway, and one connection keeps
     /// every call of this process in one order.
     Sqlite(Mutex<rusqlite::Connection>),
-    Postgres(PostgresPool),
+    Postgres(Box<PostgresPool>),
 }
 
 /// The connection of one store call; tells the observer how long on drop.
@@ -143,7 +143,9 @@ impl Store {
         match config {
             DatabaseConfig::Sqlite { state_dir } => Self::open(state_dir),
             DatabaseConfig::Postgres(config) => {
-                let store = Self::new(Backend::Postgres(PostgresPool::new(config.clone())?));
+                let store = Self::new(Backend::Postgres(Box::new(PostgresPool::new(
+                    config.clone(),
+                )?)));
                 schema::migrate(&mut store.conn()?)?;
                 Ok(store)
             }
@@ -159,7 +161,7 @@ impl Store {
                 Backend::Sqlite(Mutex::new(sqlite::open(state_dir)?))
             }
             DatabaseConfig::Postgres(config) => {
-                Backend::Postgres(PostgresPool::new(config.clone())?)
+                Backend::Postgres(Box::new(PostgresPool::new(config.clone())?))
             }
         }))
     }

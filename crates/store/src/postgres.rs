@@ -45,7 +45,7 @@ const STATEMENT_CACHE: usize = 512;
 /// A parsed Postgres URL. Neither its `Debug` nor its `Display` shows the password.
 #[derive(Clone)]
 pub struct PostgresConfig {
-    config: tokio_postgres::Config,
+    config: Box<tokio_postgres::Config>,
 }
 
 impl PostgresConfig {
@@ -76,7 +76,9 @@ impl PostgresConfig {
         if config.get_application_name().is_none() {
             config.application_name("berth");
         }
-        Ok(PostgresConfig { config })
+        Ok(PostgresConfig {
+            config: Box::new(config),
+        })
     }
 }
 
@@ -122,7 +124,10 @@ pub(crate) struct PostgresPool {
 }
 
 struct PoolState {
-    idle: Vec<PgConnection>,
+    // Boxed once when opened, so taking and returning one moves a pointer (and a
+    // store call's connection stays small).
+    #[allow(clippy::vec_box)]
+    idle: Vec<Box<PgConnection>>,
     /// Connections open or being opened, idle ones included.
     open: usize,
 }
@@ -199,9 +204,9 @@ impl PostgresPool {
         }
     }
 
-    fn open_connection(&self) -> Result<PgConnection> {
+    fn open_connection(&self) -> Result<Box<PgConnection>> {
         let runtime = self.runtime.as_ref().ok_or(StoreError::Closed)?;
-        let config = self.config.config.clone();
+        let config = (*self.config.config).clone();
         let connecting = runtime.spawn(async move {
             let (client, connection) = config.connect(NoTls).await?;
             // The connection's I/O; it ends when the client is dropped or the server
@@ -221,15 +226,15 @@ impl PostgresPool {
                     StoreError::DatabaseUnreachable { target, source }
                 }
             })?;
-        Ok(PgConnection {
+        Ok(Box::new(PgConnection {
             client,
             statements: HashMap::new(),
             in_transaction: false,
             broken: false,
-        })
+        }))
     }
 
-    fn put_back(&self, conn: PgConnection) {
+    fn put_back(&self, conn: Box<PgConnection>) {
         let mut state = self.lock();
         if conn.broken || conn.in_transaction || conn.client.is_closed() {
             state.open -= 1;
@@ -257,7 +262,7 @@ impl Drop for PostgresPool {
 
 /// A connection taken from the pool for one store call; returned on drop.
 pub(crate) struct Pooled<'a> {
-    conn: Option<PgConnection>,
+    conn: Option<Box<PgConnection>>,
     pool: &'a PostgresPool,
 }
 

@@ -600,7 +600,8 @@ fn refuse_newer(found: i64) -> Result<()> {
 fn migrate_sqlite(conn: &mut Conn<'_>, target: usize) -> Result<()> {
     let current = user_version(conn)?;
     refuse_newer(current)?;
-    for index in (current.max(0) as usize)..target {
+    let pending = MIGRATIONS.iter().enumerate().take(target);
+    for (index, migration) in pending.skip(current.max(0) as usize) {
         // IMMEDIATE takes the write lock up front, so two processes opening a fresh
         // database at once serialize instead of both applying the migration.
         conn.batch("BEGIN IMMEDIATE")?;
@@ -608,7 +609,7 @@ fn migrate_sqlite(conn: &mut Conn<'_>, target: usize) -> Result<()> {
             if version as usize > index {
                 return Ok(());
             }
-            conn.batch(MIGRATIONS[index].sql(Dialect::Sqlite))?;
+            conn.batch(migration.sql(Dialect::Sqlite))?;
             conn.batch(&format!("PRAGMA user_version = {}", index + 1))
         });
         match applied.and_then(|()| conn.batch("COMMIT")) {
@@ -664,16 +665,19 @@ fn migrate_postgres_locked(conn: &mut Conn<'_>, target: usize) -> Result<()> {
     )?;
     let current = postgres_version(conn)?;
     refuse_newer(current)?;
-    for index in (current.max(0) as usize)..target {
+    let pending = MIGRATIONS.iter().enumerate().take(target);
+    for (index, migration) in pending.skip(current.max(0) as usize) {
         conn.batch("BEGIN")?;
-        let applied =
-            conn.batch(MIGRATIONS[index].sql(Dialect::Postgres))
-                .and_then(|()| {
-                    conn.execute(
-                "INSERT INTO berth_schema_migrations (version, applied_at_ms) VALUES (?1, ?2)",
-                params![index as u64 + 1, crate::columns::to_ms(crate::columns::now())],
+        let applied = conn.batch(migration.sql(Dialect::Postgres)).and_then(|()| {
+            conn.execute(
+                "INSERT INTO berth_schema_migrations (version, applied_at_ms) \
+                     VALUES (?1, ?2)",
+                params![
+                    index as u64 + 1,
+                    crate::columns::to_ms(crate::columns::now())
+                ],
             )
-                });
+        });
         match applied.and_then(|_| conn.batch("COMMIT")) {
             Ok(()) => {}
             Err(err) => {
