@@ -1,9 +1,8 @@
 """`berth install --root DIR`: the unit and env file are written under DIR and the unit is
 enabled by the real `systemctl --root` (no running systemd needed); a second install
 keeps the operator's env file; `--now` without a running systemd is refused before
-anything is written. A real `systemctl stop/start` of the unit needs systemd as PID 1,
-which this machine does not have (PID 1 is the machine's process manager), so it is not
-tested here."""
+anything is written. A real `systemctl stop/start` of the unit, under the host's systemd
+booted as PID 1 of private namespaces, is test_systemd.py."""
 
 from __future__ import annotations
 

@@ -93,7 +93,9 @@
 //! `recover` reattaches sandboxes whose init is still the same process (pid plus start
 //! time) and removes everything of the others, plus empty cgroups without a record. A
 //! populated group without a record is left alone: it is a live sandbox of another daemon
-//! on the same host (another state dir, same cgroup parent), not a leftover of ours.
+//! on the same host (another state dir, same cgroup parent), not a leftover of ours; so
+//! is an empty one whose uid range another daemon claims for a live sandbox (a paused
+//! sandbox keeps its groups with no process in them).
 //!
 //! **For checkpointing (CRIU).** The init is PID 1 and session leader of its own pid
 //! namespace and holds no fd from outside its mount namespace (stdio is `/dev/null` and

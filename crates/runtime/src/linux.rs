@@ -973,10 +973,12 @@ impl Runtime for LinuxRuntime {
         // removals). A group that still holds processes is a live sandbox of another
         // daemon sharing this cgroup parent with a different state dir (every sandbox
         // of ours has a directory until its processes are dead): killing it would take
-        // that daemon's sandbox down under its clients.
+        // that daemon's sandbox down under its clients. So is an empty one whose range
+        // another daemon claims for a live sandbox: a paused sandbox keeps its groups.
         for id in self.cgroups.list_ids() {
             if !seen.contains(&id)
                 && !self.cgroups.has_processes(&id)
+                && !self.uid_claims.held_elsewhere(&id)
                 && !self
                     .sandboxes
                     .lock()

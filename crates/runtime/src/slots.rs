@@ -118,6 +118,22 @@ impl SlotRegistry {
         Ok(Claim::Taken)
     }
 
+    /// True when another daemon (another state dir) holds a range for a live sandbox
+    /// `sandbox`: its cgroups are that daemon's, even while they hold no process (a
+    /// paused sandbox keeps its groups).
+    pub(crate) fn held_elsewhere(&self, sandbox: &str) -> bool {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return false;
+        };
+        entries
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
+            .filter_map(|entry| serde_json::from_slice::<Owner>(&fs::read(entry.path()).ok()?).ok())
+            .any(|owner| {
+                owner.sandbox == sandbox && owner.state_dir != self.state_dir && owner.is_live()
+            })
+    }
+
     /// Gives up the range at `uid_base` if `sandbox` of this daemon holds it.
     pub(crate) fn release(&self, uid_base: u32, sandbox: &str) -> io::Result<()> {
         let _lock = self.lock()?;
@@ -169,6 +185,18 @@ mod tests {
 
     fn record(state: &Path, id: &str) {
         fs::create_dir_all(state.join("sandboxes").join(id)).unwrap();
+    }
+
+    #[test]
+    fn a_live_sandbox_of_another_daemon_is_held_elsewhere() {
+        let (root, a, b) = two_daemons();
+        record(&root.path().join("a"), "ia");
+        assert_eq!(a.claim(TEST_BASE, "ia").unwrap(), Claim::Taken);
+        assert!(b.held_elsewhere("ia"));
+        assert!(!a.held_elsewhere("ia"), "a's own");
+        assert!(!b.held_elsewhere("unknown"));
+        fs::remove_dir_all(root.path().join("a/sandboxes/ia")).unwrap();
+        assert!(!b.held_elsewhere("ia"), "its directory is gone");
     }
 
     #[test]

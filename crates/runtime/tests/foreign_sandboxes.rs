@@ -45,6 +45,41 @@ fn recovery_leaves_live_sandboxes_of_another_state_dir_alone() {
     t.rt.kill(&live.id).unwrap();
 }
 
+#[test]
+fn recovery_leaves_the_empty_groups_of_another_daemons_paused_sandbox_alone() {
+    let t = TestRuntime::new();
+    let paused = t.rt.create(&t.spec("paused")).unwrap();
+    t.rt.pause(&paused.id, false).unwrap();
+    let groups: Vec<PathBuf> = ["pids", "memory"]
+        .iter()
+        .map(|controller| {
+            PathBuf::from("/sys/fs/cgroup")
+                .join(controller)
+                .join(t.cgroup_parent())
+                .join(&paused.id)
+        })
+        .filter(|group| group.is_dir())
+        .collect();
+    assert!(!groups.is_empty(), "a paused sandbox keeps its groups");
+
+    let state = PathBuf::from("/var/lib/berth-test").join(common::unique("berth-test-other"));
+    std::fs::create_dir_all(&state).unwrap();
+    let mut other = OtherDaemon { rt: None, state };
+    let rt = other
+        .rt
+        .insert(LinuxRuntime::new(common::test_config(&other.state, t.cgroup_parent())).unwrap());
+    let report = rt.recover().unwrap();
+    assert!(report.cleaned.is_empty(), "{report:?}");
+    assert!(
+        groups.iter().all(|group| group.is_dir()),
+        "its groups are kept"
+    );
+
+    t.rt.resume(&paused.id, false).unwrap();
+    assert_eq!(t.sh_ok(&paused.id, 0, "echo back"), "back");
+    t.rt.kill(&paused.id).unwrap();
+}
+
 /// Host uid of namespaced root in the sandbox whose init is `pid`.
 fn host_root_uid(pid: i32) -> u32 {
     let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
