@@ -54,6 +54,8 @@
 //! - [`Store::record_event`]: the event and its queued deliveries, together.
 //! - template builds, tags and the installed-template sync; webhook updates; delivery
 //!   attempts with their history pruning.
+//! - [`Store::mark_lapsed_nodes_lost`] (one `UPDATE … RETURNING`): each lapsed node is
+//!   returned to exactly one of the API instances asking.
 //!
 //! Listings that read twice ([`Store::list_sandboxes`]: page and total) read one
 //! snapshot. What the store does not make atomic are the server's check-then-act
@@ -78,6 +80,9 @@
 //! - `events`: [`EventRecord`], [`WebhookRecord`], [`PendingDelivery`], and each
 //!   webhook's delivery history ([`DeliveryRecord`]).
 //! - `telemetry`: [`LogRecord`], [`MetricSample`].
+//! - `nodes`: a split deployment's [`NodeRecord`]s (leases, draining, loss) and
+//!   placements: which node each sandbox, checkpoint, build and volume lives on
+//!   ([`PlacedKind`]).
 //!
 //! Shared underneath: `db` (the backend seam: the connection of one call, values,
 //! rows, transactions, numbered placeholders for filters), `sqlite` and `postgres` (the
@@ -113,6 +118,7 @@ mod db;
 mod error;
 mod events;
 mod keys;
+mod nodes;
 mod postgres;
 mod sandboxes;
 mod schema;
@@ -131,6 +137,7 @@ pub use events::{
     WebhookRecord, DELIVERY_HISTORY,
 };
 pub use keys::{generate_api_key, hash_api_key, KeyMask, API_KEY_PREFIX};
+pub use nodes::{NodeRecord, NodeRegistration, NodeUsage, PlacedKind};
 pub use postgres::PostgresConfig;
 pub use sandboxes::{
     Lifecycle, PausedSandbox, SandboxFilter, SandboxPage, SandboxRecord, SandboxStatus,

@@ -568,6 +568,50 @@ CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries(webhook_id, id);
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_ms);
 "#,
     },
+    // A split deployment's nodes (leases, capacity) and where each sandbox, checkpoint,
+    // build and volume lives. `berth up` leaves both empty.
+    Migration {
+        sqlite: r#"
+CREATE TABLE nodes (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    cpu_capacity INTEGER NOT NULL,
+    memory_capacity_mb INTEGER NOT NULL,
+    slots INTEGER NOT NULL,
+    draining INTEGER NOT NULL,
+    lost INTEGER NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    lease_until_ms INTEGER NOT NULL
+);
+CREATE TABLE placements (
+    kind TEXT NOT NULL,
+    object_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    PRIMARY KEY (kind, object_id)
+);
+CREATE INDEX placements_node ON placements(node_id, kind);
+"#,
+        postgres: r#"
+CREATE TABLE nodes (
+    id TEXT COLLATE "C" PRIMARY KEY,
+    url TEXT COLLATE "C" NOT NULL,
+    cpu_capacity BIGINT NOT NULL,
+    memory_capacity_mb BIGINT NOT NULL,
+    slots BIGINT NOT NULL,
+    draining BOOLEAN NOT NULL,
+    lost BOOLEAN NOT NULL,
+    started_at_ms BIGINT NOT NULL,
+    lease_until_ms BIGINT NOT NULL
+);
+CREATE TABLE placements (
+    kind TEXT COLLATE "C" NOT NULL,
+    object_id TEXT COLLATE "C" NOT NULL,
+    node_id TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (kind, object_id)
+);
+CREATE INDEX placements_node ON placements(node_id, kind);
+"#,
+    },
 ];
 
 /// The schema version this berth writes.

@@ -326,8 +326,13 @@ impl Store {
 
     /// Makes the store's rows of installed templates match `installed` (the host's
     /// template store): missing ones are added, a changed one gets a new ready build
-    /// tagged `default`, ones no longer installed are removed. Returns the names removed.
-    pub fn sync_installed_templates(&self, installed: &[InstalledTemplate]) -> Result<Vec<String>> {
+    /// tagged `default`, and (`remove_missing`: this host is the only one) ones no longer
+    /// installed are removed. Returns the names removed.
+    pub fn sync_installed_templates(
+        &self,
+        installed: &[InstalledTemplate],
+        remove_missing: bool,
+    ) -> Result<Vec<String>> {
         self.write(|tx| {
             let at = to_ms(now());
             for template in installed {
@@ -377,7 +382,7 @@ impl Store {
                     |row| Columns::new(row, "templates", &["id"])?.get("id"),
                 )?
                 .into_iter()
-                .filter(|id| !names.contains(id))
+                .filter(|id| remove_missing && !names.contains(id))
                 .collect();
             for id in &stale {
                 delete_template_rows(tx, id)?;

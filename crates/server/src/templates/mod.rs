@@ -859,7 +859,8 @@ pub(crate) async fn sync_installed(state: &Arc<AppState>) -> Result<(), ServiceE
                 }
             })
             .collect();
-        let removed = store.sync_installed_templates(&installed)?;
+        // One host (berth up): its template store is the whole truth.
+        let removed = store.sync_installed_templates(&installed, true)?;
         if !removed.is_empty() {
             tracing::info!(
                 ?removed,

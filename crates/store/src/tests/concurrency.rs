@@ -113,6 +113,29 @@ fn racing_snapshots_of_one_name_leave_one(db: &TestDb) {
     assert_eq!(handed_back, ["s0", "s1", "s2", "s3", "s4"]);
 }
 
+fn racing_api_instances_each_lose_a_lapsed_node_once(db: &TestDb) {
+    let store = db.open();
+    for id in ["n1", "n2", "n3"] {
+        let node = NodeRegistration {
+            id: id.into(),
+            url: format!("http://{id}:3100"),
+            cpu_capacity: 2,
+            memory_capacity_mb: 1024,
+            slots: 10,
+        };
+        store
+            .register_node(&node, std::time::Duration::ZERO)
+            .unwrap();
+    }
+    let later = now() + time::Duration::seconds(1);
+    let lost = race(db, 6, move |store, _| {
+        store.mark_lapsed_nodes_lost(later).unwrap()
+    });
+    let mut lost: Vec<String> = lost.into_iter().flatten().collect();
+    lost.sort();
+    assert_eq!(lost, ["n1", "n2", "n3"]);
+}
+
 /// The server calls the store from async tasks, on multi- and current-thread
 /// runtimes, and drops it there.
 fn store_calls_work_inside_an_async_runtime(db: &TestDb) {
@@ -135,5 +158,6 @@ on_both_backends!(
     racing_first_teams_make_exactly_one_default,
     racing_secret_updates_get_consecutive_versions,
     racing_snapshots_of_one_name_leave_one,
+    racing_api_instances_each_lose_a_lapsed_node_once,
     store_calls_work_inside_an_async_runtime,
 );

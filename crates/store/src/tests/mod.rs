@@ -72,6 +72,7 @@ mod concurrency;
 mod connections;
 mod corrupt;
 mod events;
+mod nodes;
 mod sandboxes;
 mod schema;
 mod secrets;

@@ -148,7 +148,7 @@ fn tags_point_at_a_build_only_once_it_is_ready(db: &TestDb) {
 fn installed_templates_sync_with_the_host(db: &TestDb) {
     let store = db.open();
     assert!(store
-        .sync_installed_templates(&[installed("base", "bb1"), installed("extra", "be1")])
+        .sync_installed_templates(&[installed("base", "bb1"), installed("extra", "be1")], true)
         .unwrap()
         .is_empty());
     let base = store.template_by_alias(None, "base").unwrap().unwrap();
@@ -164,7 +164,7 @@ fn installed_templates_sync_with_the_host(db: &TestDb) {
     );
     // base rebuilt (new layers), extra gone.
     let removed = store
-        .sync_installed_templates(&[installed("base", "bb2")])
+        .sync_installed_templates(&[installed("base", "bb2")], true)
         .unwrap();
     assert_eq!(removed, ["extra"]);
     assert!(store.template("extra").unwrap().is_none());
@@ -182,7 +182,7 @@ fn installed_templates_sync_with_the_host(db: &TestDb) {
 fn listings_show_installed_then_the_team_newest_first_and_page(db: &TestDb) {
     let store = db.open();
     store
-        .sync_installed_templates(&[installed("base", "bb1")])
+        .sync_installed_templates(&[installed("base", "bb1")], true)
         .unwrap();
     let a = store.create_team("a").unwrap();
     let b = store.create_team("b").unwrap();
