@@ -62,6 +62,14 @@ impl PostgresConfig {
                 .map_err(|err: tokio_postgres::Error| StoreError::DatabaseUrl {
                     reason: err.to_string(),
                 })?;
+        // `prefer` (the default) falls back to plain connections; `require` cannot.
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(StoreError::DatabaseUrl {
+                reason: "sslmode=require: berth does not speak TLS to Postgres yet; reach the \
+                         server over a unix socket, loopback or a private network"
+                    .into(),
+            });
+        }
         if config.get_password().is_none() {
             if let Some(password) = password {
                 config.password(password);
@@ -542,6 +550,7 @@ mod tests {
             "mysql://x@y/z",
             "/var/lib/berth",
             "postgres://u@h:notaport/d",
+            "postgres://u@h/d?sslmode=require",
         ] {
             let err = PostgresConfig::parse(bad, None).unwrap_err();
             assert!(
