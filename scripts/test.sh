@@ -273,7 +273,14 @@ mcp_conformance() {
     in_private_netns .venv/bin/python -m pytest tests/mcp/test_conformance.py -p no:cacheprovider -s
 }
 
+# The Kubernetes chart (deploy/helm/berth): rendered by helm for every values file in its
+# ci/, each manifest validated strictly against two Kubernetes versions' API schemas.
+deploy_suite() {
+    (cd tests/deploy && ../../.venv-deploy/bin/python -m pytest -p no:cacheprovider)
+}
+
 step "cargo fmt --check" cargo fmt --all -- --check
+step "deploy: render and validate the Helm chart (tests/deploy)" deploy_suite
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 # The unprivileged tier first: crates whose tests need no root (the control plane, the
 # proxy and the agent tools run against berth-envd as a host process through

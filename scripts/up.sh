@@ -25,7 +25,9 @@ if [[ ! -t 1 ]]; then
     exec > >(tee -a "$log") 2> >(tee -a "$log" >&2)
 fi
 
-packages=(debootstrap e2fsprogs util-linux iproute2 ca-certificates curl build-essential pkg-config libnftables-dev nftables)
+# lxcfs: berth runs its own (not the lxcfs service) to show each sandbox its own memory
+# and CPUs in free, nproc and /proc.
+packages=(debootstrap e2fsprogs util-linux iproute2 ca-certificates curl build-essential pkg-config libnftables-dev nftables lxcfs)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -237,6 +237,85 @@ fn check_criu(criu_state_dir: &Path) -> Check {
     }
 }
 
+/// The resource views (`free`, `nproc`, `/proc/meminfo` … sized to each sandbox, served
+/// by LXCFS): `lxcfs_version` from `lxcfs --version` (None: not installed), whether
+/// `/dev/fuse` exists, whether a v1 `cpuset` hierarchy is mounted (berth pins each
+/// sandbox to its CPUs there), and whether the state dir's LXCFS (its files in
+/// `views`) serves.
+/// Sandboxes run without them, so every shortfall is a warning.
+fn check_views(
+    lxcfs_version: Option<&str>,
+    fuse: bool,
+    cpuset: bool,
+    views: &Path,
+    mounted: berth_runtime::ViewsProbe,
+) -> Check {
+    const NAME: &str = "resource views";
+    let host_view = "sandboxes see the host's memory and CPUs in free, nproc and /proc";
+    let Some(version) = lxcfs_version else {
+        return bad(
+            NAME,
+            Verdict::Warn,
+            format!("lxcfs is not installed: {host_view}"),
+            "apt-get install lxcfs (berth starts its own; the lxcfs service is not needed)",
+        );
+    };
+    if !fuse {
+        return bad(
+            NAME,
+            Verdict::Warn,
+            format!("/dev/fuse is missing, so lxcfs cannot run: {host_view}"),
+            "modprobe fuse (containers: pass /dev/fuse through)",
+        );
+    }
+    if !cpuset {
+        return bad(
+            NAME,
+            Verdict::Warn,
+            "no cgroup v1 cpuset hierarchy: sandboxes are not pinned to their CPUs, so nproc and /proc/cpuinfo show the host's".into(),
+            "mount -t cgroup -o cpuset cgroup /sys/fs/cgroup/cpuset (on cgroup v2 berth does not pin yet)",
+        );
+    }
+    match mounted {
+        berth_runtime::ViewsProbe::Dead => bad(
+            NAME,
+            Verdict::Warn,
+            format!(
+                "the LXCFS serving {} has died: running sandboxes' /proc/meminfo and CPU views fail (Transport endpoint is not connected)",
+                views.display()
+            ),
+            "berth starts a new one at the next sandbox start and re-attaches running sandboxes' views; to do it now, restart berth up",
+        ),
+        berth_runtime::ViewsProbe::Alive => ok(
+            NAME,
+            format!("lxcfs {version} serving {}", views.display()),
+        ),
+        berth_runtime::ViewsProbe::Absent => ok(
+            NAME,
+            format!("lxcfs {version} (berth starts it with the first sandbox)"),
+        ),
+    }
+}
+
+/// `lxcfs --version` (printed on stderr, quoted), or None when lxcfs is not installed.
+fn lxcfs_version() -> Option<String> {
+    let binary = berth_runtime::find_lxcfs()?;
+    let printed = Command::new(binary)
+        .arg("--version")
+        .output()
+        .map(|output| {
+            let text = String::from_utf8_lossy(&output.stderr).into_owned()
+                + &String::from_utf8_lossy(&output.stdout);
+            text.trim().trim_matches('"').to_owned()
+        })
+        .unwrap_or_default();
+    Some(if printed.is_empty() {
+        "(version unknown)".to_owned()
+    } else {
+        printed
+    })
+}
+
 /// Free bytes for unprivileged users at `dir`, or at its nearest existing parent.
 fn free_bytes(dir: &Path) -> Option<u64> {
     let mut at: PathBuf = dir.to_path_buf();
@@ -283,6 +362,7 @@ pub fn checks(state_dir: &Path, criu_state_dir: &Path) -> Vec<Check> {
         .ok()
         .and_then(|text| text.trim().parse().ok());
     let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    let (views, views_mounted) = berth_runtime::probe_views(state_dir);
     vec![
         check_kernel(&release),
         check_userns(max_userns),
@@ -291,6 +371,13 @@ pub fn checks(state_dir: &Path, criu_state_dir: &Path) -> Vec<Check> {
         check_criu(criu_state_dir),
         check_nftables(),
         check_loop(Path::new("/dev/loop-control").exists()),
+        check_views(
+            lxcfs_version().as_deref(),
+            Path::new("/dev/fuse").exists(),
+            Path::new("/sys/fs/cgroup/cpuset/tasks").exists(),
+            &views,
+            views_mounted,
+        ),
         check_disk(state_dir, free_bytes(state_dir)),
         check_time(time_synchronized()),
     ]
@@ -343,6 +430,31 @@ mod tests {
             Verdict::Fail
         );
         assert_eq!(check_time(None).verdict, Verdict::Warn);
+    }
+
+    #[test]
+    fn missing_or_dead_views_warn_with_their_fix() {
+        use berth_runtime::ViewsProbe;
+        let at = Path::new("/var/lib/berth/views");
+        let missing = check_views(None, true, true, at, ViewsProbe::Absent);
+        assert_eq!(missing.verdict, Verdict::Warn);
+        assert!(missing.fix.unwrap().contains("apt-get install lxcfs"));
+        let no_fuse = check_views(Some("5.0.3"), false, true, at, ViewsProbe::Absent);
+        assert_eq!(no_fuse.verdict, Verdict::Warn);
+        assert!(no_fuse.fix.unwrap().contains("modprobe fuse"));
+        let dead = check_views(Some("5.0.3"), true, true, at, ViewsProbe::Dead);
+        assert_eq!(dead.verdict, Verdict::Warn);
+        assert!(dead.detail.contains("has died"));
+        assert!(dead.fix.unwrap().contains("restart berth up"));
+        let unpinned = check_views(Some("5.0.3"), true, false, at, ViewsProbe::Alive);
+        assert_eq!(unpinned.verdict, Verdict::Warn);
+        assert!(unpinned.fix.unwrap().contains("cpuset"));
+        for probe in [ViewsProbe::Alive, ViewsProbe::Absent] {
+            assert_eq!(
+                check_views(Some("5.0.3"), true, true, at, probe).verdict,
+                Verdict::Ok
+            );
+        }
     }
 
     #[test]

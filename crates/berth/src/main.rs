@@ -8,12 +8,14 @@
 //! library crates together and renders output; the behaviour lives in them.
 
 mod builds;
+mod cluster_cli;
 mod doctor;
 mod egress;
 mod gc;
 mod host_templates;
 mod install;
 mod limits_config;
+mod public;
 mod remote;
 mod sandbox_cli;
 mod shell;
@@ -37,7 +39,7 @@ mod state_dir;
 /// Name of the team and key made on first run.
 const DEFAULT_TEAM: &str = "default";
 /// How long `berth up` waits for open connections after a shutdown signal.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 const DEFAULT_STATE_DIR: &str = "/var/lib/berth";
 
@@ -58,8 +60,9 @@ struct Cli {
     state_dir: PathBuf,
     /// Where the control plane keeps its state: a Postgres URL,
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (a password not in the URL is
-    /// taken from PGPASSWORD), shared by every berth process given the same URL; unset:
-    /// SQLite, `berth.db` in the state directory. Templates, sandboxes and checkpoints
+    /// taken from PGPASSWORD), shared by every berth process given the same URL, or
+    /// `sqlite:DIR` for `berth.db` in DIR. Unset: `berth.db` in the state directory
+    /// (`berth node` and `berth api` need it set). Templates, sandboxes and checkpoints
     /// stay in the state directory either way.
     #[arg(
         long,
@@ -86,6 +89,13 @@ enum LogFormat {
 enum Command {
     /// Run the API, the sandbox proxy and the runtime on one machine.
     Up(UpArgs),
+    /// Run one machine of a split deployment: its runtime and sandboxes, for `berth api`
+    /// instances (an internal listener admitting only the node token); `berth node
+    /// drain NAME` stops placements on a node, `berth node ls` lists them.
+    Node(cluster_cli::NodeArgs),
+    /// Serve clients in a split deployment: the API, the sandbox proxy, agent tools and
+    /// the dashboard, relaying whatever needs a sandbox to the node that holds it.
+    Api(cluster_cli::ApiArgs),
     /// Manage API keys.
     Keys {
         #[command(subcommand)]
@@ -205,10 +215,10 @@ struct ConnectArgs {
 }
 
 #[derive(Args)]
-struct UpArgs {
+pub(crate) struct UpArgs {
     /// Address of the one listener serving both the API and the sandbox proxy.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:3000")]
-    listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// Domain of `<port>-<sandboxId>.<domain>` sandbox hosts (needs wildcard DNS), as
     /// the SDKs' `get_host` should append it (a port included when clients reach the
     /// listener on one). Default: `localhost:<listen port>`, which resolves to loopback
@@ -222,17 +232,8 @@ struct UpArgs {
     /// sandboxes must use other installed templates).
     #[arg(long, env = "BERTH_SKIP_BASE")]
     skip_base: bool,
-    /// Which agent tools `/mcp` offers: session, connector or all.
-    #[arg(long, env = "BERTH_MCP_TOOLSET", default_value = "all")]
-    mcp_toolset: berth_mcp::Toolset,
-    /// Extra Host names `/mcp` accepts (a DNS-rebinding guard: loopback names, the
-    /// listen address and `--domain` are always accepted). Comma-separated in the env.
-    #[arg(
-        long = "mcp-allowed-host",
-        env = "BERTH_MCP_ALLOWED_HOSTS",
-        value_delimiter = ','
-    )]
-    mcp_allowed_hosts: Vec<String>,
+    #[command(flatten)]
+    mcp: public::McpArgs,
     /// State directory whose `criu/` holds a provisioned CRIU (default: the state dir);
     /// lets several berth instances share one provisioned CRIU.
     #[arg(long, env = "BERTH_CRIU_STATE_DIR")]
@@ -363,10 +364,17 @@ fn main() -> Result<()> {
             .context("--database / BERTH_DATABASE_URL")
     };
     match cli.command {
-        Command::Up(args) => up(&cli.state_dir, &database()?, args, &[]),
+        Command::Up(args) => up(&cli.state_dir, args, &[], Mode::Standalone(database()?)),
+        Command::Node(args) => cluster_cli::node(&cli.state_dir, cli.database.as_deref(), args),
+        Command::Api(args) => cluster_cli::api(&cli.state_dir, cli.database.as_deref(), args),
         Command::Keys { command } => keys(&database()?, command),
         Command::Provision(args) if args.templates.is_empty() => provision(&cli.state_dir),
-        Command::Provision(args) => up(&cli.state_dir, &database()?, args.up, &args.templates),
+        Command::Provision(args) => up(
+            &cli.state_dir,
+            args.up,
+            &args.templates,
+            Mode::Standalone(database()?),
+        ),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
         Command::Sandbox { api, command } => remote_command(&cli.state_dir, &api, |remote| {
@@ -427,7 +435,7 @@ fn remote_command(
 }
 
 /// Where the secrets vault keeps its key-encryption keys (unless `BERTH_KEK` is set).
-fn secrets_key_file(state_dir: &Path) -> PathBuf {
+pub(crate) fn secrets_key_file(state_dir: &Path) -> PathBuf {
     state_dir.join("secrets").join("kek")
 }
 
@@ -491,36 +499,16 @@ fn connect(state_dir: &Path, args: ConnectArgs) -> Result<()> {
     Ok(())
 }
 
-/// The identity of an `/mcp` request is the team of its `X-API-Key`: agents reaching
-/// berth's own listener authenticate the way the API does. The key was just checked, so
-/// it is also the agent's connection to this berth (`api_url`): no connect page needed.
-struct ApiKeyIdentity {
-    store: Arc<Store>,
-    api_url: String,
-}
-
-impl berth_mcp::IdentityResolver for ApiKeyIdentity {
-    fn identity(&self, parts: &http::request::Parts) -> Option<berth_mcp::Identity> {
-        let key = parts.headers.get("x-api-key")?.to_str().ok()?;
-        let (team, _) = self.store.authenticate(key).ok()??;
-        Some(berth_mcp::Identity::trusted(
-            format!("team:{}", team.id),
-            berth_mcp::TrustedConnection::new(&self.api_url, key),
-        ))
-    }
-
-    fn unauthenticated_message(&self) -> String {
-        "missing or invalid X-API-Key: /mcp takes an API key of this berth server".into()
-    }
-}
-
-fn open_store(database: &DatabaseConfig) -> Result<Store> {
-    Store::connect(database).with_context(|| format!("opening state in {}", database.describe()))
+pub(crate) fn open_store(database: &DatabaseConfig) -> Result<Store> {
+    let store = Store::connect(database)
+        .with_context(|| format!("opening state in {}", database.describe()))?;
+    eprintln!("state: {}", database.describe());
+    Ok(store)
 }
 
 /// The default team, created on first use. Returns the team and whether this call
 /// created it.
-fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
+pub(crate) fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
     if let Some(team) = store.default_team()? {
         return Ok((team, false));
     }
@@ -535,39 +523,6 @@ fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, bool)> {
         )),
         Err(err) => Err(err.into()),
     }
-}
-
-/// What `berth up` prints about the API key: on the first run and to a terminal, a new
-/// key of the default team (shown this once; keys are stored hashed); otherwise where to
-/// get one, so no key ends up in a log or a pipe.
-fn key_line(
-    store: &Store,
-    database: &DatabaseConfig,
-    first_run: bool,
-    to_terminal: bool,
-) -> Result<String> {
-    let create = match database {
-        DatabaseConfig::Sqlite { state_dir } => {
-            format!("berth keys create --state-dir {}", state_dir.display())
-        }
-        // The URL may hold the password: name the variable, not its value.
-        DatabaseConfig::Postgres(_) => {
-            "berth keys create (with the same --database / BERTH_DATABASE_URL)".to_string()
-        }
-    };
-    if !first_run {
-        return Ok(format!(
-            "# E2B_API_KEY was printed on first run; make another with: {create}"
-        ));
-    }
-    if !to_terminal {
-        return Ok(format!(
-            "# no E2B_API_KEY printed: stdout is not a terminal (keys never go to logs); make one with: {create}"
-        ));
-    }
-    let (team, _) = ensure_default_team(store)?;
-    let (_, raw) = store.create_api_key(&team.id, "default")?;
-    Ok(format!("E2B_API_KEY={raw}"))
 }
 
 fn keys(database: &DatabaseConfig, command: KeysCommand) -> Result<()> {
@@ -723,7 +678,7 @@ fn default_envd_binary() -> PathBuf {
 }
 
 /// The URL clients use for `listen` (a wildcard address is reached over loopback).
-fn client_url(listen: SocketAddr) -> String {
+pub(crate) fn client_url(listen: SocketAddr) -> String {
     let host = match listen.ip() {
         ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
         ip if ip.is_unspecified() => "[::1]".to_string(),
@@ -733,7 +688,7 @@ fn client_url(listen: SocketAddr) -> String {
     format!("http://{host}:{}", listen.port())
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = match signal(SignalKind::terminate()) {
         Ok(stream) => stream,
@@ -765,12 +720,17 @@ fn criu_state_dir(state_dir: &Path, given: Option<PathBuf>) -> PathBuf {
 
 /// Runs `berth up`; with `build_only` host templates named, builds those instead of
 /// serving (`berth provision --template`) and returns once they are ready.
-fn up(
-    state_dir: &Path,
-    database: &DatabaseConfig,
-    args: UpArgs,
-    build_only: &[String],
-) -> Result<()> {
+/// Who `up` serves: clients (`berth up`), or API instances (`berth node`).
+pub(crate) enum Mode {
+    /// Its own store, in this database.
+    Standalone(DatabaseConfig),
+    Node {
+        store: Arc<Store>,
+        role: berth_server::cluster::NodeRole,
+    },
+}
+
+pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mode) -> Result<()> {
     let state_dir = state_dir.to_path_buf();
     let interpreter = args
         .interpreter_binary
@@ -807,8 +767,10 @@ fn up(
         None => (flag_limits.clone(), None),
     };
     eprintln!("limits: {}", limits_config::describe(&limits));
-    let store = Arc::new(open_store(database)?);
-    eprintln!("state: {}", database.describe());
+    let store = match &mode {
+        Mode::Standalone(database) => Arc::new(open_store(database)?),
+        Mode::Node { store, .. } => store.clone(),
+    };
     let (_, first_run) = ensure_default_team(&store)?;
     let templates = TemplateStore::open(&state_dir).context("opening the template store")?;
     if !args.skip_base {
@@ -913,6 +875,10 @@ fn up(
             },
             host_templates,
             limits,
+            role: match &mode {
+                Mode::Standalone(_) => berth_server::cluster::Role::Standalone,
+                Mode::Node { role, .. } => berth_server::cluster::Role::Node(role.clone()),
+            },
             ..Default::default()
         };
         let server = Server::start_with_builds(
@@ -939,71 +905,44 @@ fn up(
         berth_checkpoint::observe_criu(server.criu_observer());
         let _config_reload = limits_config::spawn_reload(config_text, flag_limits, server.limits())
             .context("listening for SIGHUP")?;
-        let metrics = match args.metrics_listen {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("listening for /metrics on {addr}"))?;
-                eprintln!("metrics on http://{}/metrics", listener.local_addr()?);
-                let stop = tokio_util::sync::CancellationToken::new();
-                let serving = axum::serve(listener, server.metrics_router())
-                    .with_graceful_shutdown(stop.clone().cancelled_owned());
-                tokio::spawn(async move {
-                    if let Err(err) = serving.await {
-                        eprintln!("warning: /metrics listener failed: {err}");
-                    }
-                });
-                Some(stop)
-            }
-            None => None,
-        };
+        let metrics = public::serve_metrics(&server, args.metrics_listen).await?;
         let url = client_url(listener.local_addr()?);
-        remote::record_api_url(&state_dir, &url)?;
-        let mut mcp_config = berth_mcp::McpConfig::new(state_dir.clone(), &url);
-        mcp_config.toolset = args.mcp_toolset;
-        let listen_ip = args.listen.ip();
-        if !listen_ip.is_unspecified() && !listen_ip.is_loopback() {
-            mcp_config.allowed_hosts.push(listen_ip.to_string());
-        }
-        mcp_config.allowed_hosts.extend(
-            args.domain
-                .iter()
-                .cloned()
-                .chain(args.mcp_allowed_hosts.clone()),
-        );
-        let mcp = berth_mcp::Mcp::open(mcp_config).context("opening the agent tools' state")?;
-        let sweeping = tokio_util::sync::CancellationToken::new();
-        let lease_sweep_failed = server.lease_sweep_reporter();
-        let _sweeper = mcp.spawn_sweeper_reporting(sweeping.clone(), move |report| {
-            lease_sweep_failed(report.failed)
-        });
-        let mcp_routes = mcp.http_router(Arc::new(ApiKeyIdentity {
-            store: store.clone(),
-            api_url: url.clone(),
-        }));
-        let to_terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
-        let key_line = key_line(&store, database, first_run, to_terminal)?;
-        // One write: a reader that stops after the lines it wants (a script taking the
-        // first three) must not see the rest fail on its closed pipe.
-        print!("E2B_API_URL={url}\nE2B_SANDBOX_URL={url}\n{key_line}\nE2B_DOMAIN={domain}\n");
-        if let Some(hint) = sandbox_host_hint(&domain) {
-            eprintln!("{hint}");
-        }
+        let public = match &mode {
+            Mode::Standalone(database) => Some(public::PublicFace::start(
+                &public::Listening {
+                    state_dir: &state_dir,
+                    database,
+                    url: &url,
+                    listen: args.listen,
+                    domain: args.domain.as_deref(),
+                    sandbox_domain: &domain,
+                },
+                &args.mcp,
+                &store,
+                first_run,
+                server.lease_sweep_reporter(),
+            )?),
+            Mode::Node { role, .. } => {
+                eprintln!(
+                    "node {} serving API instances at {} (advertised as {})",
+                    role.registration.id, url, role.registration.url
+                );
+                None
+            }
+        };
+        let extra = public
+            .as_ref()
+            .map_or_else(axum::Router::new, |public| public.routes(&server));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        // The dashboard calls the API and the sandbox proxy in-process, through the
-        // server's own router.
-        let dashboard = berth_dashboard::router(server.router());
-        eprintln!("dashboard on {url}/dashboard/");
-        let serving =
-            tokio::spawn(
-                server.serve(listener, mcp_routes.merge(dashboard), async move {
-                    let _ = stop_rx.await;
-                }),
-            );
+        let serving = tokio::spawn(server.serve(listener, extra, async move {
+            let _ = stop_rx.await;
+        }));
         shutdown_signal().await;
         eprintln!("shutting down");
         let _ = stop_tx.send(());
-        sweeping.cancel();
+        if let Some(public) = &public {
+            public.stop();
+        }
         if let Some(metrics) = metrics {
             metrics.cancel();
         }
@@ -1027,7 +966,7 @@ fn up(
 
 /// The sandbox host domain when none is configured: `localhost`, with the listener's
 /// port unless it is HTTP's own.
-fn default_domain(port: u16) -> String {
+pub(crate) fn default_domain(port: u16) -> String {
     if port == 80 {
         "localhost".to_owned()
     } else {
@@ -1038,7 +977,7 @@ fn default_domain(port: u16) -> String {
 /// What to tell the operator when `<port>-<id>.<domain>` names do not resolve here:
 /// for `localhost` domains, the one package that makes glibc (so Python and Node)
 /// resolve every `*.localhost` name to loopback, as browsers and curl already do.
-fn sandbox_host_hint(domain: &str) -> Option<String> {
+pub(crate) fn sandbox_host_hint(domain: &str) -> Option<String> {
     let host = domain.rsplit_once(':').map_or(domain, |(host, _)| host);
     let probe = format!("49983-berthprobe.{host}:80");
     if std::net::ToSocketAddrs::to_socket_addrs(&probe).is_ok() {
@@ -1075,18 +1014,18 @@ mod tests {
         let store = open_store(&database).unwrap();
         let (team, first_run) = ensure_default_team(&store).unwrap();
         assert!(first_run);
-        let piped = key_line(&store, &database, true, false).unwrap();
+        let piped = public::key_line(&store, &database, true, false).unwrap();
         assert!(
             piped.starts_with("# no E2B_API_KEY printed") && piped.contains("berth keys create"),
             "{piped}"
         );
         assert!(!piped.contains("e2b_"), "{piped}");
         assert!(store.list_api_keys(&team.id).unwrap().is_empty());
-        let shown = key_line(&store, &database, true, true).unwrap();
+        let shown = public::key_line(&store, &database, true, true).unwrap();
         let raw = shown.strip_prefix("E2B_API_KEY=").expect("a key line");
         assert!(raw.starts_with("e2b_"), "{shown}");
         assert_eq!(store.list_api_keys(&team.id).unwrap().len(), 1);
-        let later = key_line(&store, &database, false, true).unwrap();
+        let later = public::key_line(&store, &database, false, true).unwrap();
         assert!(later.starts_with('#') && !later.contains("e2b_"), "{later}");
     }
 

@@ -15,6 +15,10 @@
 //! - `envd/` (the tmpfs sandboxes bind the envd binary from) and its directories are
 //!   0711: the sandbox's root uid reaches the binary (0755, as shipped: it holds no
 //!   state), nobody lists them;
+//! - `views/` (LXCFS's files bound at `proc` and `cpu-online`, its pid file and log) is
+//!   0711: CRIU's restore tasks, as the sandbox's root uid, bind the resource views from
+//!   there (see berth-runtime's `views`); the files show each reader its own `/proc`
+//!   numbers, and the pid file and log are 0600;
 //! - `templates/` and its direct subdirectories, and each layer's directory, are 0700,
 //!   its manifests 0600, its checkpoints owner-only throughout (CRIU images as the
 //!   runtime keeps them: see `berth_runtime::tighten_private_tree`); a layer's `rootfs`
@@ -86,10 +90,27 @@ fn tighten_state(state_dir: &Path) -> io::Result<usize> {
             // The tmpfs sandboxes bind envd from: traversable, never listable (see
             // berth-runtime's `envd_fs`).
             "envd" => usize::from(set_mode(&path, 0o711)?),
+            // LXCFS's mount, reached by restores as the sandbox's root uid (see
+            // berth-runtime's `views`); never walked (it is a FUSE view of /proc).
+            "views" => tighten_views(&path)?,
             "templates" => tighten_templates(&path)?,
             name if PRIVATE_TREES.contains(&name) => berth_runtime::tighten_private_tree(&path)?,
             _ => usize::from(set_mode(&path, 0o700)?),
         };
+    }
+    Ok(changed)
+}
+
+/// `views/` 0711, LXCFS's pid file and log 0600; the rest is LXCFS's files bound there
+/// (a stat or chmod would ask LXCFS, which refuses, and fails while it is dead) and
+/// their mountpoints.
+fn tighten_views(views: &Path) -> io::Result<usize> {
+    let mut changed = usize::from(set_mode(views, 0o711)?);
+    for name in ["lxcfs.pid", "lxcfs.log"] {
+        let path = views.join(name);
+        if fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_file()) {
+            changed += usize::from(set_mode(&path, 0o600)?);
+        }
     }
     Ok(changed)
 }
@@ -170,6 +191,7 @@ mod tests {
             "mcp",
             "criu/prefix/usr/sbin",
             "volumes-of-the-future",
+            "views/proc",
         ] {
             fs::create_dir_all(s.join(dir)).unwrap();
         }
@@ -183,6 +205,8 @@ mod tests {
             "templates/checkpoints/t-1/checkpoint.json",
             "mcp/mcp.sqlite3",
             "criu/prefix/usr/sbin/criu",
+            "views/lxcfs.log",
+            "views/cpu-online",
         ] {
             fs::write(s.join(file), b"x").unwrap();
         }
@@ -195,6 +219,7 @@ mod tests {
             "templates/checkpoints/t-1/images/pages-1.img",
             "mcp/mcp.sqlite3",
             "criu/prefix/usr/sbin/criu",
+            "views/cpu-online",
         ] {
             fs::set_permissions(s.join(path), fs::Permissions::from_mode(0o755)).unwrap();
         }
@@ -230,6 +255,17 @@ mod tests {
         assert_eq!(mode(&s.join("criu")), 0o700);
         assert_eq!(mode(&s.join("criu/prefix/usr/sbin/criu")), 0o755);
         assert_eq!(mode(&s.join("volumes-of-the-future")), 0o700);
+        assert_eq!(
+            mode(&s.join("views")),
+            0o711,
+            "restores bind the views from LXCFS's mount in it as the sandbox's root"
+        );
+        assert_eq!(mode(&s.join("views/lxcfs.log")), 0o600);
+        assert_eq!(
+            mode(&s.join("views/cpu-online")),
+            0o755,
+            "a view's mountpoint is left alone (LXCFS's file when mounted)"
+        );
         assert_eq!(
             tighten_state(s).unwrap(),
             0,

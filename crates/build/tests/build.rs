@@ -36,7 +36,7 @@ impl Drop for Fixture {
         }
         // Unmounts the envd binary's filesystem under the state dir before it goes.
         let _ = self.rt.release_network_if_idle();
-        for ctrl in ["cpu", "cpuacct", "memory", "pids", "freezer", ""] {
+        for ctrl in ["cpu", "cpuacct", "cpuset", "memory", "pids", "freezer", ""] {
             let _ = std::fs::remove_dir(
                 Path::new("/sys/fs/cgroup")
                     .join(ctrl)

@@ -14,6 +14,10 @@
 //! images (e.g. `pagemap`) from restored tasks that have already switched to the
 //! sandbox's root, where an absolute link target does not resolve.
 //!
+//! [`forget_file_sizes`] drops the size CRIU recorded for some open files, so a restore
+//! does not refuse them for having another size then (files whose content, and so
+//! size, changes by itself, like the resource views of `/proc`).
+//!
 //! [`ghost_names`] reads which names a restore will create in the restored filesystem:
 //! CRIU keeps the contents of a deleted file that a process still holds open (a "ghost")
 //! and, on restore, recreates it under a name beside the original (`criu/files-reg.c`,
@@ -27,6 +31,7 @@ use std::path::Path;
 use prost::Message;
 
 const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
+const FILES_MAGIC: u32 = 0x5630_3138;
 const USERNS_MAGIC: u32 = 0x5547_4906;
 const UTSNS_MAGIC: u32 = 0x5447_3203;
 /// `IMG_SERVICE_MAGIC`: the head of images that are not per-namespace (ghost files).
@@ -88,6 +93,12 @@ struct FileEntry {
     #[prost(message, optional, tag = "3")]
     reg: Option<RegFileEntry>,
 }
+
+/// `file_entry.reg` (criu's `images/fdinfo.proto`).
+const FILE_ENTRY_REG: u32 = 3;
+/// `reg_file_entry.name` and `reg_file_entry.size` (criu's `images/regfile.proto`).
+const REG_FILE_NAME: u32 = 6;
+const REG_FILE_SIZE: u32 = 8;
 
 /// The fields of `reg_file_entry` (criu's `images/regfile.proto`) read here.
 #[derive(Clone, PartialEq, Message)]
@@ -189,6 +200,121 @@ pub fn ghost_names(images: &Path) -> Result<Vec<GhostName>, ImageError> {
         });
     }
     Ok(names)
+}
+
+/// Drops the size CRIU recorded for each open regular file of the dump in `images`
+/// whose path (absolute, in the dumped mount namespace) is one of `paths`, so a restore
+/// reopens it whatever its size then. CRIU checks that a reopened file has the size it
+/// had at the dump (`validate_file` in criu's `files-reg.c`), which suits a file on
+/// disk; for a file whose size follows its ever-changing content, it fails restores at
+/// random. Everything else in the image stays as CRIU wrote it, unknown fields
+/// included. Returns how many entries changed; a dump without open files is left alone.
+pub fn forget_file_sizes(images: &Path, paths: &[&str]) -> Result<usize, ImageError> {
+    let files = images.join("files.img");
+    if !files.exists() {
+        return Ok(0);
+    }
+    let wanted: Vec<&str> = paths.iter().map(|p| p.trim_start_matches('/')).collect();
+    let changed = std::cell::Cell::new(0);
+    let edited = images.join(".files.img.edited");
+    let _ = fs::remove_file(&edited);
+    rewrite_image(&files, &edited, FILES_MAGIC, |entry| {
+        let (entry, forgot) = forget_size(entry, &wanted)?;
+        changed.set(changed.get() + usize::from(forgot));
+        Ok(entry)
+    })?;
+    if changed.get() == 0 {
+        let _ = fs::remove_file(&edited);
+        return Ok(0);
+    }
+    fs::rename(&edited, &files).map_err(io_err(format!("replace {}", files.display())))?;
+    Ok(changed.get())
+}
+
+/// One field of a protobuf message as it is on the wire.
+struct WireField<'a> {
+    tag: u32,
+    /// The whole field: key and value.
+    raw: &'a [u8],
+    /// A length-delimited field's payload.
+    payload: Option<&'a [u8]>,
+}
+
+/// The fields of protobuf message `bytes`, in order. Groups (deprecated, unused by
+/// CRIU) are refused.
+fn wire_fields(bytes: &[u8]) -> Result<Vec<WireField<'_>>, String> {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    let mut rest = bytes;
+    let mut fields = Vec::new();
+    while !rest.is_empty() {
+        let start = bytes.len() - rest.len();
+        let (tag, wire_type) = decode_key(&mut rest).map_err(|e| e.to_string())?;
+        let mut payload = None;
+        let skip = match wire_type {
+            WireType::Varint => {
+                decode_varint(&mut rest).map_err(|e| e.to_string())?;
+                0
+            }
+            WireType::SixtyFourBit => 8,
+            WireType::ThirtyTwoBit => 4,
+            WireType::LengthDelimited => {
+                let len = decode_varint(&mut rest).map_err(|e| e.to_string())?;
+                let len = usize::try_from(len).map_err(|_| "field too long".to_owned())?;
+                payload = Some(rest.get(..len).ok_or("truncated field")?);
+                len
+            }
+            WireType::StartGroup | WireType::EndGroup => {
+                return Err(format!("field {tag} is a group"));
+            }
+        };
+        rest = rest.get(skip..).ok_or("truncated field")?;
+        let end = bytes.len() - rest.len();
+        fields.push(WireField {
+            tag,
+            raw: &bytes[start..end],
+            payload,
+        });
+    }
+    Ok(fields)
+}
+
+/// `file_entry` bytes without the size of its regular file when that file's name is
+/// one of `wanted` (paths without their leading `/`); whether it changed.
+fn forget_size(entry: &[u8], wanted: &[&str]) -> Result<(Vec<u8>, bool), String> {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    let fields = wire_fields(entry)?;
+    let Some(reg) = fields
+        .iter()
+        .find(|f| f.tag == FILE_ENTRY_REG)
+        .and_then(|f| f.payload)
+    else {
+        return Ok((entry.to_vec(), false));
+    };
+    let reg_fields = wire_fields(reg)?;
+    let named = reg_fields.iter().any(|f| {
+        f.tag == REG_FILE_NAME
+            && f.payload
+                .and_then(|name| std::str::from_utf8(name).ok())
+                .is_some_and(|name| wanted.contains(&name.trim_start_matches('/')))
+    });
+    if !named || !reg_fields.iter().any(|f| f.tag == REG_FILE_SIZE) {
+        return Ok((entry.to_vec(), false));
+    }
+    let mut new_reg = Vec::with_capacity(reg.len());
+    for field in reg_fields.iter().filter(|f| f.tag != REG_FILE_SIZE) {
+        new_reg.extend_from_slice(field.raw);
+    }
+    let mut out = Vec::with_capacity(entry.len());
+    for field in &fields {
+        if field.tag == FILE_ENTRY_REG {
+            encode_key(FILE_ENTRY_REG, WireType::LengthDelimited, &mut out);
+            encode_varint(new_reg.len() as u64, &mut out);
+            out.extend_from_slice(&new_reg);
+        } else {
+            out.extend_from_slice(field.raw);
+        }
+    }
+    Ok((out, true))
 }
 
 /// The protobuf bodies of the image at `path`, after its magic head: all of them, or
@@ -529,6 +655,91 @@ mod tests {
         // The checkpoint itself is untouched.
         let original = fs::read(src.path().join("userns-11.img")).unwrap();
         assert_eq!(original, image(USERNS_MAGIC, &[userns.encode_to_vec()]));
+    }
+
+    /// A `reg_file_entry` with more fields than this crate models, as CRIU writes it.
+    #[derive(Clone, PartialEq, Message)]
+    struct FullRegFile {
+        #[prost(uint32, required, tag = "1")]
+        id: u32,
+        #[prost(uint32, required, tag = "2")]
+        flags: u32,
+        #[prost(uint64, required, tag = "3")]
+        pos: u64,
+        #[prost(string, required, tag = "6")]
+        name: String,
+        #[prost(sint32, optional, tag = "7")]
+        mnt_id: Option<i32>,
+        #[prost(uint64, optional, tag = "8")]
+        size: Option<u64>,
+        #[prost(uint32, optional, tag = "10")]
+        mode: Option<u32>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct FullFileEntry {
+        #[prost(int32, required, tag = "1")]
+        kind: i32,
+        #[prost(uint32, required, tag = "2")]
+        id: u32,
+        #[prost(message, optional, tag = "3")]
+        reg: Option<FullRegFile>,
+        #[prost(bytes, optional, tag = "9")]
+        other: Option<Vec<u8>>,
+    }
+
+    #[test]
+    fn sizes_of_the_named_files_alone_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |id, name: &str| FullFileEntry {
+            kind: FD_TYPE_REG,
+            id,
+            reg: Some(FullRegFile {
+                id,
+                flags: 0o100000,
+                pos: 77,
+                name: name.into(),
+                mnt_id: Some(1234),
+                size: Some(1181),
+                mode: Some(0o100444),
+            }),
+            other: Some(b"kept".to_vec()),
+        };
+        let entries = [
+            file(1, "/proc/stat"),
+            file(2, "/home/user/data"),
+            file(3, "proc/meminfo"),
+            FullFileEntry {
+                kind: 5,
+                id: 4,
+                reg: None,
+                other: None,
+            },
+        ];
+        let bytes: Vec<Vec<u8>> = entries.iter().map(|e| e.encode_to_vec()).collect();
+        fs::write(dir.path().join("files.img"), image(FILES_MAGIC, &bytes)).unwrap();
+        let changed = forget_file_sizes(
+            dir.path(),
+            &["/proc/stat", "/proc/meminfo", "/proc/cpuinfo"],
+        )
+        .unwrap();
+        assert_eq!(changed, 2);
+        let back: Vec<FullFileEntry> = read_entries(&dir.path().join("files.img"), None)
+            .unwrap()
+            .iter()
+            .map(|e| FullFileEntry::decode(e.as_slice()).unwrap())
+            .collect();
+        let mut expected = entries.to_vec();
+        for index in [0, 2] {
+            expected[index].reg.as_mut().unwrap().size = None;
+        }
+        assert_eq!(back, expected);
+        // Nothing left to forget: the image is not rewritten.
+        assert_eq!(forget_file_sizes(dir.path(), &["/proc/stat"]).unwrap(), 0);
+        assert!(!dir.path().join(".files.img.edited").exists());
+        // A dump without files.img has nothing to forget.
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(forget_file_sizes(empty.path(), &["/proc/stat"]).unwrap(), 0);
     }
 
     #[test]

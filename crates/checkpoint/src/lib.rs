@@ -14,5 +14,7 @@ pub mod images;
 mod observe;
 
 pub use criu::{Criu, CriuError, CriuVersion, Dump, Restore};
-pub use images::{ghost_names, prepare_restore_images, GhostName, ImageError, ImageRewrite};
+pub use images::{
+    forget_file_sizes, ghost_names, prepare_restore_images, GhostName, ImageError, ImageRewrite,
+};
 pub use observe::{observe_criu, CriuAction, CriuObserver, CriuRun};

@@ -12,6 +12,18 @@
 //! hog exhausts the workload group and envd keeps its reserve. cgroup v2 keeps a
 //! process's threads in one domain group, so there the workload shares the sandbox's
 //! group and envd is protected only by its OOM score.
+//!
+//! **CPUs.** On v1 each sandbox also has a `cpuset` group pinning it to `cpu_count` of
+//! the host's CPUs ([`pick_cpus`]: those the fewest of the parent's sandboxes are pinned
+//! to), beside the CFS quota of `cpu_count` CPUs. The pin is what makes `nproc`
+//! (`sched_getaffinity`), `os.cpu_count()` and the LXCFS views of `/proc/cpuinfo`,
+//! `/proc/stat` and `/sys/devices/system/cpu/online` (see `views`) agree with the
+//! sandbox's size: a quota alone limits CPU time but shows every host CPU, and a
+//! program that starts one worker per CPU it sees gets throttled. The cost: a pinned
+//! sandbox cannot borrow an idle CPU outside its set, and the spread is decided at
+//! start (pinning is by count of sandboxes, not by load). A sandbox asking for as many
+//! CPUs as the host has, or more, gets all of them. On v2 (berth is tested on v1) there
+//! is no pin and sandboxes see the host's CPUs.
 
 use std::fs;
 use std::io;
@@ -19,7 +31,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-const V1_CONTROLLERS: [&str; 5] = ["cpu", "cpuacct", "memory", "pids", "freezer"];
+/// The v1 controllers berth puts sandboxes in; `cpuset` only where it is mounted.
+const V1_CONTROLLERS: &[&str] = &["cpu", "cpuacct", "cpuset", "memory", "pids", "freezer"];
+const V1_CONTROLLERS_WITHOUT_CPUSET: &[&str] = &["cpu", "cpuacct", "memory", "pids", "freezer"];
 const CFS_PERIOD_US: u64 = 100_000;
 
 /// The child group (v1 `memory` and `pids`) the sandbox's commands run in.
@@ -64,7 +78,13 @@ pub(crate) struct CgroupUsage {
 #[derive(Debug, Clone)]
 pub(crate) enum Cgroups {
     /// One directory per controller: `<mount>/<ctrl>/<parent>/<id>`.
-    V1 { mount: PathBuf, parent: String },
+    V1 {
+        mount: PathBuf,
+        parent: String,
+        /// [`V1_CONTROLLERS`], without `cpuset` where the host has not mounted it
+        /// (sandboxes then see every CPU).
+        controllers: &'static [&'static str],
+    },
     /// Unified hierarchy: `<mount>/<parent>/<id>`.
     V2 { mount: PathBuf, parent: String },
 }
@@ -86,9 +106,15 @@ impl Cgroups {
                 parent: parent.to_owned(),
             }
         } else {
+            let cpuset = mount.join("cpuset").join("tasks").exists();
             Self::V1 {
                 mount: mount.to_owned(),
                 parent: parent.to_owned(),
+                controllers: if cpuset {
+                    V1_CONTROLLERS
+                } else {
+                    V1_CONTROLLERS_WITHOUT_CPUSET
+                },
             }
         };
         cgroups.prepare_parent()?;
@@ -97,9 +123,25 @@ impl Cgroups {
 
     fn prepare_parent(&self) -> io::Result<()> {
         match self {
-            Self::V1 { mount, parent } => {
-                for ctrl in V1_CONTROLLERS {
+            Self::V1 {
+                mount,
+                parent,
+                controllers,
+            } => {
+                for ctrl in *controllers {
                     mkdir_ok_if_exists(&mount.join(ctrl).join(parent))?;
+                }
+                if !controllers.contains(&"cpuset") {
+                    return Ok(());
+                }
+                // A new cpuset group has no CPUs and no memory nodes, and takes no task
+                // until it has both: berth's parent gets all of the root's.
+                let cpuset = mount.join("cpuset");
+                for file in ["cpuset.cpus", "cpuset.mems"] {
+                    let dir = cpuset.join(parent);
+                    if fs::read_to_string(dir.join(file))?.trim().is_empty() {
+                        fs::write(dir.join(file), fs::read_to_string(cpuset.join(file))?)?;
+                    }
                 }
                 Ok(())
             }
@@ -117,7 +159,11 @@ impl Cgroups {
     /// All directories making up sandbox `id`'s cgroup (one per v1 hierarchy).
     pub(crate) fn dirs(&self, id: &str) -> Vec<PathBuf> {
         match self {
-            Self::V1 { mount, parent } => V1_CONTROLLERS
+            Self::V1 {
+                mount,
+                parent,
+                controllers,
+            } => controllers
                 .iter()
                 .map(|c| mount.join(c).join(parent).join(id))
                 .collect(),
@@ -129,7 +175,11 @@ impl Cgroups {
     /// that hierarchy)` per v1 controller berth manages, or `(None, path)` for v2.
     pub(crate) fn criu_roots(&self, id: &str) -> Vec<(Option<&'static str>, String)> {
         match self {
-            Self::V1 { parent, .. } => V1_CONTROLLERS
+            Self::V1 {
+                parent,
+                controllers,
+                ..
+            } => controllers
                 .iter()
                 .map(|c| (Some(*c), format!("/{parent}/{id}")))
                 .collect(),
@@ -139,7 +189,7 @@ impl Cgroups {
 
     fn dir(&self, ctrl: &str, id: &str) -> PathBuf {
         match self {
-            Self::V1 { mount, parent } => mount.join(ctrl).join(parent).join(id),
+            Self::V1 { mount, parent, .. } => mount.join(ctrl).join(parent).join(id),
             Self::V2 { mount, parent } => mount.join(parent).join(id),
         }
     }
@@ -147,7 +197,7 @@ impl Cgroups {
     /// Ids of all sandbox groups that exist (for recovery sweeps).
     pub(crate) fn list_ids(&self) -> Vec<String> {
         let base = match self {
-            Self::V1 { mount, parent } => mount.join("memory").join(parent),
+            Self::V1 { mount, parent, .. } => mount.join("memory").join(parent),
             Self::V2 { mount, parent } => mount.join(parent),
         };
         let Ok(entries) = fs::read_dir(base) else {
@@ -203,6 +253,7 @@ impl Cgroups {
                 let pids = self.dir("pids", id).join(WORKLOAD_GROUP);
                 mkdir_ok_if_exists(&pids)?;
                 fs::write(pids.join("pids.max"), workload_pids.to_string())?;
+                self.pin_cpus(id, limits.cpu_count)?;
             }
             Self::V2 { .. } => {
                 let dir = self.dir("", id);
@@ -215,11 +266,63 @@ impl Cgroups {
         Ok(())
     }
 
+    /// Gives sandbox `id`'s new cpuset group `cpu_count` CPUs (see the module docs) and
+    /// the parent's memory nodes. A group that has CPUs already keeps them: a resume
+    /// creates the groups of a paused sandbox again, which survive unless the host
+    /// rebooted.
+    fn pin_cpus(&self, id: &str, cpu_count: u32) -> io::Result<()> {
+        let Self::V1 {
+            mount,
+            parent,
+            controllers,
+        } = self
+        else {
+            return Ok(());
+        };
+        if !controllers.contains(&"cpuset") {
+            return Ok(());
+        }
+        let parent_dir = mount.join("cpuset").join(parent);
+        let dir = parent_dir.join(id);
+        if !fs::read_to_string(dir.join("cpuset.cpus"))?
+            .trim()
+            .is_empty()
+        {
+            return Ok(());
+        }
+        // One choice at a time, so concurrent starts see each other's pins.
+        static PICKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = PICKING.lock().unwrap_or_else(|e| e.into_inner());
+        let host = parse_cpu_list(&fs::read_to_string(
+            parent_dir.join("cpuset.effective_cpus"),
+        )?);
+        let pinned: Vec<Vec<u32>> = fs::read_dir(&parent_dir)?
+            .flatten()
+            .filter(|entry| entry.file_name() != id && entry.path().is_dir())
+            .filter_map(|entry| fs::read_to_string(entry.path().join("cpuset.cpus")).ok())
+            .map(|cpus| parse_cpu_list(&cpus))
+            .collect();
+        let cpus = pick_cpus(&host, &pinned, cpu_count.max(1) as usize);
+        let write = |file: &str, value: &str| {
+            fs::write(dir.join(file), value)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.join(file).display())))
+        };
+        write(
+            "cpuset.mems",
+            &fs::read_to_string(parent_dir.join("cpuset.effective_mems"))?,
+        )?;
+        write("cpuset.cpus", &format_cpu_list(&cpus))
+    }
+
     /// The groups a command joins: the workload group where there is one, else the
     /// sandbox's own (one per v1 hierarchy).
     pub(crate) fn workload_dirs(&self, id: &str) -> Vec<PathBuf> {
         match self {
-            Self::V1 { mount, parent } => V1_CONTROLLERS
+            Self::V1 {
+                mount,
+                parent,
+                controllers,
+            } => controllers
                 .iter()
                 .map(|c| {
                     let dir = mount.join(c).join(parent).join(id);
@@ -436,7 +539,56 @@ impl Cgroups {
     }
 }
 
-/// The host tid of the thread of process `pid` whose `comm` is `name`.
+/// The `count` CPUs of `host` to pin a new sandbox to: all of them when it asks for as
+/// many or more, else those the fewest of `pinned` (the CPU sets of the other sandboxes)
+/// hold, lower numbers first among equals. Returned in ascending order.
+fn pick_cpus(host: &[u32], pinned: &[Vec<u32>], count: usize) -> Vec<u32> {
+    if count >= host.len() {
+        return host.to_vec();
+    }
+    let load = |cpu: u32| pinned.iter().filter(|set| set.contains(&cpu)).count();
+    let mut by_load: Vec<u32> = host.to_vec();
+    by_load.sort_by_key(|cpu| (load(*cpu), *cpu));
+    let mut chosen: Vec<u32> = by_load.into_iter().take(count).collect();
+    chosen.sort_unstable();
+    chosen
+}
+
+/// The CPUs of a kernel CPU list (`0-3,6`); unreadable parts are skipped.
+fn parse_cpu_list(text: &str) -> Vec<u32> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((first, last)) => {
+                if let (Ok(first), Ok(last)) = (first.parse::<u32>(), last.parse::<u32>()) {
+                    cpus.extend(first..=last);
+                }
+            }
+            None => cpus.extend(part.parse::<u32>().ok()),
+        }
+    }
+    cpus
+}
+
+/// `cpus` (ascending) as a kernel CPU list.
+fn format_cpu_list(cpus: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let start = cpus[i];
+        while i + 1 < cpus.len() && cpus[i + 1] == cpus[i] + 1 {
+            i += 1;
+        }
+        parts.push(if cpus[i] == start {
+            start.to_string()
+        } else {
+            format!("{start}-{}", cpus[i])
+        });
+        i += 1;
+    }
+    parts.join(",")
+}
+
 /// Is the task whose `/proc/…/cgroup` is `cgroups` in a group of v1 controller `ctrl`
 /// whose path ends with `suffix`?
 fn in_group(cgroups: &str, ctrl: &str, suffix: &str) -> bool {
@@ -448,6 +600,7 @@ fn in_group(cgroups: &str, ctrl: &str, suffix: &str) -> bool {
     })
 }
 
+/// The host tid of the thread of process `pid` whose `comm` is `name`.
 fn thread_named(pid: libc::pid_t, name: &str) -> io::Result<Option<libc::pid_t>> {
     for task in fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
         let comm = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
@@ -487,7 +640,7 @@ fn stat_field(text: &str, key: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{in_group, stat_field, CgroupLimits};
+    use super::{format_cpu_list, in_group, parse_cpu_list, pick_cpus, stat_field, CgroupLimits};
 
     fn limits(memory_mb: u64, pids_max: u64) -> CgroupLimits {
         CgroupLimits {
@@ -507,6 +660,35 @@ mod tests {
         assert_eq!(limits(8192, 100_000).workload(), (8128 << 20, 99_744));
         // Tiny: never more than half goes to the reserve.
         assert_eq!(limits(16, 10).workload(), (8 << 20, 5));
+    }
+
+    #[test]
+    fn sandboxes_are_pinned_to_the_least_used_cpus() {
+        let host = [0, 1, 2, 3];
+        // The first one-CPU sandbox takes CPU 0, the next ones the others in turn.
+        assert_eq!(pick_cpus(&host, &[], 1), vec![0]);
+        assert_eq!(pick_cpus(&host, &[vec![0]], 1), vec![1]);
+        assert_eq!(pick_cpus(&host, &[vec![0], vec![1], vec![2]], 1), vec![3]);
+        assert_eq!(pick_cpus(&host, &[vec![0, 1], vec![0]], 2), vec![2, 3]);
+        // A sandbox spanning every CPU weighs on all alike.
+        assert_eq!(
+            pick_cpus(&host, &[vec![0, 1, 2, 3], vec![2]], 2),
+            vec![0, 1]
+        );
+        // As many CPUs as the host has, or more: all of them.
+        assert_eq!(pick_cpus(&host, &[vec![0]], 4), host.to_vec());
+        assert_eq!(pick_cpus(&[0, 1], &[], 8), vec![0, 1]);
+        assert_eq!(pick_cpus(&[5, 7], &[vec![5]], 1), vec![7]);
+    }
+
+    #[test]
+    fn cpu_lists_read_and_write_the_kernel_format() {
+        assert_eq!(parse_cpu_list("0-3,6\n"), vec![0, 1, 2, 3, 6]);
+        assert_eq!(parse_cpu_list("\n"), Vec::<u32>::new());
+        assert_eq!(parse_cpu_list("1"), vec![1]);
+        assert_eq!(format_cpu_list(&[0, 1, 2, 3, 6]), "0-3,6");
+        assert_eq!(format_cpu_list(&[1]), "1");
+        assert_eq!(format_cpu_list(&[0, 2, 3]), "0,2-3");
     }
 
     #[test]

@@ -51,6 +51,15 @@
 //!   policy (kept in `checkpoint.json`); TCP connections are closed (`--tcp-close`).
 //!
 //! On failure everything of the new sandbox goes (processes, cgroups, slot, directory).
+//!
+//! **Moving** a checkpoint to another machine (a node starting a snapshot another node
+//! made): `Runtime::pack_checkpoint` gives its metadata, its tree hash and a tar stream
+//! of the directory; `Runtime::import_checkpoint` unpacks that into `<id>.tmp`, refuses
+//! it unless the tree hash matches, puts the receiving machine's paths of the same layers
+//! in its metadata and renames it into place. Nothing else in a checkpoint names the
+//! machine: the init binary's bind is an external mount CRIU finds again by its place in
+//! the sandbox (a test restores on a daemon whose envd lives under another state dir),
+//! and the network, uid range and cgroups are the restoring sandbox's own.
 
 use std::fs::{self, File};
 use std::io;
@@ -63,9 +72,7 @@ use std::time::SystemTime;
 use berth_checkpoint::{prepare_restore_images, Criu, Dump, ImageRewrite, Restore};
 
 use super::pause::HostRoot;
-use super::{
-    io_err, valid_id, volume_dump_externals, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE,
-};
+use super::{dump_externals, io_err, valid_id, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::perms;
@@ -79,6 +86,14 @@ const IMAGES_DIR: &str = "images";
 const HOOK_FILE: &str = "post-dump-hook";
 /// Bumped when the layout of a checkpoint changes incompatibly.
 const FORMAT: u32 = 1;
+
+/// A checkpoint on its way to another machine: read `stream` to its end for the files;
+/// the receiver checks them against `tree_hash`.
+pub struct PackedCheckpoint {
+    pub info: CheckpointInfo,
+    pub tree_hash: String,
+    pub stream: berth_template::archive::Packed,
+}
 
 /// What a checkpoint holds, as recorded in its `checkpoint.json`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -210,7 +225,7 @@ impl LinuxRuntime {
                 leave_running: true,
                 own_mount_namespace: true,
                 netns: self.sandbox_netns(id)?,
-                external_mounts: volume_dump_externals(&sandbox.info.spec),
+                external_mounts: dump_externals(&sandbox.info),
             },
             &hook,
         )
@@ -328,10 +343,86 @@ impl LinuxRuntime {
         }
         // CRIU detaches the restored tree: tracked by pidfd, never reaped by us. A fresh
         // boot's init is our child.
-        self.bring_up(spec, matches!(how, Revival::Disk), |slot, dir| {
+        let info = self.bring_up(spec, matches!(how, Revival::Disk), |slot, dir| {
             self.attach_network(&spec.id, meta.info.network.as_ref())?;
             self.restore_into(how, checkpoint, &meta, spec, slot, dir)
+        })?;
+        if let Revival::Memory(_) = how {
+            self.complete_views(&info.id, info.init_pid);
+        }
+        Ok(info)
+    }
+
+    /// Checkpoint `checkpoint_id` packed for another machine: what it holds, its tree
+    /// hash (the receiver checks it) and its files as a tar stream.
+    pub(crate) fn pack_checkpoint_at(checkpoint: &Path) -> Result<PackedCheckpoint, RuntimeError> {
+        let info = Metadata::read(checkpoint)?.info;
+        let transfer = |source: berth_template::TemplateError| RuntimeError::Transfer {
+            what: format!("packing checkpoint {}", checkpoint.display()),
+            source: Box::new(source),
+        };
+        let tree_hash = berth_template::archive::tree_hash(checkpoint).map_err(transfer)?;
+        let stream = berth_template::archive::pack(checkpoint).map_err(transfer)?;
+        Ok(PackedCheckpoint {
+            info,
+            tree_hash,
+            stream,
         })
+    }
+
+    /// Puts a checkpoint packed by another machine ([`PackedCheckpoint`]) at
+    /// `checkpoint`, once it arrived exactly as sent, with `layers` (this machine's
+    /// paths of the same layers, lowest first) in place of the sender's. Built in
+    /// `<checkpoint>.tmp` and renamed when whole, like a checkpoint made here.
+    pub(crate) fn import_checkpoint_at(
+        checkpoint: &Path,
+        tree_hash: &str,
+        layers: Vec<PathBuf>,
+        from: &mut dyn io::Read,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        if checkpoint.exists() {
+            return Err(RuntimeError::CheckpointExists(
+                checkpoint.display().to_string(),
+            ));
+        }
+        let tmp = tmp_path(checkpoint);
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).map_err(io_err(format!("remove {}", tmp.display())))?;
+        }
+        let transfer = |source: berth_template::TemplateError| RuntimeError::Transfer {
+            what: format!("receiving checkpoint {}", checkpoint.display()),
+            source: Box::new(source),
+        };
+        let result = (|| {
+            perms::create_dir(&tmp, perms::PRIVATE_DIR)
+                .map_err(io_err(format!("create {}", tmp.display())))?;
+            berth_template::archive::unpack(from, &tmp).map_err(transfer)?;
+            berth_template::archive::verify(&tmp, tree_hash).map_err(transfer)?;
+            let mut meta = Metadata::read(&tmp)?;
+            if meta.info.layers.len() != layers.len() {
+                return Err(RuntimeError::CheckpointMismatch {
+                    id: meta.info.source.clone(),
+                    what: "the number of layers given for it",
+                });
+            }
+            meta.info.layers = layers;
+            perms::write_private(
+                &tmp.join(META_FILE),
+                &serde_json::to_vec_pretty(&meta)
+                    .map_err(io::Error::other)
+                    .map_err(io_err("encode metadata"))?,
+            )
+            .map_err(io_err("write metadata"))?;
+            let dir = File::open(&tmp).map_err(io_err("open checkpoint dir"))?;
+            syncfs(&dir).map_err(io_err("sync checkpoint"))?;
+            fs::rename(&tmp, checkpoint)
+                .map_err(io_err(format!("rename to {}", checkpoint.display())))?;
+            Ok(meta.info)
+        })();
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        result
     }
 
     /// What the checkpoint at `checkpoint` holds (its `checkpoint.json`).
@@ -421,7 +512,8 @@ impl LinuxRuntime {
                     root: Some(dir.join("root")),
                     cgroup_root: global,
                     netns,
-                    external_mounts: root.volume_externals(),
+                    external_mounts: [root.volume_externals(), self.view_restore_sources()]
+                        .concat(),
                     leave_stopped: trial,
                 },
                 &per_controller,

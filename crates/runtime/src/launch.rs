@@ -14,8 +14,9 @@
 //!    alone) and the overlay's options in the sandbox's `mountinfo` name no host path;
 //!    it is attached on the sandbox's root directory, which the cloned child opened at
 //!    [`ROOT_FD`] while it still had the daemon's credentials;
-//! 3. populate `/proc`, `/sys` (read-only), a minimal `/dev`, `/tmp`, `/run`, and bind the
-//!    init binary read-only at `/run/berth/<name>`;
+//! 3. populate `/proc`, `/sys` (read-only), a minimal `/dev`, `/tmp`, `/run`, bind the
+//!    init binary read-only at `/run/berth/<name>`, and attach the resource views over
+//!    their `/proc` and `/sys` files;
 //! 4. `pivot_root`, then mask `/proc` paths and make `/proc/sys` and friends read-only;
 //!    mount the sandbox's own boot id over the host's;
 //! 5. hostname, loopback up; wait for the daemon to have moved us into the sandbox's
@@ -129,6 +130,11 @@ pub(crate) struct LaunchConfig {
     /// in the same order: absolute paths inside the sandbox, created as needed.
     #[serde(default)]
     pub volume_paths: Vec<PathBuf>,
+    /// Where the resource view mounts sent after the volumes (and before the sysfs) are
+    /// attached, in the same order: files of the sandbox's `/proc` and `/sys` (see
+    /// `views`).
+    #[serde(default)]
+    pub view_paths: Vec<PathBuf>,
     /// The egress proxy's interception CA (PEM), installed in the sandbox's system trust
     /// store at every start (see [`EGRESS_CA_FILE`]).
     #[serde(default)]
@@ -183,8 +189,8 @@ fn install_egress_ca(pem: &str) -> io::Result<()> {
     fs::write(bundle, format!("{current}{separator}{pem}"))
 }
 
-/// Sends `config` and the mounts (the disk, the layers topmost first, the volumes, then
-/// the sysfs if any) over the control socket.
+/// Sends `config` and the mounts (the disk, the layers topmost first, the volumes, the
+/// resource views, then the sysfs if any) over the control socket.
 pub(crate) fn send_config(
     sock: BorrowedFd<'_>,
     config: &LaunchConfig,
@@ -364,6 +370,13 @@ fn become_init(
     } else {
         None
     };
+    let views = layers.split_off(layers.len().saturating_sub(config.view_paths.len()));
+    if views.len() != config.view_paths.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "view count does not match view paths",
+        ));
+    }
     let volumes = layers.split_off(layers.len().saturating_sub(config.volume_paths.len()));
     if volumes.len() != config.volume_paths.len() {
         return Err(io::Error::new(
@@ -387,6 +400,7 @@ fn become_init(
     // The working directory is the overlay's root now.
     let root = Path::new(".");
     populate_root(config, root, sysfs)?;
+    attach_views(config, root, views)?;
     pivot_into(root)?;
     mask_paths()?;
     ctx("a boot id of the sandbox's own", own_boot_id())?;
@@ -625,6 +639,20 @@ fn populate_root(config: &LaunchConfig, root: &Path, sysfs: Option<OwnedFd>) -> 
         "init binary read-only",
         sys::mount_setattr_flags(&cpath(&exe)?, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV, 0),
     )?;
+    Ok(())
+}
+
+/// Attaches each resource view (a read-only clone of an LXCFS file) over the file of the
+/// sandbox's fresh `/proc` or `/sys` at its path, so every process inside reads the
+/// sandbox's numbers there (see `views`).
+fn attach_views(config: &LaunchConfig, root: &Path, views: Vec<OwnedFd>) -> io::Result<()> {
+    for (view, path) in views.iter().zip(&config.view_paths) {
+        let target = root.join(path.strip_prefix("/").unwrap_or(path));
+        ctx(
+            format!("attach the view of {}", path.display()),
+            sys::move_mount_to(view.as_fd(), &cpath(&target)?),
+        )?;
+    }
     Ok(())
 }
 

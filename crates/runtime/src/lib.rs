@@ -65,8 +65,15 @@
 //!
 //! **Limits.** cgroup v1 (one group per controller, absolute paths under
 //! `/sys/fs/cgroup/<ctrl>/berth/<id>`) or v2 (`/sys/fs/cgroup/berth/<id>`), detected at
-//! run time: CFS quota = `cpu_count` CPUs, memory limit (the OOM killer acts inside the
-//! group only), a pids limit, freezer for freeze/thaw.
+//! run time: CFS quota = `cpu_count` CPUs, on v1 also a cpuset of `cpu_count` CPUs (see
+//! `cgroup`), memory limit (the OOM killer acts inside the group only), a pids limit,
+//! freezer for freeze/thaw.
+//!
+//! **Resource views.** `free`, `/proc/meminfo`, `nproc`, `/proc/cpuinfo`, `/proc/stat`
+//! and `/sys/devices/system/cpu/online` show the sandbox's limits: LXCFS, one per state
+//! dir, outliving daemon restarts, serves those files from the cgroups of the reading
+//! sandbox's init, and each start binds them over the sandbox's own (see `views`).
+//! Without LXCFS sandboxes start all the same and see the host's numbers.
 //!
 //! **Hardening.** A capability bounding set of Docker's defaults minus NET_RAW and MKNOD,
 //! and a seccomp filter refusing everything Docker's default profile refuses and more
@@ -100,8 +107,10 @@
 //! **For checkpointing (CRIU).** The init is PID 1 and session leader of its own pid
 //! namespace and holds no fd from outside its mount namespace (stdio is `/dev/null` and
 //! the log file inside). External mounts a dump must name: the device binds under
-//! `/dev`, the init binary bind and the overlay's lower layers; the disk (upper) is
-//! mounted inside the sandbox's namespace from a loop device.
+//! `/dev`, the init binary bind, the overlay's lower layers, the volumes and the
+//! resource views (FUSE, which CRIU cannot dump; keyed, so a restore binds whichever
+//! LXCFS runs then); the disk (upper) is mounted inside the sandbox's namespace from a
+//! loop device.
 
 mod blkio;
 mod cgroup;
@@ -116,15 +125,17 @@ mod restorable;
 mod seccomp;
 mod slots;
 mod sys;
+mod views;
 mod volume;
 
 pub use blkio::DiskLimits;
 pub use host::HostRuntime;
 pub use linux::{
-    CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, DEFAULT_ENVD_ARGS,
-    DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
+    CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, PackedCheckpoint,
+    DEFAULT_ENVD_ARGS, DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
 };
 pub use perms::tighten_tree as tighten_private_tree;
+pub use views::{find_lxcfs, probe_views, Probe as ViewsProbe};
 pub use volume::{
     validate_mount_path, validate_mount_paths, MountPathError, VolumeMount, VOLUME_OWNER,
 };
@@ -295,6 +306,12 @@ pub enum RuntimeError {
     },
     #[error(transparent)]
     Network(#[from] berth_net::NetError),
+    #[error("{what}: {source}")]
+    Transfer {
+        what: String,
+        #[source]
+        source: Box<berth_template::TemplateError>,
+    },
     #[error("invalid volume id {0:?}: expected 1-64 characters of [A-Za-z0-9_-]")]
     InvalidVolumeId(String),
     #[error("volume {0} not found")]
@@ -389,6 +406,31 @@ pub trait Runtime: Send + Sync + 'static {
     fn delete_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError>;
     /// Ids of every checkpoint the runtime holds (to reconcile with what owns them).
     fn checkpoints(&self) -> Result<Vec<String>, RuntimeError>;
+    /// Checkpoint `checkpoint_id` packed for another machine's
+    /// [`Runtime::import_checkpoint`] (a node serving a snapshot another node starts).
+    fn pack_checkpoint(&self, checkpoint_id: &str) -> Result<PackedCheckpoint, RuntimeError> {
+        let _ = checkpoint_id;
+        Err(RuntimeError::Unsupported {
+            backend: "this",
+            what: "moving checkpoints between machines",
+        })
+    }
+    /// Stores checkpoint `checkpoint_id` sent by another machine (read from `from`,
+    /// checked against the sender's `tree_hash`), standing on `layers` (this machine's
+    /// paths of the layers it was made on, lowest first).
+    fn import_checkpoint(
+        &self,
+        checkpoint_id: &str,
+        tree_hash: &str,
+        layers: Vec<PathBuf>,
+        from: &mut dyn std::io::Read,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let _ = (checkpoint_id, tree_hash, layers, from);
+        Err(RuntimeError::Unsupported {
+            backend: "this",
+            what: "moving checkpoints between machines",
+        })
+    }
     /// [`Runtime::create`] under a network policy (`create` uses E2B's default: internet
     /// access). Backends without networking refuse: a policy they cannot enforce must
     /// not be accepted silently.

@@ -21,6 +21,7 @@ use crate::perms;
 use crate::record::{self, Record};
 use crate::slots::{Claim, SlotRegistry};
 use crate::sys::{self, cpath};
+use crate::views::{self, Availability, Views};
 use crate::volume::VolumeStore;
 use crate::{
     RecoveryReport, ResumedSandbox, Runtime, RuntimeError, SandboxInfo, SandboxSpec, SandboxStats,
@@ -35,7 +36,7 @@ mod network;
 #[path = "pause.rs"]
 mod pause;
 
-pub use checkpoint::CheckpointInfo;
+pub use checkpoint::{CheckpointInfo, PackedCheckpoint};
 pub use commit::{CommitStats, ExecOptions};
 
 /// Size of each sandbox's uid/gid range (a full 16-bit range, like a normal Linux system).
@@ -87,6 +88,9 @@ pub struct LinuxRuntimeConfig {
     pub volume_size_mb: u64,
     /// Bandwidth and IOPS limits of each sandbox's disk (default: none). See `blkio`.
     pub disk_limits: crate::DiskLimits,
+    /// The `lxcfs` executable that serves sandboxes their memory and CPU views (default:
+    /// `lxcfs` on `PATH`); None: sandboxes see the host's. See `views`.
+    pub lxcfs_binary: Option<PathBuf>,
 }
 
 impl LinuxRuntimeConfig {
@@ -113,6 +117,7 @@ impl LinuxRuntimeConfig {
             network: None,
             volume_size_mb: DEFAULT_VOLUME_SIZE_MB,
             disk_limits: crate::DiskLimits::default(),
+            lxcfs_binary: views::find_lxcfs(),
         }
     }
 }
@@ -125,6 +130,16 @@ enum DiskOrigin {
     /// `disk.img` already in the sandbox directory (resume after a pause without memory,
     /// a filesystem-only snapshot's copy), and its mount if the caller already has one.
     Kept(Option<OwnedFd>),
+}
+
+/// The mounts a start sends the launcher besides the layers and volumes.
+struct StartMounts {
+    /// The sandbox's disk.
+    disk: OwnedFd,
+    /// The resource views, in the order of `LaunchConfig::view_paths`.
+    views: Vec<OwnedFd>,
+    /// With networking, a sysfs of the sandbox's network namespace.
+    sysfs: Option<OwnedFd>,
 }
 
 struct Sandbox {
@@ -161,6 +176,8 @@ pub struct LinuxRuntime {
     volumes: VolumeStore,
     /// The egress proxy's interception CA (PEM), trusted by sandboxes started from now on.
     egress_ca: Mutex<Option<String>>,
+    /// The LXCFS serving sandboxes their memory and CPU views (see `views`).
+    views: Views,
 }
 
 /// Directory of a paused sandbox's CRIU images, inside its sandbox directory.
@@ -235,6 +252,7 @@ impl LinuxRuntime {
         let volumes = VolumeStore::new(&config.state_dir, config.volume_size_mb)
             .map_err(io_err("create volume dir"))?;
         Ok(Self {
+            views: Views::new(&config.state_dir, config.lxcfs_binary.clone()),
             network,
             volumes,
             egress_ca: Mutex::new(None),
@@ -268,6 +286,80 @@ impl LinuxRuntime {
             .map_err(io_err("install the envd binary on its filesystem"))
     }
 
+    /// Whether LXCFS serves resource views now, started if it was not running. When it
+    /// had to be started, running sandboxes get their views attached again (the views
+    /// of a dead LXCFS answer nothing, and a sandbox started without one has none).
+    pub(crate) fn views_ready(&self) -> bool {
+        match self.views.ensure() {
+            Availability::Running => true,
+            Availability::Started => {
+                self.repair_views();
+                true
+            }
+            Availability::Unavailable => false,
+        }
+    }
+
+    /// The resource view mounts for a sandbox starting now, with their paths inside it;
+    /// none (the host's files show) when LXCFS is unavailable, which is logged.
+    fn view_mounts(&self, id: &str) -> Vec<(PathBuf, OwnedFd)> {
+        if !self.views_ready() {
+            return Vec::new();
+        }
+        self.views.clone_mounts().unwrap_or_else(|err| {
+            tracing::warn!(sandbox = %id, %err, "the sandbox sees the host's memory and CPUs: its views could not be cloned");
+            Vec::new()
+        })
+    }
+
+    /// What a CRIU restore binds under each view's key: LXCFS's files, or the host's
+    /// own when LXCFS is unavailable.
+    pub(super) fn view_restore_sources(&self) -> Vec<(String, PathBuf)> {
+        self.views.restore_sources(self.views_ready())
+    }
+
+    /// After a restore from memory: gives running sandbox `id` (init `init_pid`) the
+    /// views it lacks, when LXCFS serves now. Its checkpoint may predate views, or have
+    /// been made or restored while LXCFS was unavailable (then the host's files are
+    /// bound in their place).
+    pub(super) fn complete_views(&self, id: &str, init_pid: i32) {
+        if views::served(init_pid) || !self.views_ready() {
+            return;
+        }
+        let attached = self
+            .views
+            .clone_mounts()
+            .and_then(|mounts| views::attach_in(init_pid, mounts));
+        if let Err(err) = attached {
+            tracing::warn!(sandbox = %id, %err, "attaching the sandbox's memory and CPU views");
+        }
+    }
+
+    /// Attaches fresh views in every running sandbox, replacing what it had.
+    fn repair_views(&self) {
+        let running: Vec<(String, i32)> = self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|s| (s.info.id.clone(), s.info.init_pid))
+            .collect();
+        for (id, pid) in running {
+            let attached = self
+                .views
+                .clone_mounts()
+                .and_then(|mounts| views::attach_in(pid, mounts));
+            match attached {
+                Ok(()) => {
+                    tracing::info!(sandbox = %id, "attached the sandbox's memory and CPU views")
+                }
+                Err(err) => {
+                    tracing::warn!(sandbox = %id, %err, "attaching the sandbox's memory and CPU views")
+                }
+            }
+        }
+    }
+
     /// True when the daemon holds no sandbox, running or paused.
     fn idle(&self) -> Result<bool, RuntimeError> {
         let held = match fs::read_dir(self.config.state_dir.join("sandboxes")) {
@@ -286,13 +378,17 @@ impl LinuxRuntime {
     /// restart would reattach needs it. Returns whether it was removed. With sandboxes
     /// left it stays, so they keep their network across a restart.
     ///
-    /// The envd binary's filesystem (`envd_fs`) goes in the same case, network or not.
+    /// The envd binary's filesystem (`envd_fs`) and LXCFS (`views`) go in the same
+    /// case, network or not.
     pub fn release_network_if_idle(&self) -> Result<bool, RuntimeError> {
         if !self.idle()? {
             return Ok(false);
         }
         envd_fs::release(&self.config.state_dir)
             .map_err(io_err("unmount the envd binary's filesystem"))?;
+        self.views
+            .release()
+            .map_err(io_err("unmount the resource views"))?;
         let Some(network) = &self.network else {
             return Ok(false);
         };
@@ -600,6 +696,7 @@ impl LinuxRuntime {
             host_sysfs: false,
             nameserver: None,
             volume_paths: spec.volumes.iter().map(|v| v.path.clone()).collect(),
+            view_paths: Vec::new(),
             egress_ca_pem: None,
         };
         let egress_ca_pem = self
@@ -618,9 +715,11 @@ impl LinuxRuntime {
             .map(network::sysfs_in)
             .transpose()
             .map_err(io_err("mount sysfs in the sandbox's network namespace"))?;
+        let (view_paths, view_mounts) = self.view_mounts(&spec.id).into_iter().unzip();
         let launch_config = LaunchConfig {
             host_sysfs: sysfs.is_some(),
             nameserver: self.network.as_ref().map(|net| net.gateway()),
+            view_paths,
             ..launch_config
         };
         let (parent_sock, child_sock) = socketpair().map_err(io_err("socketpair"))?;
@@ -638,7 +737,11 @@ impl LinuxRuntime {
                     pid,
                     &parent_sock,
                     &launch_config,
-                    (sent, sysfs),
+                    StartMounts {
+                        disk: sent,
+                        views: view_mounts,
+                        sysfs,
+                    },
                 )
             });
         if let Err(e) = result {
@@ -651,7 +754,7 @@ impl LinuxRuntime {
     }
 
     /// Parent side of the start handshake: id maps, cgroups, idmapped layers, config; the
-    /// mounts sent are the disk and, with networking, a sysfs of the sandbox's namespace.
+    /// mounts sent besides the layers and volumes are in `mounts`.
     fn finish_start(
         &self,
         spec: &SandboxSpec,
@@ -659,14 +762,15 @@ impl LinuxRuntime {
         pid: i32,
         sock: &OwnedFd,
         config: &LaunchConfig,
-        (disk, sysfs): (OwnedFd, Option<OwnedFd>),
+        StartMounts { disk, views, sysfs }: StartMounts,
     ) -> Result<(), RuntimeError> {
         let map = format!("0 {uid_base} {UID_RANGE_SIZE}\n");
         fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(io_err("write uid_map"))?;
         fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(io_err("write gid_map"))?;
         let userns = fs::File::open(format!("/proc/{pid}/ns/user"))
             .map_err(io_err("open sandbox user namespace"))?;
-        // The disk goes first, then the layers topmost first, then the volumes.
+        // The disk goes first, then the layers topmost first, then the volumes, the views
+        // and the sysfs.
         let mut layers = Vec::with_capacity(spec.layers.len() + 1);
         layers.push(disk);
         for layer in spec.layers.iter().rev() {
@@ -681,6 +785,7 @@ impl LinuxRuntime {
         for volume in &spec.volumes {
             layers.push(self.volumes.mount_for(&volume.volume, userns.as_fd())?);
         }
+        layers.extend(views);
         layers.extend(sysfs);
         // The child waits for this byte before it execs the launcher as namespaced root.
         // SAFETY: writing one byte from a valid buffer to our socket.
@@ -969,6 +1074,11 @@ impl Runtime for LinuxRuntime {
                 }
             }
         }
+        if !report.reattached.is_empty() {
+            // LXCFS may have died while no daemon ran; a new one re-attaches the views
+            // of every sandbox reattached here.
+            self.views_ready();
+        }
         // Empty groups whose sandbox directory is gone (a crash between the two
         // removals). A group that still holds processes is a live sandbox of another
         // daemon sharing this cgroup parent with a different state dir (every sandbox
@@ -1100,6 +1210,27 @@ impl Runtime for LinuxRuntime {
         self.volumes.root(id)
     }
 
+    fn pack_checkpoint(&self, checkpoint_id: &str) -> Result<PackedCheckpoint, RuntimeError> {
+        let checkpoint = self.checkpoint_dir(checkpoint_id)?;
+        if !checkpoint.is_dir() {
+            return Err(RuntimeError::CheckpointNotFound(checkpoint_id.to_owned()));
+        }
+        LinuxRuntime::pack_checkpoint_at(&checkpoint)
+    }
+
+    fn import_checkpoint(
+        &self,
+        checkpoint_id: &str,
+        tree_hash: &str,
+        layers: Vec<PathBuf>,
+        from: &mut dyn io::Read,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let checkpoint = self.checkpoint_dir(checkpoint_id)?;
+        perms::create_dir_all(&self.checkpoint_root(), perms::PRIVATE_DIR)
+            .map_err(io_err("create checkpoint dir"))?;
+        LinuxRuntime::import_checkpoint_at(&checkpoint, tree_hash, layers, from)
+    }
+
     fn checkpoints(&self) -> Result<Vec<String>, RuntimeError> {
         let entries = match fs::read_dir(self.checkpoint_root()) {
             Ok(entries) => entries,
@@ -1170,13 +1301,18 @@ fn volume_key(index: usize) -> String {
     format!("berth-volume-{index}")
 }
 
-/// The volume mounts of `spec` as CRIU external mounts of a dump.
-pub(super) fn volume_dump_externals(spec: &SandboxSpec) -> Vec<(PathBuf, String)> {
-    spec.volumes
+/// The mounts of running sandbox `info` a dump records as external: its volumes and
+/// its resource views (see `views`).
+pub(super) fn dump_externals(info: &SandboxInfo) -> Vec<(PathBuf, String)> {
+    let mut externals: Vec<(PathBuf, String)> = info
+        .spec
+        .volumes
         .iter()
         .enumerate()
         .map(|(i, v)| (v.path.clone(), volume_key(i)))
-        .collect()
+        .collect();
+    externals.extend(views::dump_externals(info.init_pid));
+    externals
 }
 
 /// SIGKILL to a sandbox's init: a pid namespace dies with its init. An init already gone
@@ -1368,12 +1504,15 @@ unsafe fn child_exec(
 }
 
 impl Drop for LinuxRuntime {
-    /// A runtime holding no sandbox leaves no envd filesystem mounted behind it; with
-    /// sandboxes left it stays for them and for the next daemon.
+    /// A runtime holding no sandbox leaves no envd filesystem and no LXCFS mounted
+    /// behind it; with sandboxes left they stay for them and for the next daemon.
     fn drop(&mut self) {
         if self.idle().unwrap_or(false) {
             if let Err(err) = envd_fs::release(&self.config.state_dir) {
                 tracing::warn!(%err, "unmounting the envd binary's filesystem");
+            }
+            if let Err(err) = self.views.release() {
+                tracing::warn!(%err, "unmounting the resource views");
             }
         }
     }

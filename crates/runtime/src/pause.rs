@@ -31,8 +31,8 @@ use std::time::SystemTime;
 use berth_checkpoint::{Criu, Dump, Restore};
 
 use super::{
-    io_err, kill_init, valid_id, volume_dump_externals, volume_key, CloneArgs, DiskOrigin,
-    LinuxRuntime, UID_RANGE_SIZE,
+    dump_externals, io_err, kill_init, valid_id, volume_key, CloneArgs, DiskOrigin, LinuxRuntime,
+    UID_RANGE_SIZE,
 };
 use crate::cgroup::CgroupLimits;
 use crate::disk;
@@ -109,7 +109,7 @@ impl LinuxRuntime {
             own_mount_namespace: true,
             // The namespace, link and rules stay while the sandbox is paused.
             netns: self.sandbox_netns(id)?,
-            external_mounts: volume_dump_externals(&sandbox.info.spec),
+            external_mounts: dump_externals(&sandbox.info),
         };
         let dir = self.sandbox_dir(id);
         let hook = dir.join(DUMP_HOOK_FILE);
@@ -221,7 +221,7 @@ impl LinuxRuntime {
             root: Some(dir.join("root")),
             cgroup_root: None,
             netns,
-            external_mounts: root.volume_externals(),
+            external_mounts: [root.volume_externals(), self.view_restore_sources()].concat(),
             leave_stopped: false,
         });
         let pid = restored.map_err(criu_err(id, "restore"))?;
@@ -240,7 +240,9 @@ impl LinuxRuntime {
             created_at: record.created_at,
             spec,
         };
-        Ok(self.register(info, record.slot, pidfd, false, disk))
+        let info = self.register(info, record.slot, pidfd, false, disk);
+        self.complete_views(id, pid);
+        Ok(info)
     }
 
     /// True when sandbox `id` is paused (its disk and maybe a checkpoint kept, no process

@@ -9,6 +9,14 @@
 //! action (`berth-launch check-dump`): every dumped task is still stopped, so the
 //! filesystem it looks at, through the root task's `/proc/<pid>/root`, is exactly the
 //! one dumped, and a refusal there makes CRIU let the tasks run on.
+//!
+//! The same action makes open resource views restorable. CRIU records each open
+//! regular file's size and refuses a restore where the size differs. LXCFS reports its
+//! files' sizes as the length of their content at that moment, and `/proc/stat` grows
+//! with its counters, so a process holding a view open, as `top` does, would make
+//! restores fail at random. The action drops the recorded sizes of the view files
+//! (`berth_checkpoint::forget_file_sizes`); CRIU then reopens them by path as it
+//! reopens procfs files, whose size is 0.
 
 use std::fmt::Write as _;
 use std::io;
@@ -143,8 +151,9 @@ fn shell_quote(path: &Path) -> io::Result<String> {
 }
 
 /// `berth-launch check-dump --images DIR --root DIR --report FILE`: CRIU's post-dump
-/// action. Exit 0 when the dump can be restored; otherwise the reason goes to FILE
-/// and the exit status is 1, which fails the dump.
+/// action. Makes open resource views restorable, then exits 0 when the dump can be
+/// restored; otherwise the reason goes to FILE and the exit status is 1, which fails
+/// the dump.
 pub(crate) fn check_dump_main(args: &[String]) -> io::Result<i32> {
     let mut images = None;
     let mut root = None;
@@ -170,6 +179,13 @@ pub(crate) fn check_dump_main(args: &[String]) -> io::Result<i32> {
     let images = images.ok_or_else(|| missing("--images"))?;
     let root = root.ok_or_else(|| missing("--root"))?;
     let report = report.ok_or_else(|| missing("--report"))?;
+    if let Err(e) = berth_checkpoint::forget_file_sizes(&images, &crate::views::targets()) {
+        std::fs::write(
+            &report,
+            format!("could not prepare the dump's open resource views for restore: {e}"),
+        )?;
+        return Ok(1);
+    }
     let refusal = match collisions(&images, &root) {
         Ok(found) if found.is_empty() => return Ok(0),
         Ok(found) => describe(&found),

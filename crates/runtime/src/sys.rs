@@ -82,6 +82,20 @@ pub(crate) fn mount_setattr_flags(path: &CStr, set: u64, clear: u64) -> io::Resu
     mount_setattr(libc::AT_FDCWD, path, libc::AT_RECURSIVE as u32, &attr)
 }
 
+/// Sets or clears mount attributes (`MOUNT_ATTR_*`) on the detached mount `mount`.
+pub(crate) fn mount_setattr_detached(
+    mount: BorrowedFd<'_>,
+    set: u64,
+    clear: u64,
+) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clear,
+        ..Default::default()
+    };
+    mount_setattr(mount.as_raw_fd(), c"", libc::AT_EMPTY_PATH as u32, &attr)
+}
+
 fn mount_setattr(dirfd: RawFd, path: &CStr, flags: u32, attr: &MountAttr) -> io::Result<()> {
     // SAFETY: all pointers are valid for the call; the size matches the struct.
     check(unsafe {

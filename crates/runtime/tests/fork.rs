@@ -256,3 +256,71 @@ fn a_trial_restore_proves_a_checkpoint_and_leaves_nothing() {
     assert_clean(&t, damaged, &[]);
     let _ = std::fs::remove_dir_all(&checkpoint);
 }
+
+#[test]
+fn a_checkpoint_moved_to_another_daemon_restores_there_with_its_memory() {
+    // Two daemons with their own state dirs (so their envd binaries are bound from
+    // different host paths), as two machines of a cluster would be.
+    let here = TestRuntime::new();
+    let there = TestRuntime::new();
+    let source = here.rt.create(&here.spec("move-src")).unwrap();
+    let _source_guard = KillGuard {
+        rt: &here.rt,
+        id: source.id.clone(),
+    };
+    start_holder(&here, &source.id, 1);
+    let secret = ask(&here.rt, &source.id);
+    here.sh_ok(&source.id, 0, "echo moved > /root/who");
+    here.rt.checkpoint(&source.id, "moving").unwrap();
+
+    let mut packed = here.rt.pack_checkpoint("moving").unwrap();
+    let layers = packed.info.layers.clone();
+    let imported = there
+        .rt
+        .import_checkpoint(
+            "moved",
+            &packed.tree_hash,
+            layers.clone(),
+            &mut packed.stream,
+        )
+        .unwrap();
+    drop(packed);
+    here.rt.delete_checkpoint("moving").unwrap();
+    let _remove = RemoveDir(there.state.join("checkpoints/moved"));
+    assert_eq!(imported.source, source.id);
+    assert_eq!(imported.layers, layers);
+
+    let restored = there.rt.restore("moved", &unique_id(), true).unwrap();
+    let _restored_guard = KillGuard {
+        rt: &there.rt,
+        id: restored.id.clone(),
+    };
+    assert_eq!(ask(&there.rt, &restored.id), secret, "memory came across");
+    assert_eq!(there.sh_ok(&restored.id, 0, "cat /root/who"), "moved");
+
+    // A copy that arrives different is refused and leaves nothing.
+    here.rt.checkpoint(&source.id, "again").unwrap();
+    let mut packed = here.rt.pack_checkpoint("again").unwrap();
+    let wrong = "0".repeat(64);
+    let refused = there
+        .rt
+        .import_checkpoint(
+            "again",
+            &wrong,
+            packed.info.layers.clone(),
+            &mut packed.stream,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(refused, RuntimeError::Transfer { .. }),
+        "{refused}"
+    );
+    drop(packed);
+    here.rt.delete_checkpoint("again").unwrap();
+    assert!(!there.state.join("checkpoints/again").exists());
+    assert!(!there.state.join("checkpoints/again.tmp").exists());
+}
+
+fn unique_id() -> String {
+    common::unique("moved")
+}

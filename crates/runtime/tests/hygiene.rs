@@ -112,7 +112,7 @@ impl Drop for Cleanup {
                 let _ = rt.kill(&info.id);
             }
         }
-        for ctrl in ["cpu", "cpuacct", "memory", "pids", "freezer", ""] {
+        for ctrl in ["cpu", "cpuacct", "cpuset", "memory", "pids", "freezer", ""] {
             let _ = std::fs::remove_dir(
                 Path::new("/sys/fs/cgroup")
                     .join(ctrl)
@@ -163,7 +163,7 @@ fn five_hundred_create_kill_cycles_leak_nothing() {
         rt.kill(&info.id).unwrap();
     }
     // Nothing of any sandbox is left while the runtime still runs...
-    let groups: usize = ["cpu", "cpuacct", "memory", "pids", "freezer", ""]
+    let groups: usize = ["cpu", "cpuacct", "cpuset", "memory", "pids", "freezer", ""]
         .iter()
         .map(|c| count_subdirs(&Path::new("/sys/fs/cgroup").join(c).join(&name)))
         .sum();

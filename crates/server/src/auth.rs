@@ -23,16 +23,23 @@ impl FromRequestParts<SharedState> for Caller {
         parts: &mut Parts,
         state: &SharedState,
     ) -> Result<Self, Self::Rejection> {
-        let raw = parts
-            .headers
-            .get(API_KEY_HEADER)
-            .ok_or_else(|| ApiError::Unauthorized("missing X-API-Key header".into()))?
-            .to_str()
-            .map_err(|_| ApiError::Unauthorized("invalid API key".into()))?;
-        match state.store.authenticate(raw.trim()) {
-            Ok(Some((team, key))) => Ok(Caller { team, key }),
-            Ok(None) => Err(ApiError::Unauthorized("invalid API key".into())),
-            Err(err) => Err(ApiError::Internal(format!("checking the API key: {err}"))),
-        }
+        authenticate(state, &parts.headers)
+    }
+}
+
+/// The caller `headers` identify by their `X-API-Key`.
+pub(crate) fn authenticate(
+    state: &crate::AppState,
+    headers: &axum::http::HeaderMap,
+) -> Result<Caller, ApiError> {
+    let raw = headers
+        .get(API_KEY_HEADER)
+        .ok_or_else(|| ApiError::Unauthorized("missing X-API-Key header".into()))?
+        .to_str()
+        .map_err(|_| ApiError::Unauthorized("invalid API key".into()))?;
+    match state.store.authenticate(raw.trim()) {
+        Ok(Some((team, key))) => Ok(Caller { team, key }),
+        Ok(None) => Err(ApiError::Unauthorized("invalid API key".into())),
+        Err(err) => Err(ApiError::Internal(format!("checking the API key: {err}"))),
     }
 }

@@ -53,6 +53,32 @@ impl std::fmt::Display for Stage {
 /// Everything a control-plane service can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
+    /// No node can take the sandbox (split deployment).
+    #[error("sandbox_capacity_unavailable: {0}")]
+    NoNodeFits(#[source] berth_cluster::PlacementError),
+    #[error("node {0} is not registered")]
+    NodeUnknown(String),
+    #[error("node {node} is registered with an unusable URL: {source}")]
+    NodeUrl {
+        node: String,
+        #[source]
+        source: berth_cluster::NodeAddrError,
+    },
+    #[error("node {node} is unreachable; retry shortly (its sandboxes are reported lost if its lease lapses)")]
+    NodeUnreachable {
+        node: String,
+        #[source]
+        source: berth_cluster::ForwardError,
+    },
+    #[error("fetching {what} from node {node}: {detail}")]
+    NodeFetch {
+        node: String,
+        what: String,
+        detail: String,
+    },
+    /// A sandbox's volumes live on different nodes, so no node can mount them all.
+    #[error("volumes {0} live on different nodes; a sandbox can mount volumes of one node only")]
+    VolumesOnSeveralNodes(String),
     /// Also the answer for another team's sandbox: the two are indistinguishable.
     #[error("sandbox \"{0}\" doesn't exist or you don't have access to it")]
     SandboxNotFound(String),
@@ -346,6 +372,13 @@ pub fn to_api(err: &ServiceError) -> ApiError {
             limit: usize::try_from(*limit).unwrap_or(usize::MAX),
         },
         ServiceError::Build(build) => build_to_api(err, build),
+        ServiceError::NoNodeFits(_)
+        | ServiceError::NodeUnreachable { .. }
+        | ServiceError::NodeFetch { .. } => ApiError::Unavailable(err.to_string()),
+        ServiceError::NodeUnknown(_) | ServiceError::NodeUrl { .. } => {
+            ApiError::Internal(err.to_string())
+        }
+        ServiceError::VolumesOnSeveralNodes(_) => ApiError::BadRequest(err.to_string()),
     };
     if api.status() >= 500 {
         let chain = error_chain(err);

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 mod auth;
+pub mod cluster;
 mod envd;
 mod error;
 mod events;
@@ -107,6 +108,8 @@ pub struct ServerConfig {
     /// The operator's limits at start (lifetime, team quotas, retention); replaceable
     /// later through [`Server::limits`].
     pub limits: Limits,
+    /// Standalone (`berth up`), or a node or API instance of a split deployment.
+    pub role: cluster::Role,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +161,8 @@ pub(crate) struct AppState {
     /// Snapshots sandboxes are being started from, by snapshot id, with how many starts
     /// are in flight: retention leaves them alone (see `retention`).
     pub snapshot_starts: Mutex<HashMap<String, usize>>,
+    /// Relays requests to nodes (API instances only).
+    pub forwarder: Option<berth_cluster::Forwarder>,
 }
 
 pub(crate) type SharedState = Arc<AppState>;
@@ -268,6 +273,7 @@ impl Server {
         };
         let pool_size = config.pool_size;
         let limits = LimitsHandle::new(config.limits.clone());
+        let config_role = config.role.clone();
         let state = Arc::new(AppState {
             webhook_guard: webhook_target::WebhookGuard::new(&config.webhooks),
             store,
@@ -287,19 +293,47 @@ impl Server {
             prometheus: prometheus::Metrics::new(),
             limits,
             snapshot_starts: Mutex::new(HashMap::new()),
+            forwarder: match &config_role {
+                cluster::Role::Api(api) => Some(berth_cluster::Forwarder::new(api.token.clone())),
+                _ => None,
+            },
         });
         state
             .store
             .observe_queries(state.prometheus.store_observer());
-        sandboxes::recover(&state).await?;
-        templates::recover(&state).await?;
-        let tasks = vec![
-            tokio::spawn(reaper::run(state.clone())),
-            tokio::spawn(webhooks::run(state.clone())),
-            tokio::spawn(metrics::run(state.clone())),
-            tokio::spawn(retention::run(state.clone())),
-        ];
-        let refill = sandboxes::pool::spawn_refill(&state);
+        let mut tasks = Vec::new();
+        if state.config.role.runs_sandboxes() {
+            sandboxes::recover(&state).await?;
+            templates::recover(&state).await?;
+            tasks.push(tokio::spawn(reaper::run(state.clone())));
+            tasks.push(tokio::spawn(metrics::run(state.clone())));
+        }
+        if state.config.role.delivers_webhooks() {
+            tasks.push(tokio::spawn(webhooks::run(state.clone())));
+        }
+        match &state.config.role {
+            cluster::Role::Node(node) => {
+                // Registered once recovered: from now on API instances may place here.
+                state.store.register_node(&node.registration, node.lease)?;
+                tasks.push(tokio::spawn(cluster::node::keep_lease(
+                    state.clone(),
+                    node.clone(),
+                )));
+            }
+            cluster::Role::Api(api) => {
+                tasks.push(tokio::spawn(cluster::api::watch_leases(
+                    state.clone(),
+                    api.lease_check,
+                )));
+            }
+            // Retention decides over every sandbox and snapshot in the store, which is
+            // one machine's only when standalone.
+            cluster::Role::Standalone => tasks.push(tokio::spawn(retention::run(state.clone()))),
+        }
+        let refill = match state.config.role.runs_sandboxes() {
+            true => sandboxes::pool::spawn_refill(&state),
+            false => None,
+        };
         Ok(Server {
             state,
             tasks,
@@ -414,7 +448,18 @@ impl Server {
             self.state.connections.clone(),
         );
         let state = self.state.clone();
-        handlers::router(self.state.clone())
+        let api = match &self.state.config.role {
+            // What needs a node is relayed to it before any handler runs.
+            cluster::Role::Api(_) => handlers::router(self.state.clone()).layer(
+                axum::middleware::from_fn_with_state(self.state.clone(), cluster::api::relay),
+            ),
+            _ => handlers::router(self.state.clone()),
+        };
+        let api = match &self.state.config.role {
+            cluster::Role::Node(_) => api.merge(cluster::node::routes(self.state.clone())),
+            _ => api,
+        };
+        let router = api
             .merge(extra)
             .layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| {
@@ -446,7 +491,15 @@ impl Server {
                 },
             ))
             // Outermost, so proxied requests are in a request span too.
-            .layer(axum::middleware::from_fn(request_span))
+            .layer(axum::middleware::from_fn(request_span));
+        match &self.state.config.role {
+            // Nothing reaches a node without the node token (but its health check).
+            cluster::Role::Node(node) => router.layer(axum::middleware::from_fn_with_state(
+                node.token.clone(),
+                cluster::node::guard,
+            )),
+            _ => router,
+        }
     }
 
     /// Serve the API, `extra` routes and the proxy on `listener` until `shutdown` resolves, then stop

@@ -31,7 +31,19 @@ pub async fn run(state: SharedState) {
                 tracing::warn!(%err, "sweeping idempotency keys");
             }
         }
-        match state.store.expired_sandboxes(now) {
+        let expired = state
+            .store
+            .expired_sandboxes(now)
+            .map_err(ServiceError::from)
+            .and_then(|rows| {
+                crate::cluster::node::only_mine(
+                    &state,
+                    berth_store::PlacedKind::Sandbox,
+                    rows,
+                    |row| row.id.as_str(),
+                )
+            });
+        match expired {
             Ok(expired) => {
                 for sandbox in expired {
                     if sandbox.lifecycle.auto_pause {

@@ -65,8 +65,20 @@ impl SandboxResolver for StoreResolver {
                 if !(sandbox.lifecycle.auto_resume && memory) {
                     return Err(ResolveError::NotFound);
                 }
-                sandbox = match sandboxes::resume(&self.state, &sandbox.id, None, true).await {
-                    Ok(Resumed::Resumed(record)) | Ok(Resumed::WasRunning(record)) => record,
+                let resumed = match &self.state.config.role {
+                    crate::cluster::Role::Api(_) => {
+                        crate::cluster::api::resume_on_node(&self.state, &sandbox.id)
+                            .await
+                            .and_then(|()| sandboxes::live(&self.state, &sandbox.id))
+                    }
+                    _ => sandboxes::resume(&self.state, &sandbox.id, None, true)
+                        .await
+                        .map(|resumed| match resumed {
+                            Resumed::Resumed(record) | Resumed::WasRunning(record) => record,
+                        }),
+                };
+                sandbox = match resumed {
+                    Ok(record) => record,
                     Err(err) => {
                         // Logged here: the proxy answers with its own shape.
                         let api = berth_api::ApiError::from(err);
@@ -75,11 +87,19 @@ impl SandboxResolver for StoreResolver {
                 };
             }
             let network = sandboxes::network_policy(&sandbox);
-            Ok(Route {
-                connector: Arc::new(RuntimeConnector {
+            let connector: Arc<dyn PortConnector> = match &self.state.config.role {
+                crate::cluster::Role::Api(_) => {
+                    crate::cluster::api::connector(&self.state, &sandbox.id).map_err(|err| {
+                        ResolveError::Lookup(berth_api::ApiError::from(err).to_string())
+                    })?
+                }
+                _ => Arc::new(RuntimeConnector {
                     runtime: self.state.runtime.clone(),
-                    sandbox_id: sandbox.id,
+                    sandbox_id: sandbox.id.clone(),
                 }),
+            };
+            Ok(Route {
+                connector,
                 envd_access_token: sandbox.envd_access_token,
                 traffic_access_token: sandbox.traffic_access_token,
                 allow_public_traffic: network.allow_public_traffic,

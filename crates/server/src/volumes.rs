@@ -59,6 +59,7 @@ pub async fn create(
     name: &str,
 ) -> Result<VolumeRecord, ServiceError> {
     let record = state.store.insert_volume(team_id, name)?;
+    crate::cluster::node::place_here(state, berth_store::PlacedKind::Volume, &record.id)?;
     let runtime = state.runtime.clone();
     let id = record.id.clone();
     if let Err(err) = blocking(&record.id, move || runtime.create_volume(&id)).await {

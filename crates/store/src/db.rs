@@ -34,13 +34,17 @@ pub enum DatabaseConfig {
 impl DatabaseConfig {
     /// The database `url` names (`--database`, `BERTH_DATABASE_URL`): `postgres://…` or
     /// `postgresql://…` is Postgres (a password missing from the URL is taken from
-    /// `PGPASSWORD`); none is SQLite in `state_dir`.
+    /// `PGPASSWORD`), `sqlite:DIR` is SQLite in DIR; none is SQLite in `state_dir`.
     pub fn from_url(url: Option<&str>, state_dir: &Path) -> Result<Self> {
-        match url.map(str::trim).filter(|url| !url.is_empty()) {
+        let url = url.map(str::trim).filter(|url| !url.is_empty());
+        match url.map(|url| (url, url.strip_prefix("sqlite:"))) {
             None => Ok(DatabaseConfig::Sqlite {
                 state_dir: state_dir.to_path_buf(),
             }),
-            Some(url) => Ok(DatabaseConfig::Postgres(PostgresConfig::parse(
+            Some((_, Some(dir))) if !dir.is_empty() => Ok(DatabaseConfig::Sqlite {
+                state_dir: PathBuf::from(dir),
+            }),
+            Some((url, _)) => Ok(DatabaseConfig::Postgres(PostgresConfig::parse(
                 url,
                 std::env::var("PGPASSWORD").ok().as_deref(),
             )?)),
@@ -499,5 +503,38 @@ impl Bindings {
 
     pub(crate) fn params(&self) -> &[Value] {
         &self.values
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_url_chooses_the_backend() {
+        let state = Path::new("/var/lib/berth");
+        let sqlite_in = |config: DatabaseConfig| match config {
+            DatabaseConfig::Sqlite { state_dir } => state_dir,
+            DatabaseConfig::Postgres(config) => panic!("Postgres: {config}"),
+        };
+        for none in [None, Some(""), Some("  ")] {
+            assert_eq!(
+                sqlite_in(DatabaseConfig::from_url(none, state).unwrap()),
+                state
+            );
+        }
+        let shared = DatabaseConfig::from_url(Some("sqlite:/srv/shared"), state).unwrap();
+        assert_eq!(sqlite_in(shared), Path::new("/srv/shared"));
+        let postgres = DatabaseConfig::from_url(Some("postgres://b@db/berth"), state).unwrap();
+        assert_eq!(postgres.describe(), "Postgres postgres://b@db/berth");
+        for bad in ["sqlite:", "berth.db", "mysql://b@db/berth"] {
+            assert!(
+                matches!(
+                    DatabaseConfig::from_url(Some(bad), state),
+                    Err(StoreError::DatabaseUrl { .. })
+                ),
+                "{bad}"
+            );
+        }
     }
 }

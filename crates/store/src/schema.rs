@@ -291,7 +291,7 @@ CREATE TABLE snapshots (
     // creation time. Metadata pairs one per row, filled from the JSON column (rows whose
     // JSON is corrupt are skipped here and reported when read).
     // Postgres: no backfill, as no Postgres database holds rows from before this step
-    // (berth's Postgres support started at schema 10).
+    // (berth's Postgres support started at schema 11).
     Migration {
         sqlite: r#"
 DROP INDEX sandboxes_team_status;
@@ -514,6 +514,50 @@ ALTER TABLE sandboxes ADD COLUMN execution_id TEXT COLLATE "C" NOT NULL DEFAULT 
 ALTER TABLE events ADD COLUMN execution_id TEXT COLLATE "C" NOT NULL DEFAULT '';
 "#,
     },
+    // A split deployment's nodes (leases, capacity) and where each sandbox, checkpoint,
+    // build and volume lives. `berth up` leaves both empty.
+    Migration {
+        sqlite: r#"
+CREATE TABLE nodes (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    cpu_capacity INTEGER NOT NULL,
+    memory_capacity_mb INTEGER NOT NULL,
+    slots INTEGER NOT NULL,
+    draining INTEGER NOT NULL,
+    lost INTEGER NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    lease_until_ms INTEGER NOT NULL
+);
+CREATE TABLE placements (
+    kind TEXT NOT NULL,
+    object_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    PRIMARY KEY (kind, object_id)
+);
+CREATE INDEX placements_node ON placements(node_id, kind);
+"#,
+        postgres: r#"
+CREATE TABLE nodes (
+    id TEXT COLLATE "C" PRIMARY KEY,
+    url TEXT COLLATE "C" NOT NULL,
+    cpu_capacity BIGINT NOT NULL,
+    memory_capacity_mb BIGINT NOT NULL,
+    slots BIGINT NOT NULL,
+    draining BOOLEAN NOT NULL,
+    lost BOOLEAN NOT NULL,
+    started_at_ms BIGINT NOT NULL,
+    lease_until_ms BIGINT NOT NULL
+);
+CREATE TABLE placements (
+    kind TEXT COLLATE "C" NOT NULL,
+    object_id TEXT COLLATE "C" NOT NULL,
+    node_id TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (kind, object_id)
+);
+CREATE INDEX placements_node ON placements(node_id, kind);
+"#,
+    },
     // Retention: when a sandbox was paused (rows paused before: their last `paused`
     // event, else their start) and which snapshot a sandbox was started from (while it
     // lives, that snapshot is in use).
@@ -566,50 +610,6 @@ UPDATE webhook_deliveries SET created_at_ms = coalesce(
     next_attempt_ms);
 CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries(webhook_id, id);
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_ms);
-"#,
-    },
-    // A split deployment's nodes (leases, capacity) and where each sandbox, checkpoint,
-    // build and volume lives. `berth up` leaves both empty.
-    Migration {
-        sqlite: r#"
-CREATE TABLE nodes (
-    id TEXT PRIMARY KEY,
-    url TEXT NOT NULL,
-    cpu_capacity INTEGER NOT NULL,
-    memory_capacity_mb INTEGER NOT NULL,
-    slots INTEGER NOT NULL,
-    draining INTEGER NOT NULL,
-    lost INTEGER NOT NULL,
-    started_at_ms INTEGER NOT NULL,
-    lease_until_ms INTEGER NOT NULL
-);
-CREATE TABLE placements (
-    kind TEXT NOT NULL,
-    object_id TEXT NOT NULL,
-    node_id TEXT NOT NULL,
-    PRIMARY KEY (kind, object_id)
-);
-CREATE INDEX placements_node ON placements(node_id, kind);
-"#,
-        postgres: r#"
-CREATE TABLE nodes (
-    id TEXT COLLATE "C" PRIMARY KEY,
-    url TEXT COLLATE "C" NOT NULL,
-    cpu_capacity BIGINT NOT NULL,
-    memory_capacity_mb BIGINT NOT NULL,
-    slots BIGINT NOT NULL,
-    draining BOOLEAN NOT NULL,
-    lost BOOLEAN NOT NULL,
-    started_at_ms BIGINT NOT NULL,
-    lease_until_ms BIGINT NOT NULL
-);
-CREATE TABLE placements (
-    kind TEXT COLLATE "C" NOT NULL,
-    object_id TEXT COLLATE "C" NOT NULL,
-    node_id TEXT COLLATE "C" NOT NULL,
-    PRIMARY KEY (kind, object_id)
-);
-CREATE INDEX placements_node ON placements(node_id, kind);
 "#,
     },
 ];

@@ -43,6 +43,14 @@ pub enum TemplateError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("{what}: {detail}")]
+    Transfer { what: String, detail: String },
+    #[error("{path} arrived different from what was sent (tree hash {found}, sender's {expected}); it was not used")]
+    TreeMismatch {
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
 }
 
 impl TemplateError {

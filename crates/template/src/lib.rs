@@ -20,7 +20,12 @@
 //! - `staging/` — builds in progress; leftovers of crashed builds are removed.
 //! - `locks/<id>.lock` — flock held while a layer is built, so concurrent builders of
 //!   the same layer wait for one build and then share its result.
+//!
+//! Layers also move between machines (a `berth node` fetching a template another node
+//! built): [`TemplateStore::pack_layer`] on the sender, [`TemplateStore::import_layer`]
+//! on the receiver, verified by tree hash ([`archive`]).
 
+pub mod archive;
 mod base;
 mod error;
 mod layer;

@@ -135,6 +135,18 @@ impl TemplateStore {
         self.layer_dir(id).join("rootfs")
     }
 
+    /// The id of the layer whose rootfs is `path` ([`TemplateStore::layer_rootfs`]
+    /// backwards), if `path` is one of this store's.
+    pub fn layer_id_of(&self, path: &Path) -> Option<LayerId> {
+        let relative = path.strip_prefix(self.root.join("layers")).ok()?;
+        let mut parts = relative.components();
+        let id = parts.next()?.as_os_str().to_str()?.to_owned();
+        match (parts.next()?.as_os_str().to_str()?, parts.next()) {
+            ("rootfs", None) => LayerId::try_from(id).ok(),
+            _ => None,
+        }
+    }
+
     pub fn has_layer(&self, id: &LayerId) -> bool {
         self.layer_dir(id).is_dir()
     }
@@ -335,6 +347,54 @@ impl TemplateStore {
             .join(format!("{id}.{}", std::process::id()));
         fs::rename(&dir, &doomed).ctx("move layer out", &dir)?;
         fs::remove_dir_all(&doomed).ctx("remove layer", &doomed)
+    }
+
+    /// Layer `id` as a tar stream for another machine, with its tree hash (which the
+    /// receiver checks, see [`crate::archive`]).
+    pub fn pack_layer(
+        &self,
+        id: &LayerId,
+    ) -> Result<(String, crate::archive::Packed), TemplateError> {
+        let rootfs = self.layer_rootfs(id);
+        if !rootfs.is_dir() {
+            return Err(TemplateError::MissingLayer {
+                template: String::new(),
+                layer: id.to_string(),
+            });
+        }
+        let hash = crate::archive::tree_hash(&rootfs)?;
+        Ok((hash, crate::archive::pack(&rootfs)?))
+    }
+
+    /// Puts layer `id`, sent by another machine as a tar stream (see
+    /// [`TemplateStore::pack_layer`]) whose tree hash was `tree_hash`, into the store.
+    /// Nothing is published unless the unpacked tree has that hash. A layer the store
+    /// has already (another importer was first) is kept and the stream ignored.
+    pub fn import_layer(
+        &self,
+        id: &LayerId,
+        tree_hash: &str,
+        from: &mut dyn std::io::Read,
+    ) -> Result<PathBuf, TemplateError> {
+        let _lock = FileLock::acquire(&self.lock_path(id))?;
+        if self.has_layer(id) {
+            return Ok(self.layer_rootfs(id));
+        }
+        self.remove_staging_matching(|name| name.starts_with(&format!("{id}.")))?;
+        let mut staged = StagedLayer {
+            dir: self
+                .root
+                .join("staging")
+                .join(format!("{id}.{}", std::process::id())),
+            committed: false,
+        };
+        let rootfs = staged.rootfs();
+        create_rootfs(&rootfs)?;
+        crate::archive::unpack(from, &rootfs)?;
+        crate::archive::verify(&rootfs, tree_hash)?;
+        self.publish(&staged.dir, id, "imported")?;
+        staged.committed = true;
+        Ok(self.layer_rootfs(id))
     }
 
     /// An empty layer to fill, e.g. with a copy of a sandbox's overlay upper dir.
@@ -867,6 +927,70 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_layer_moves_to_another_store_verified_and_a_changed_one_is_refused() {
+        let sender_state = StateDir::new("sender");
+        let receiver_state = StateDir::new("receiver");
+        let sender = TemplateStore::open(&sender_state.0).unwrap();
+        let receiver = TemplateStore::open(&receiver_state.0).unwrap();
+        let id = LayerId::of_bytes(b"recipe-moved");
+        sender
+            .ensure_layer(&id, "test", &mut |_| {}, |rootfs, _| {
+                fs::create_dir(rootfs.join("etc")).ctx("mkdir", rootfs)?;
+                write_file(rootfs, "etc/os-release", "berth")
+            })
+            .unwrap();
+
+        let (hash, mut stream) = sender.pack_layer(&id).unwrap();
+        let rootfs = receiver.import_layer(&id, &hash, &mut stream).unwrap();
+        assert_eq!(
+            fs::read_to_string(rootfs.join("etc/os-release")).unwrap(),
+            "berth"
+        );
+        assert_eq!(crate::archive::tree_hash(&rootfs).unwrap(), hash);
+        receiver
+            .put("moved", vec![id.clone()], config("user"))
+            .unwrap();
+        assert_eq!(receiver.get("moved").unwrap().layer_ids, vec![id.clone()]);
+
+        let other = LayerId::of_bytes(b"recipe-other");
+        let (_, mut stream) = sender.pack_layer(&id).unwrap();
+        let wrong = "0".repeat(64);
+        assert!(matches!(
+            receiver.import_layer(&other, &wrong, &mut stream),
+            Err(TemplateError::TreeMismatch { .. })
+        ));
+        assert!(
+            !receiver.has_layer(&other),
+            "a tree that arrived different is not published"
+        );
+        assert!(matches!(
+            sender.pack_layer(&other),
+            Err(TemplateError::MissingLayer { .. })
+        ));
+    }
+
+    #[test]
+    fn a_layer_path_names_its_layer() {
+        let state = StateDir::new("layer-of");
+        let store = TemplateStore::open(&state.0).unwrap();
+        let id = LayerId::of_bytes(b"named");
+        assert_eq!(
+            store.layer_id_of(&store.layer_rootfs(&id)),
+            Some(id.clone())
+        );
+        assert_eq!(store.layer_id_of(&store.layer_dir(&id)), None);
+        assert_eq!(
+            store.layer_id_of(
+                Path::new("/elsewhere/layers")
+                    .join(id.as_str())
+                    .join("rootfs")
+                    .as_path()
+            ),
+            None
+        );
     }
 
     #[test]

@@ -51,7 +51,7 @@ struct StateCleanup {
 
 impl Drop for StateCleanup {
     fn drop(&mut self) {
-        for ctrl in ["cpu", "cpuacct", "memory", "pids", "freezer", ""] {
+        for ctrl in ["cpu", "cpuacct", "cpuset", "memory", "pids", "freezer", ""] {
             let _ = std::fs::remove_dir(
                 Path::new("/sys/fs/cgroup")
                     .join(ctrl)

@@ -324,11 +324,13 @@ async fn snapshot_untimed(
         network: source.network.clone(),
         volume_mounts: source.volume_mounts.clone(),
     };
-    let replaced = match state.store.put_snapshot(&record) {
+    let placed =
+        crate::cluster::node::place_here(state, berth_store::PlacedKind::Checkpoint, &snapshot_id);
+    let replaced = match placed.and_then(|()| Ok(state.store.put_snapshot(&record)?)) {
         Ok(replaced) => replaced,
         Err(err) => {
             delete_checkpoint(state, &snapshot_id).await;
-            return Err(err.into());
+            return Err(err);
         }
     };
     if let Some(old) = replaced {
@@ -376,14 +378,16 @@ pub(super) async fn create_from_snapshot(
     )?;
     // Until the new sandbox's row names the snapshot, this keeps retention off it.
     let _start = SnapshotStart::begin(state, snapshot)?;
+    // On a node, a snapshot made on another node (and its template's build) comes here
+    // first.
+    crate::cluster::node::ensure_checkpoint(state, checkpoint_id(&snapshot.checkpoint_id)).await?;
+    let manifest_id =
+        crate::templates::manifest_of(state, &snapshot.template_id, &snapshot.build_id)?;
+    crate::cluster::node::ensure_build(state, &snapshot.template_id, &manifest_id).await?;
     let origin = Origin {
         team_id: snapshot.team_id.clone(),
         template_id: snapshot.template_id.clone(),
-        manifest_id: crate::templates::manifest_of(
-            state,
-            &snapshot.template_id,
-            &snapshot.build_id,
-        )?,
+        manifest_id,
         alias: Some(snapshot.name.clone()),
         build_id: snapshot.build_id.clone(),
         metadata: StringMap::new(),

@@ -379,7 +379,7 @@ pub async fn update_network(
 }
 
 /// Remove sandbox `id` from the runtime; one already gone is fine.
-async fn kill_in_runtime(state: &AppState, id: &str) -> Result<(), RuntimeError> {
+pub(crate) async fn kill_in_runtime(state: &AppState, id: &str) -> Result<(), RuntimeError> {
     let runtime = state.runtime.clone();
     let id = id.to_string();
     match tokio::task::spawn_blocking(move || runtime.kill(&id)).await {

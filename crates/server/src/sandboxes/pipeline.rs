@@ -301,6 +301,7 @@ fn record(
                 execution_id: new_execution_id(),
                 from_snapshot: row.from_snapshot.clone(),
             };
+            crate::cluster::node::place_here(state, berth_store::PlacedKind::Sandbox, &plan.id)?;
             state.store.insert_sandbox(&record)?;
             Ok(record)
         }

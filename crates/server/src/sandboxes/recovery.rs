@@ -19,8 +19,17 @@ pub async fn recover(state: &Arc<AppState>) -> Result<(), ServiceError> {
     let report = blocking("", Stage::Recover, move || runtime.recover()).await?;
     let alive: HashSet<String> = report.reattached.iter().map(|s| s.id.clone()).collect();
     let paused: HashSet<String> = report.paused.iter().cloned().collect();
-    let running_rows = state.store.all_running_sandboxes()?;
-    let paused_rows = state.store.all_paused_sandboxes()?;
+    // On a node, another node's sandboxes are not ours to reconcile.
+    let mine = |rows| {
+        crate::cluster::node::only_mine(
+            state,
+            berth_store::PlacedKind::Sandbox,
+            rows,
+            |row: &berth_store::SandboxRecord| row.id.as_str(),
+        )
+    };
+    let running_rows = mine(state.store.all_running_sandboxes()?)?;
+    let paused_rows = mine(state.store.all_paused_sandboxes()?)?;
     for row in &running_rows {
         if alive.contains(&row.id) {
             continue;

@@ -280,6 +280,10 @@ pub(crate) async fn for_sandbox(
             template: reference.to_string(),
             tag: tag.clone(),
         })?;
+    if visible.record.team_id.is_some() {
+        crate::cluster::node::ensure_build(state, &visible.record.id, &manifest_reference(&build))
+            .await?;
+    }
     let manifest = load_template(state, &manifest_reference(&build))
         .await
         .map_err(|err| match err {
@@ -410,10 +414,13 @@ pub(crate) async fn request_build(
         envd_version: ENVD_VERSION.into(),
     };
     let store = state.store.clone();
-    blocking("requesting a template build", move || {
+    let (template, build) = blocking("requesting a template build", move || {
         Ok(store.request_template_build(&request)?)
     })
-    .await
+    .await?;
+    // A template's builds, layers and step cache stay on one node.
+    crate::cluster::node::place_here(state, berth_store::PlacedKind::Build, &template.id)?;
+    Ok((template, build))
 }
 
 /// A template id as E2B makes them: 20 characters of `[a-z0-9]`.
@@ -769,7 +776,12 @@ async fn remove_unused_superseded(state: &Arc<AppState>) -> Result<(), ServiceEr
 pub(crate) async fn recover(state: &Arc<AppState>) -> Result<(), ServiceError> {
     sync_installed(state).await?;
     remove_unused_superseded(state).await?;
-    let unfinished = state.store.unfinished_template_builds()?;
+    let unfinished = crate::cluster::node::only_mine(
+        state,
+        berth_store::PlacedKind::Build,
+        state.store.unfinished_template_builds()?,
+        |build| build.template_id.as_str(),
+    )?;
     for build in unfinished {
         if build.status == TemplateBuildStatus::Waiting {
             continue;
@@ -830,6 +842,8 @@ pub(crate) async fn sync_installed(state: &Arc<AppState>) -> Result<(), ServiceE
     let templates = state.templates.clone();
     let store = state.store.clone();
     let defaults = state.config.resources;
+    // A node knows only its own installed templates; another node may have more.
+    let remove_missing = state.config.role.node().is_none();
     let host_resources: Vec<(String, SandboxResources)> = state
         .config
         .host_templates
@@ -859,8 +873,7 @@ pub(crate) async fn sync_installed(state: &Arc<AppState>) -> Result<(), ServiceE
                 }
             })
             .collect();
-        // One host (berth up): its template store is the whole truth.
-        let removed = store.sync_installed_templates(&installed, true)?;
+        let removed = store.sync_installed_templates(&installed, remove_missing)?;
         if !removed.is_empty() {
             tracing::info!(
                 ?removed,

@@ -82,8 +82,8 @@ fn a_database_from_a_newer_berth_is_refused(db: &TestDb) {
 
 fn a_failed_migration_is_rolled_back_and_named(db: &TestDb) {
     drop(db.at_version(VERSION - 1));
-    // The second table the newest migration creates already exists: it cannot apply.
-    db.execute("CREATE TABLE placements (x TEXT)");
+    // The second column the newest migration adds already exists: it cannot apply.
+    db.execute("ALTER TABLE webhook_deliveries ADD COLUMN response_code BIGINT");
     let err = Store::connect(&db.config())
         .err()
         .expect("migration applied twice");
@@ -94,18 +94,20 @@ fn a_failed_migration_is_rolled_back_and_named(db: &TestDb) {
     assert_eq!(recorded_version(db) as usize, VERSION - 1);
     let first_change = match db.backend() {
         Backend::Sqlite => db.count(
-            "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = 'nodes'",
+            "SELECT COUNT(*) AS n FROM pragma_table_info('webhook_deliveries') \
+             WHERE name = 'status'",
         ),
         Backend::Postgres => db.count(
-            "SELECT COUNT(*) AS n FROM information_schema.tables \
-             WHERE table_schema = current_schema() AND table_name = 'nodes'",
+            "SELECT COUNT(*) AS n FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = 'webhook_deliveries' \
+             AND column_name = 'status'",
         ),
     };
     assert_eq!(first_change, 0, "the failed migration changed nothing");
 }
 
 fn paused_rows_from_before_pause_times_take_their_last_paused_event(db: &TestDb) {
-    drop(db.at_version(8));
+    drop(db.at_version(9));
     db.execute(
         "INSERT INTO teams (id, name, is_default, created_at_ms) VALUES ('t', 't', TRUE, 0)",
     );
