@@ -526,7 +526,7 @@ mod tests {
         let shared = DatabaseConfig::from_url(Some("sqlite:/srv/shared"), state).unwrap();
         assert_eq!(sqlite_in(shared), Path::new("/srv/shared"));
         let postgres = DatabaseConfig::from_url(Some("postgres://b@db/berth"), state).unwrap();
-        assert_eq!(postgres.describe(), "Postgres postgres://b@db/berth");
+        assert_eq!(postgres.describe(), "Postgres postgres://b@db:5432/berth");
         for bad in ["sqlite:", "berth.db", "mysql://b@db/berth"] {
             assert!(
                 matches!(
