@@ -10,7 +10,8 @@
 //! # Backends
 //!
 //! Chosen at start by [`DatabaseConfig`] (`berth --database`, `BERTH_DATABASE_URL`):
-//! - **SQLite** (the default, [`Store::open`]): `berth.db` in the state directory, in WAL
+//! - **SQLite** (the default, [`Store::open`]; `sqlite:DIR` names another directory,
+//!   for several processes on one machine): `berth.db` in the state directory, in WAL
 //!   mode with a busy timeout so `berth keys …` can work on it while `berth up` runs; one
 //!   connection per process.
 //! - **Postgres** (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`, [`Store::connect`];
