@@ -179,7 +179,8 @@ info "@e2b/code-interpreter $(node -p 'require("./'"$interp_js_dir"'/node_module
 # --- MCP conformance suite ---------------------------------------------------------
 # @modelcontextprotocol/conformance is written for Node >= 22 (fs.globSync; a dependency
 # declares engines >= 22); its server scenarios run on Node 20 with
-# tests/mcp/conformance/node20-fs-shim.mjs (see its README.md).
+# tests/mcp/conformance/node20-fs-shim.mjs (see its README.md). Its
+# @modelcontextprotocol/sdk is also the TypeScript MCP client of tests/mcp_gateway/js.
 step "MCP conformance suite (tests/mcp/conformance)"
 conformance_dir="tests/mcp/conformance"
 conformance_stamp="$conformance_dir/node_modules/.package-lock.sha256"

@@ -238,6 +238,25 @@ build_interpreter() {
     echo "BERTH_INTERPRETER_BIN=$BERTH_INTERPRETER_BIN"
 }
 
+# The MCP gateway (tests/mcp_gateway): the static mcp-gateway beside berth, which
+# berth up puts into its mcp-gateway template.
+build_mcp_gateway() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    local output binary
+    output="$(bash crates/mcp-gateway/build-static.sh)" || return 1
+    binary="$(printf '%s\n' "$output" | tail -n 1)"
+    install -m 0755 "$binary" "$(dirname "$BERTH_BIN")/mcp-gateway" || return 1
+    export BERTH_MCP_GATEWAY_BIN="$(dirname "$BERTH_BIN")/mcp-gateway"
+    echo "BERTH_MCP_GATEWAY_BIN=$BERTH_MCP_GATEWAY_BIN"
+}
+
+# Python and JS SDKs create gateways whose servers come from a fake internet's git host;
+# the template's build downloads nothing, so the suite runs in a private netns.
+mcp_gateway_suite() {
+    [[ -n "${BERTH_MCP_GATEWAY_BIN:-}" ]] || { echo "no mcp-gateway (build step failed)" >&2; return 1; }
+    (cd tests/mcp_gateway && in_private_netns ../../.venv/bin/python -m pytest)
+}
+
 interpreter_template() {
     [[ -n "${BERTH_INTERPRETER_BIN:-}" ]] || { echo "no berth-interpreter (build step failed)" >&2; return 1; }
     .venv-interpreter/bin/python tests/interpreter/berth_env.py provision
@@ -286,7 +305,7 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D war
 # proxy and the agent tools run against berth-envd as a host process through
 # berth_runtime::HostRuntime). Then the privileged tier: real namespaces, cgroups, CRIU,
 # nftables, registries.
-unprivileged_crates=(berth-api berth-store berth-proxy berth-envd-proto berth-client berth-dashboard berth-mcp berth-server berth-interpreter berth-bench)
+unprivileged_crates=(berth-api berth-store berth-proxy berth-envd-proto berth-client berth-dashboard berth-mcp berth-server berth-interpreter berth-bench berth-ca berth-mcp-gateway)
 step "cargo test: unprivileged tier" cargo test "${unprivileged_crates[@]/#/-p=}"
 step "cargo test: privileged tier" cargo test --workspace "${unprivileged_crates[@]/#/--exclude=}"
 # The store's tests again on Postgres (the `postgres::` half the unprivileged tier leaves
@@ -297,6 +316,7 @@ step "Python SDK suite (tests/sdk)" python_sdk_suite
 step "JS SDK smoke (tests/sdk/js)" js_sdk_suite
 step "build berth" build_berth
 step "build berth-interpreter (static)" build_interpreter
+step "build mcp-gateway (static)" build_mcp_gateway
 # The suites that drive `berth up`, in lanes of about equal length (the interpreter's
 # lane starts with its template build, the longest single step).
 lanes \
@@ -310,6 +330,7 @@ lanes \
     "MCP suite (tests/mcp)" mcp_suite \
     "MCP conformance (tests/mcp/conformance)" mcp_conformance \
     "ops: CLI, metrics, doctor, gc, limits (tests/ops)" ops_suite \
+    "MCP gateway: Python and JS SDKs (tests/mcp_gateway)" mcp_gateway_suite \
     -- \
     "interpreter: build code-interpreter-v1" interpreter_template \
     "interpreter: Python SDK suite (tests/interpreter)" interpreter_python \

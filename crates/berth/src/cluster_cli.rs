@@ -276,8 +276,11 @@ pub fn api(state_dir: &Path, database: Option<&str>, args: ApiArgs) -> Result<()
         let domain = args.domain.clone().unwrap_or_else(|| {
             crate::default_domain(listener.local_addr().map(|a| a.port()).unwrap_or(80))
         });
+        let serving_ca_dir = state_dir.join(crate::SERVING_CA_DIR);
+        let tls = crate::public::serving_tls(&serving_ca_dir, &domain)?;
         let config = ServerConfig {
             domain: Some(domain.clone()),
+            tls: Some(tls),
             secrets_key_file: Some(crate::secrets_key_file(state_dir)),
             pool_size: 0,
             limits: berth_server::Limits {
@@ -312,6 +315,7 @@ pub fn api(state_dir: &Path, database: Option<&str>, args: ApiArgs) -> Result<()
                 listen: args.listen,
                 domain: args.domain.as_deref(),
                 sandbox_domain: &domain,
+                serving_ca: &serving_ca_dir,
             },
             &args.mcp,
             &store,

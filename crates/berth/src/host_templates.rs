@@ -1,11 +1,15 @@
 //! The host templates this berth builds itself (see `berth_server::HostTemplate`):
-//! `code-interpreter-v1`, defined by `templates/code-interpreter-v1/` in the repository
-//! and compiled into this binary, or read from a directory of the same shape
-//! (`--code-interpreter-definition`: other pins, more packages). Its context (what its
-//! COPY steps read) is written under `<state>/host-templates/<name>/` at start:
-//! `setup/` holds the pins and scripts of the definition plus berth's IPython
-//! extension, `bin/berth-interpreter` the static berth-interpreter binary found beside
-//! this one (or given by flag).
+//!
+//! - `code-interpreter-v1`, defined by `templates/code-interpreter-v1/` in the repository
+//!   and compiled into this binary, or read from a directory of the same shape
+//!   (`--code-interpreter-definition`: other pins, more packages). Its context (what its
+//!   COPY steps read) is written under `<state>/host-templates/<name>/` at start:
+//!   `setup/` holds the pins and scripts of the definition plus berth's IPython
+//!   extension, `bin/berth-interpreter` the static berth-interpreter binary found beside
+//!   this one (or given by flag).
+//! - `mcp-gateway` (`templates/mcp-gateway/`): `base` plus the static `mcp-gateway`
+//!   binary found beside this one (or given by flag) at `/usr/local/bin`, its context
+//!   `bin/mcp-gateway`; its sandboxes get `MCP_GATEWAY_GIT_URL` (`--mcp-git-url`).
 
 use std::path::{Path, PathBuf};
 
@@ -117,6 +121,79 @@ pub fn default_interpreter_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("berth-interpreter"))
 }
 
+/// The name the SDKs create MCP gateway sandboxes from.
+pub const MCP_GATEWAY: &str = "mcp-gateway";
+
+const MCP_GATEWAY_DEFINITION: &str = include_str!("../../../templates/mcp-gateway/template.json");
+
+/// The env var `mcp-gateway` reads its git base URL from (berth-mcp-gateway's
+/// `GIT_URL_ENV`).
+const MCP_GATEWAY_GIT_URL_ENV: &str = "MCP_GATEWAY_GIT_URL";
+
+/// The default mcp-gateway binary: beside this binary.
+pub fn default_mcp_gateway_binary() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("mcp-gateway")))
+        .unwrap_or_else(|| PathBuf::from("mcp-gateway"))
+}
+
+/// `mcp-gateway` with its context written under `state_dir` and `git_url` handed to its
+/// sandboxes, or None (with a warning on stderr) when there is no mcp-gateway binary
+/// to put in it.
+pub fn mcp_gateway(state_dir: &Path, binary: &Path, git_url: &str) -> Result<Option<HostTemplate>> {
+    if !binary.is_file() {
+        eprintln!(
+            "warning: {MCP_GATEWAY} is unavailable: no mcp-gateway at {} (build it with \
+             crates/mcp-gateway/build-static.sh, put it beside berth or pass \
+             --mcp-gateway-binary)",
+            binary.display()
+        );
+        return Ok(None);
+    }
+    let definition: Definition = serde_json::from_str(MCP_GATEWAY_DEFINITION)
+        .context("parsing the mcp-gateway definition")?;
+    let context = state_dir.join("host-templates").join(&definition.name);
+    write_binary_context(&context, "mcp-gateway", binary)
+        .with_context(|| format!("writing {}", context.display()))?;
+    let mut template = host_template(definition, context, None)?;
+    template
+        .sandbox_envs
+        .insert(MCP_GATEWAY_GIT_URL_ENV.into(), git_url.to_string());
+    Ok(Some(template))
+}
+
+/// Rewrites a context that holds one binary, `bin/<name>`.
+fn write_binary_context(context: &Path, name: &str, binary: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if context.exists() {
+        std::fs::remove_dir_all(context)?;
+    }
+    let target = context.join("bin").join(name);
+    std::fs::create_dir_all(context.join("bin"))?;
+    std::fs::copy(binary, &target)?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+}
+
+/// Checks an `--mcp-git-url`: an http(s) URL that repositories' `<owner>/<repo>` can be
+/// appended to.
+pub fn check_git_url(url: &str) -> Result<()> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    match rest {
+        Some(rest)
+            if !rest.is_empty() && !rest.starts_with('/') && !url.contains(['?', '#', ' ']) =>
+        {
+            Ok(())
+        }
+        _ => bail!(
+            "--mcp-git-url {url:?}: expected an http:// or https:// base URL such as \
+             https://github.com (github/<owner>/<repo> is cloned from <url>/<owner>/<repo>)"
+        ),
+    }
+}
+
 /// Where the build's extra CA goes in the template (Debian's local CA directory).
 const BUILD_CA_PATH: &str = "/usr/local/share/ca-certificates/berth-build-ca.crt";
 
@@ -216,6 +293,7 @@ fn host_template(
         },
         build_resources: definition.build_resources.into(),
         resources: definition.resources.into(),
+        sandbox_envs: Default::default(),
     })
 }
 
@@ -306,6 +384,57 @@ mod tests {
             .unwrap();
         assert_eq!(with_ca.build.steps.len(), template.build.steps.len() + 2);
         assert!(with_ca.context.join("ca/build-ca.crt").is_file());
+    }
+
+    #[test]
+    fn the_mcp_gateway_template_copies_its_binary_and_hands_out_the_git_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir.path().join("mcp-gateway");
+        std::fs::write(&binary, b"#!/bin/sh\n").unwrap();
+        let template = mcp_gateway(dir.path(), &binary, "http://git.test")
+            .unwrap()
+            .unwrap();
+        assert_eq!(template.name, MCP_GATEWAY);
+        assert_eq!(template.build.from_template.as_deref(), Some("base"));
+        assert!(template.build.start_cmd.is_none());
+        for step in template.build.steps.iter().filter(|s| s.kind == "COPY") {
+            assert!(
+                template.context.join(&step.args[0]).is_file(),
+                "{:?}",
+                step.args
+            );
+        }
+        assert_eq!(
+            template
+                .sandbox_envs
+                .get("MCP_GATEWAY_GIT_URL")
+                .map(String::as_str),
+            Some("http://git.test")
+        );
+        assert!(mcp_gateway(
+            dir.path(),
+            &dir.path().join("missing"),
+            "https://github.com"
+        )
+        .unwrap()
+        .is_none());
+        for good in [
+            "https://github.com",
+            "http://198.18.0.1:8080/git/",
+            "http://git.test",
+        ] {
+            assert!(check_git_url(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "github.com",
+            "ftp://x",
+            "https://",
+            "https:///x",
+            "http://x/?a=b",
+            "file:///srv",
+        ] {
+            assert!(check_git_url(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -42,6 +42,8 @@ const DEFAULT_TEAM: &str = "default";
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 const DEFAULT_STATE_DIR: &str = "/var/lib/berth";
+/// Where the listener's serving CA lives under the state dir (`ca.crt`, `ca.key` 0600).
+pub(crate) const SERVING_CA_DIR: &str = "serving-ca";
 
 #[derive(Parser)]
 #[command(
@@ -103,9 +105,9 @@ enum Command {
     },
     /// Provision what `berth up` needs, with progress: the `base` template and a CRIU
     /// that works on this kernel (the host's >= 4.2, else a private copy); with
-    /// `--template`, also build host templates (`code-interpreter-v1`) with the same
-    /// runtime, network and egress settings `berth up` takes (not while a `berth up`
-    /// runs on the same state dir: that one builds them on first use).
+    /// `--template`, also build host templates (`code-interpreter-v1`, `mcp-gateway`)
+    /// with the same runtime, network and egress settings `berth up` takes (not while a
+    /// `berth up` runs on the same state dir: that one builds them on first use).
     Provision(ProvisionArgs),
     /// Serve the agent tools (MCP) over stdin/stdout.
     Mcp(McpArgs),
@@ -175,7 +177,7 @@ enum Command {
 
 #[derive(Args)]
 struct ProvisionArgs {
-    /// Host template to build (repeatable): `code-interpreter-v1`.
+    /// Host template to build (repeatable): `code-interpreter-v1`, `mcp-gateway`.
     #[arg(long = "template")]
     templates: Vec<String>,
     #[command(flatten)]
@@ -306,6 +308,14 @@ pub(crate) struct UpArgs {
     /// previous build keeps serving until the new one is ready.
     #[arg(long, env = "BERTH_CODE_INTERPRETER_DEFINITION")]
     code_interpreter_definition: Option<PathBuf>,
+    /// The static mcp-gateway binary put into the `mcp-gateway` template (default: next
+    /// to this binary; without one that template is unavailable).
+    #[arg(long, env = "BERTH_MCP_GATEWAY_BIN")]
+    mcp_gateway_binary: Option<PathBuf>,
+    /// Base URL the MCP gateway clones `github/<owner>/<repo>` servers from
+    /// (`<url>/<owner>/<repo>`): a mirror or a git server of your own instead of GitHub.
+    #[arg(long, env = "BERTH_MCP_GIT_URL", default_value = "https://github.com")]
+    mcp_git_url: String,
     /// PEM roots that `code-interpreter-v1`'s build (and the template) trusts, for a
     /// TLS-intercepting proxy in front of the package registries.
     #[arg(long, env = "BERTH_BUILD_CA_FILE")]
@@ -736,6 +746,11 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         .interpreter_binary
         .clone()
         .unwrap_or_else(host_templates::default_interpreter_binary);
+    host_templates::check_git_url(&args.mcp_git_url)?;
+    let mcp_gateway = args
+        .mcp_gateway_binary
+        .clone()
+        .unwrap_or_else(host_templates::default_mcp_gateway_binary);
     let host_templates: Vec<berth_server::HostTemplate> = host_templates::code_interpreter(
         &state_dir,
         match &args.code_interpreter_definition {
@@ -746,12 +761,19 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         args.build_ca_file.as_deref(),
     )?
     .into_iter()
+    .chain(host_templates::mcp_gateway(
+        &state_dir,
+        &mcp_gateway,
+        &args.mcp_git_url,
+    )?)
     .collect();
     for name in build_only {
         if !host_templates.iter().any(|t| t.name == *name) {
             bail!(
-                "no host template {name:?} to build (host templates: {})",
-                host_templates::CODE_INTERPRETER
+                "no host template {name:?} to build (host templates: {}, {}; each needs its \
+                 binary beside berth)",
+                host_templates::CODE_INTERPRETER,
+                host_templates::MCP_GATEWAY
             );
         }
     }
@@ -859,6 +881,8 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         let domain = args.domain.clone().unwrap_or_else(|| {
             default_domain(listener.local_addr().map(|a| a.port()).unwrap_or(80))
         });
+        let serving_ca_dir = state_dir.join(SERVING_CA_DIR);
+        let tls = public::serving_tls(&serving_ca_dir, &domain)?;
         let config = ServerConfig {
             domain: Some(domain.clone()),
             webhooks: berth_server::WebhookConfig {
@@ -878,6 +902,11 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
             role: match &mode {
                 Mode::Standalone(_) => berth_server::cluster::Role::Standalone,
                 Mode::Node { role, .. } => berth_server::cluster::Role::Node(role.clone()),
+            },
+            tls: match &mode {
+                Mode::Standalone(_) => Some(tls),
+                // A node's listener serves API instances only, in plain HTTP.
+                Mode::Node { .. } => None,
             },
             ..Default::default()
         };
@@ -916,6 +945,7 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
                     listen: args.listen,
                     domain: args.domain.as_deref(),
                     sandbox_domain: &domain,
+                    serving_ca: &serving_ca_dir,
                 },
                 &args.mcp,
                 &store,

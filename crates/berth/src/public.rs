@@ -46,6 +46,8 @@ pub struct Listening<'a> {
     pub domain: Option<&'a str>,
     /// The domain sandbox hosts are reported under.
     pub sandbox_domain: &'a str,
+    /// Where the serving CA of the listener's TLS is.
+    pub serving_ca: &'a Path,
 }
 
 impl PublicFace {
@@ -86,6 +88,11 @@ impl PublicFace {
         if let Some(hint) = crate::sandbox_host_hint(domain) {
             eprintln!("{hint}");
         }
+        eprintln!(
+            "TLS on the same port (https://{domain}, https://<port>-<sandbox>.{domain}): \
+             clients trust {} (e.g. SSL_CERT_FILE, NODE_EXTRA_CA_CERTS)",
+            at.serving_ca.join("ca.crt").display()
+        );
         eprintln!("dashboard on {url}/dashboard/");
         Ok(PublicFace {
             mcp,
@@ -109,6 +116,14 @@ impl PublicFace {
     pub fn stop(&self) {
         self.sweeping.cancel();
     }
+}
+
+/// TLS for the listener from the serving CA in `dir` (made on first use), issuing
+/// leaves for `domain`'s names.
+pub fn serving_tls(dir: &Path, domain: &str) -> Result<berth_server::ServingTls> {
+    let ca = berth_ca::CertificateAuthority::load_or_create(dir, "berth serving CA")
+        .context("loading the listener's serving CA")?;
+    Ok(berth_server::ServingTls::new(Arc::new(ca), Some(domain)))
 }
 
 /// Serves `server`'s Prometheus metrics on `addr`, if given; cancel the token to stop.

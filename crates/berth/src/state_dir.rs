@@ -25,8 +25,8 @@
 //!   is the template's filesystem and keeps its modes;
 //! - `criu/` is 0700 (its contents are a CRIU installation, left as installed);
 //! - directories of berth's own state (builds, mcp, net, checkpoints, disk pools, the
-//!   trash, uid claims, volumes, secrets' key, the egress CA) are owner-only throughout,
-//!   without crossing mounts, CRIU images as above;
+//!   trash, uid claims, volumes, secrets' key, the egress and serving CAs) are owner-only
+//!   throughout, without crossing mounts, CRIU images as above;
 //! - any other directory is made 0700 (what is inside is then unreachable) and any file
 //!   0600.
 
@@ -47,6 +47,7 @@ const PRIVATE_TREES: &[&str] = &[
     "mcp",
     "net",
     "secrets",
+    "serving-ca",
     "trash",
     "uid-slots",
     "volumes",

@@ -121,14 +121,6 @@ mod tests {
     use super::*;
     use http_body_util::Full;
 
-    fn token() -> NodeToken {
-        let path = std::env::temp_dir().join(format!("berth-forward-token-{}", std::process::id()));
-        std::fs::write(&path, "f".repeat(40)).unwrap();
-        let token = NodeToken::read(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        token
-    }
-
     #[tokio::test]
     async fn a_request_arrives_as_sent_with_the_token_and_without_hop_by_hop_headers() {
         // The "node": answers with what it received.
@@ -171,7 +163,7 @@ mod tests {
             .header(NODE_TOKEN_HEADER, "forged")
             .body(Full::new(Bytes::from_static(b"{\"memory\":true}")))
             .unwrap();
-        let response = Forwarder::new(token())
+        let response = Forwarder::new(NodeToken::repeated('f'))
             .forward(&node, request)
             .await
             .unwrap();
@@ -195,7 +187,7 @@ mod tests {
         let request = Request::get("/health")
             .body(Full::new(Bytes::new()))
             .unwrap();
-        let error = Forwarder::new(token())
+        let error = Forwarder::new(NodeToken::repeated('f'))
             .forward(&node, request)
             .await
             .unwrap_err();

@@ -92,6 +92,16 @@ impl NodeToken {
         value
     }
 
+    /// A token of 40 copies of `fill` (tests of this crate: no file to race on).
+    #[cfg(test)]
+    pub(crate) fn repeated(fill: char) -> NodeToken {
+        let token = fill.to_string().repeat(40);
+        NodeToken {
+            sent: token.clone(),
+            admitted: vec![token],
+        }
+    }
+
     /// Whether `headers` carry one of the admitted tokens. Every candidate is compared,
     /// each in constant time, so timing does not tell which one (if any) matched.
     pub fn admits(&self, headers: &http::HeaderMap) -> bool {

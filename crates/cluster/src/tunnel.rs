@@ -205,12 +205,15 @@ async fn read_status(stream: &mut TcpStream, node: &str) -> Result<u16, TunnelEr
 }
 
 /// The node's side: answers a tunnel request once `connect` reached the sandbox port,
-/// then splices the upgraded connection to it. `connect`'s error kinds decide the
-/// answer: `NotFound` 404, `ConnectionRefused` 502, anything else 500. The caller checks
-/// the node token first.
+/// then splices the upgraded connection to it until either side closes or `closed`
+/// resolves (the sandbox paused or died: its connections, the API's pooled ones through
+/// this tunnel included, must end then, not linger half-open). `connect`'s error kinds
+/// decide the answer: `NotFound` 404, `ConnectionRefused` 502, anything else 500. The
+/// caller checks the node token first.
 pub async fn serve<B>(
     mut request: http::Request<B>,
     connect: impl std::future::Future<Output = io::Result<TcpStream>>,
+    closed: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Response<Empty<Bytes>> {
     let upgrade_asked = request.headers().get(header::UPGRADE).is_some_and(|value| {
         value
@@ -243,7 +246,10 @@ pub async fn serve<B>(
             Ok(upgraded) => {
                 let mut api = hyper_util::rt::TokioIo::new(upgraded);
                 // Either side closing ends the tunnel; nothing to report.
-                let _ = tokio::io::copy_bidirectional(&mut api, &mut sandbox).await;
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut api, &mut sandbox) => {}
+                    () = closed => {}
+                }
             }
             Err(error) => tracing::debug!(%error, "tunnel: the upgrade did not complete"),
         }
@@ -299,8 +305,9 @@ mod tests {
     }
 
     /// A node serving tunnels to sandbox `s1` (an echo server on loopback), knowing no
-    /// other sandbox, and `closed` (a port nothing listens on).
-    async fn node(token: NodeToken) -> NodeAddr {
+    /// other sandbox, and `closed` (a port nothing listens on); `closing` ends its
+    /// tunnels.
+    async fn node(token: NodeToken, closing: tokio_util::sync::CancellationToken) -> NodeAddr {
         let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let echo_port = echo.local_addr().unwrap().port();
         tokio::spawn(async move {
@@ -321,11 +328,12 @@ mod tests {
                 move |axum::extract::Path((sandbox, port)): axum::extract::Path<(String, u16)>,
                       request: axum::extract::Request| {
                     let token = token.clone();
+                    let closing = closing.clone();
                     async move {
                         if !token.admits(request.headers()) {
                             return status(StatusCode::UNAUTHORIZED);
                         }
-                        serve(request, async move {
+                        let connect = async move {
                             match (sandbox.as_str(), port) {
                                 ("s1", 1) => TcpStream::connect(("127.0.0.1", echo_port)).await,
                                 ("s1", _) => TcpStream::connect(("127.0.0.1", closed_port)).await,
@@ -333,8 +341,8 @@ mod tests {
                                     Err(io::Error::new(io::ErrorKind::NotFound, "no such sandbox"))
                                 }
                             }
-                        })
-                        .await
+                        };
+                        serve(request, connect, closing.clone().cancelled_owned()).await
                     }
                 },
             ),
@@ -348,19 +356,11 @@ mod tests {
         }
     }
 
-    fn token(fill: char) -> NodeToken {
-        let path =
-            std::env::temp_dir().join(format!("berth-tunnel-token-{}-{fill}", std::process::id()));
-        std::fs::write(&path, fill.to_string().repeat(40)).unwrap();
-        let token = NodeToken::read(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        token
-    }
-
     #[tokio::test]
     async fn a_tunnel_carries_bytes_both_ways_and_failures_come_back_typed() {
-        let good = token('g');
-        let node = node(good.clone()).await;
+        let good = NodeToken::repeated('g');
+        let closing = tokio_util::sync::CancellationToken::new();
+        let node = node(good.clone(), closing.clone()).await;
 
         let mut tunnel = open(&node, &good, "s1", 1).await.unwrap();
         // Bytes written right after the head reach the sandbox, and its answer is ours.
@@ -368,6 +368,10 @@ mod tests {
         let mut echoed = [0u8; 24];
         tunnel.read_exact(&mut echoed).await.unwrap();
         assert_eq!(&echoed, b"hello through the tunnel");
+        // The sandbox pausing ends the tunnel: the API's side reads its end.
+        closing.cancel();
+        let mut rest = Vec::new();
+        assert_eq!(tunnel.read_to_end(&mut rest).await.unwrap(), 0);
 
         let gone = open(&node, &good, "s2", 1).await.unwrap_err();
         assert!(matches!(gone, TunnelError::NotFound { .. }), "{gone}");
@@ -378,7 +382,9 @@ mod tests {
             "{refused}"
         );
         assert_eq!(refused.into_io().kind(), io::ErrorKind::ConnectionRefused);
-        let stranger = open(&node, &token('x'), "s1", 1).await.unwrap_err();
+        let stranger = open(&node, &NodeToken::repeated('x'), "s1", 1)
+            .await
+            .unwrap_err();
         assert!(
             matches!(stranger, TunnelError::Unauthorized { .. }),
             "{stranger}"

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub use berth_ca::CaError;
+
 /// A policy entry that cannot be enforced as written.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
@@ -46,18 +48,4 @@ pub enum StartError {
     Ca(#[from] CaError),
     #[error("no trusted root certificates for upstream TLS: the host's trust store is empty or unreadable and no extra roots were given")]
     NoUpstreamRoots,
-}
-
-/// The installation's interception CA could not be created or loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum CaError {
-    #[error("egress CA file {path}: {source}; check the directory exists and is writable by the daemon only")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("egress CA file {path} is not a usable PEM certificate or key ({source}); remove both ca.crt and ca.key to generate a new CA (sandboxes must then trust the new one)")]
-    Parse { path: PathBuf, source: rcgen::Error },
-    #[error("generating the egress CA or a leaf certificate failed: {0}")]
-    Generate(#[source] rcgen::Error),
 }

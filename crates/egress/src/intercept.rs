@@ -13,13 +13,14 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::ca::{CertificateAuthority, LeafResolver};
+use crate::ca::LeafResolver;
 use crate::error::StartError;
 use crate::inject::{self, InjectError, SecretResolver};
 use crate::metrics::Protocol;
 use crate::policy::RefuseReason;
 use crate::proxy::{refusal_response, Admitted, Proxy};
 use crate::splice::{self, Activity, End};
+use berth_ca::CertificateAuthority;
 
 /// How TLS for rule domains is terminated and re-established.
 #[derive(Clone)]
@@ -54,7 +55,10 @@ pub(crate) struct Interceptor {
 
 impl Interceptor {
     pub(crate) fn new(config: &InterceptionConfig) -> Result<Self, StartError> {
-        let ca = Arc::new(CertificateAuthority::load_or_create(&config.ca_dir)?);
+        let ca = Arc::new(CertificateAuthority::load_or_create(
+            &config.ca_dir,
+            "berth egress CA",
+        )?);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()

@@ -186,6 +186,13 @@ impl SandboxConnections {
         }
     }
 
+    /// Cancelled when [`SandboxConnections::close_all`] closes sandbox `sandbox_id`'s
+    /// connections: for connections into it made outside this proxy (a node's tunnel
+    /// ends) that must end with the others. None for an invalid id.
+    pub fn closing(&self, sandbox_id: &str) -> Option<CancellationToken> {
+        SandboxId::parse(sandbox_id).ok().map(|id| self.closer(&id))
+    }
+
     fn closer(&self, sandbox_id: &SandboxId) -> CancellationToken {
         self.closers
             .lock()

@@ -353,6 +353,79 @@ impl LinuxRuntime {
         Ok(info)
     }
 
+    /// Paused sandbox `id` as new checkpoint `dest`, to move it to another machine
+    /// (a drained node's paused sandboxes): its CRIU images, if memory was kept (a
+    /// pause's dump has a checkpoint's shape: own mount namespace, network namespace
+    /// outside), and its disk, hard-linked (the sandbox stays paused and untouched while
+    /// they travel), with the metadata a restore needs. Built in `<dest>.tmp` and
+    /// renamed when whole.
+    pub(crate) fn export_paused_into(
+        &self,
+        id: &str,
+        dest: &Path,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let (images, paused_at) = self.paused_state(id)?;
+        if dest.exists() {
+            return Err(RuntimeError::CheckpointExists(dest.display().to_string()));
+        }
+        let dir = self.sandbox_dir(id);
+        let record = crate::record::Record::read(&dir).map_err(io_err("read record"))?;
+        let tmp = tmp_path(dest);
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).map_err(io_err(format!("remove {}", tmp.display())))?;
+        }
+        let result = (|| {
+            perms::create_dir(&tmp, perms::PRIVATE_DIR)
+                .map_err(io_err(format!("create {}", tmp.display())))?;
+            fs::hard_link(dir.join(DISK_FILE), tmp.join(DISK_FILE))
+                .map_err(io_err("link the paused disk"))?;
+            if let Some(images) = &images {
+                let into = tmp.join(IMAGES_DIR);
+                perms::create_dir(&into, perms::IMAGES_DIR)
+                    .map_err(io_err(format!("create {}", into.display())))?;
+                for entry in fs::read_dir(images).map_err(io_err("list pause images"))? {
+                    let entry = entry.map_err(io_err("list pause images"))?;
+                    fs::hard_link(entry.path(), into.join(entry.file_name()))
+                        .map_err(io_err("link a pause image"))?;
+                }
+            }
+            let spec = &record.spec;
+            let mut meta = Metadata {
+                format: FORMAT,
+                info: CheckpointInfo {
+                    source: id.to_owned(),
+                    template: spec.template.clone(),
+                    layers: spec.layers.clone(),
+                    cpu_count: spec.cpu_count,
+                    memory_mb: spec.memory_mb,
+                    disk_size_mb: spec.disk_size_mb,
+                    created_at: paused_at,
+                    size_bytes: 0,
+                    network: self.network_policy(id),
+                    volumes: spec.volumes.clone(),
+                },
+                uid_base: self.uid_base_of(record.slot),
+            };
+            meta.info.size_bytes =
+                allocated_bytes(&tmp).map_err(io_err("measure checkpoint"))? + 4096;
+            perms::write_private(
+                &tmp.join(META_FILE),
+                &serde_json::to_vec_pretty(&meta)
+                    .map_err(io::Error::other)
+                    .map_err(io_err("encode metadata"))?,
+            )
+            .map_err(io_err("write metadata"))?;
+            let handle = File::open(&tmp).map_err(io_err("open checkpoint dir"))?;
+            syncfs(&handle).map_err(io_err("sync checkpoint"))?;
+            fs::rename(&tmp, dest).map_err(io_err(format!("rename to {}", dest.display())))?;
+            Ok(meta.info)
+        })();
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        result
+    }
+
     /// Checkpoint `checkpoint_id` packed for another machine: what it holds, its tree
     /// hash (the receiver checks it) and its files as a tar stream.
     pub(crate) fn pack_checkpoint_at(checkpoint: &Path) -> Result<PackedCheckpoint, RuntimeError> {

@@ -406,6 +406,16 @@ pub trait Runtime: Send + Sync + 'static {
     fn delete_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError>;
     /// Ids of every checkpoint the runtime holds (to reconcile with what owns them).
     fn checkpoints(&self) -> Result<Vec<String>, RuntimeError>;
+    /// Paused sandbox `id` as new checkpoint `checkpoint_id` (its memory if it was paused
+    /// with it, and its disk), to move it to another machine: there it is restored under
+    /// the same id and paused again. The paused sandbox itself stays as it was.
+    fn export_paused(&self, id: &str, checkpoint_id: &str) -> Result<CheckpointInfo, RuntimeError> {
+        let _ = (id, checkpoint_id);
+        Err(RuntimeError::Unsupported {
+            backend: "this",
+            what: "moving paused sandboxes between machines",
+        })
+    }
     /// Checkpoint `checkpoint_id` packed for another machine's
     /// [`Runtime::import_checkpoint`] (a node serving a snapshot another node starts).
     fn pack_checkpoint(&self, checkpoint_id: &str) -> Result<PackedCheckpoint, RuntimeError> {

@@ -1210,6 +1210,13 @@ impl Runtime for LinuxRuntime {
         self.volumes.root(id)
     }
 
+    fn export_paused(&self, id: &str, checkpoint_id: &str) -> Result<CheckpointInfo, RuntimeError> {
+        let dest = self.checkpoint_dir(checkpoint_id)?;
+        perms::create_dir_all(&self.checkpoint_root(), perms::PRIVATE_DIR)
+            .map_err(io_err("create checkpoint dir"))?;
+        self.export_paused_into(id, &dest)
+    }
+
     fn pack_checkpoint(&self, checkpoint_id: &str) -> Result<PackedCheckpoint, RuntimeError> {
         let checkpoint = self.checkpoint_dir(checkpoint_id)?;
         if !checkpoint.is_dir() {

@@ -251,6 +251,16 @@ impl LinuxRuntime {
         self.paused_marker(id).is_some()
     }
 
+    /// Paused sandbox `id`'s CRIU images (None: paused without memory) and when it was
+    /// paused; an error when it runs or does not exist.
+    pub(super) fn paused_state(
+        &self,
+        id: &str,
+    ) -> Result<(Option<PathBuf>, SystemTime), RuntimeError> {
+        self.paused(id)
+            .map(|marker| (marker.images, marker.paused_at))
+    }
+
     /// True when sandbox `id` is paused with a checkpoint of its memory.
     pub fn paused_with_memory(&self, id: &str) -> bool {
         self.paused_marker(id)

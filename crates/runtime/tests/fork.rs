@@ -324,3 +324,49 @@ fn a_checkpoint_moved_to_another_daemon_restores_there_with_its_memory() {
 fn unique_id() -> String {
     common::unique("moved")
 }
+
+#[test]
+fn a_paused_sandbox_moves_to_another_daemon_and_stays_paused_there() {
+    let here = TestRuntime::new();
+    let there = TestRuntime::new();
+    let source = here.rt.create(&here.spec("move-paused")).unwrap();
+    let id = source.id.clone();
+    let _here_guard = KillGuard {
+        rt: &here.rt,
+        id: id.clone(),
+    };
+    start_holder(&here, &id, 1);
+    let secret = ask(&here.rt, &id);
+    here.sh_ok(&id, 0, "echo paused-here > /root/who");
+    here.rt.pause(&id, true).unwrap();
+
+    // Exported, packed, received: the source stays paused meanwhile.
+    here.rt.export_paused(&id, "move-paused").unwrap();
+    assert!(here.rt.is_paused(&id));
+    let mut packed = here.rt.pack_checkpoint("move-paused").unwrap();
+    let layers = packed.info.layers.clone();
+    there
+        .rt
+        .import_checkpoint("move-paused", &packed.tree_hash, layers, &mut packed.stream)
+        .unwrap();
+    drop(packed);
+    here.rt.delete_checkpoint("move-paused").unwrap();
+
+    // Restored under the same id with its memory, then paused again there.
+    there.rt.restore("move-paused", &id, true).unwrap();
+    let _there_guard = KillGuard {
+        rt: &there.rt,
+        id: id.clone(),
+    };
+    there.rt.delete_checkpoint("move-paused").unwrap();
+    assert_eq!(
+        there.sh_ok(&id, 0, "hostname; cat /root/who"),
+        format!("{id}\npaused-here")
+    );
+    there.rt.pause(&id, true).unwrap();
+    here.rt.kill(&id).unwrap();
+    assert!(!here.state.join("sandboxes").join(&id).exists());
+
+    there.rt.resume(&id, true).unwrap();
+    assert_eq!(ask(&there.rt, &id), secret, "the memory moved with it");
+}

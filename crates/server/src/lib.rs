@@ -8,7 +8,8 @@
 //! it never touches namespaces, mounts or the database file directly.
 //!
 //! Entry points: [`Server::start`] (recover, spawn background tasks) and
-//! [`Server::serve`] (one listener for the API and the proxy).
+//! [`Server::serve`] (one listener for the API and the proxy, plain HTTP and, with
+//! [`ServerConfig::tls`], TLS on the same port).
 
 #![forbid(unsafe_code)]
 
@@ -32,6 +33,7 @@ mod secrets;
 mod templates;
 #[cfg(feature = "test-support")]
 pub mod testing;
+mod tls;
 mod volumes;
 mod webhook_target;
 mod webhooks;
@@ -53,6 +55,7 @@ pub use openapi::openapi_document;
 pub use secrets::{RotationReport, SecretVault, SecretsResolver};
 pub use templates::host::{HostTemplate, HOST_FILES_SCOPE};
 pub use templates::{NameError, TemplateLimits};
+pub use tls::ServingTls;
 pub use webhook_target::{
     Resolution, SystemResolver, WebhookConfig, WebhookResolver, WebhookTargetError,
 };
@@ -110,6 +113,8 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Standalone (`berth up`), or a node or API instance of a split deployment.
     pub role: cluster::Role,
+    /// TLS beside plain HTTP on the listener (`berth up`'s serving CA); None: plain only.
+    pub tls: Option<ServingTls>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -510,21 +515,34 @@ impl Server {
         extra: axum::Router,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        let app = self.router_with(extra);
+        let app = self
+            .router_with(extra)
+            .into_make_service_with_connect_info::<SocketAddr>();
         use axum::serve::ListenerExt;
-        // Without TCP_NODELAY a small write after another (a stream's frames, a response
-        // head then its body) waits for the client's delayed ACK: ~40 ms per call.
-        let listener = listener.tap_io(|stream| {
-            if let Err(err) = stream.set_nodelay(true) {
-                tracing::warn!(%err, "setting TCP_NODELAY on an accepted connection");
+        match self.state.config.tls.clone() {
+            // The accept loop sets TCP_NODELAY; `tap_io` only lends the connection info.
+            Some(tls) => {
+                axum::serve(
+                    tls::SniffingListener::new(listener, tls)?.tap_io(|_| {}),
+                    app,
+                )
+                .with_graceful_shutdown(shutdown)
+                .await?
             }
-        });
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await?;
+            None => {
+                // Without TCP_NODELAY a small write after another (a stream's frames, a
+                // response head then its body) waits for the client's delayed ACK: ~40 ms
+                // per call.
+                let listener = listener.tap_io(|stream| {
+                    if let Err(err) = stream.set_nodelay(true) {
+                        tracing::warn!(%err, "setting TCP_NODELAY on an accepted connection");
+                    }
+                });
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await?
+            }
+        }
         for task in &self.tasks {
             task.abort();
         }

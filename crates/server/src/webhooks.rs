@@ -52,7 +52,13 @@ fn backoff(attempt: u32) -> Duration {
 
 pub async fn run(state: SharedState) {
     loop {
-        match state.store.due_deliveries(OffsetDateTime::now_utc(), 32) {
+        // Claimed for longer than an attempt can take: an instance that dies mid-delivery
+        // leaves it to another once the claim lapses.
+        let claim_for = DELIVERY_TIMEOUT * 3;
+        match state
+            .store
+            .claim_due_deliveries(OffsetDateTime::now_utc(), 32, claim_for)
+        {
             Ok(due) => {
                 let attempts = due.into_iter().map(|delivery| {
                     let state = state.clone();

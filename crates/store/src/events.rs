@@ -335,26 +335,62 @@ impl Store {
         })
     }
 
-    /// Deliveries due at `at`, oldest first.
-    pub fn due_deliveries(&self, at: OffsetDateTime, limit: usize) -> Result<Vec<PendingDelivery>> {
-        self.conn()?.query_all(
-            "SELECT d.id, d.webhook_id, w.url, w.secret, d.body, d.attempts \
-             FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id \
-             WHERE d.status = 'pending' AND d.next_attempt_ms <= ?1 \
-             ORDER BY d.next_attempt_ms, d.id LIMIT ?2",
-            params![to_ms(at), i64::try_from(limit).unwrap_or(i64::MAX)],
+    /// Claims up to `limit` deliveries due at `at` for `claim_for`: they are returned
+    /// to this caller and to no other until then (several `berth api` instances deliver
+    /// from one database; a claim whose holder died lapses and the delivery is due
+    /// again). The claimer records the outcome with [`Store::record_delivery_attempt`].
+    pub fn claim_due_deliveries(
+        &self,
+        at: OffsetDateTime,
+        limit: usize,
+        claim_for: std::time::Duration,
+    ) -> Result<Vec<PendingDelivery>> {
+        let until = to_ms(at) + i64::try_from(claim_for.as_millis()).unwrap_or(i64::MAX / 2);
+        let mut conn = self.conn()?;
+        // The outer conditions are checked again on each row as it is updated (SQLite
+        // has one writer; Postgres re-reads a row another transaction just updated), so
+        // of two claimers racing for a delivery only the first takes it.
+        let claimed: Vec<(i64, String, String, u32)> = conn.query_all(
+            "UPDATE webhook_deliveries SET next_attempt_ms = ?3 \
+             WHERE status = 'pending' AND next_attempt_ms <= ?1 AND id IN ( \
+                 SELECT id FROM webhook_deliveries WHERE status = 'pending' \
+                 AND next_attempt_ms <= ?1 ORDER BY next_attempt_ms, id LIMIT ?2) \
+             RETURNING id, webhook_id, body, attempts",
+            params![to_ms(at), i64::try_from(limit).unwrap_or(i64::MAX), until],
             |row| {
                 let c = Columns::new(row, "webhook_deliveries", &["id"])?;
-                Ok(PendingDelivery {
-                    id: c.get("id")?,
-                    webhook_id: c.get("webhook_id")?,
-                    url: c.get("url")?,
-                    secret: c.get("secret")?,
-                    body: c.get("body")?,
-                    attempts: c.get("attempts")?,
-                })
+                Ok((
+                    c.get("id")?,
+                    c.get("webhook_id")?,
+                    c.get("body")?,
+                    c.get("attempts")?,
+                ))
             },
-        )
+        )?;
+        let mut due = Vec::with_capacity(claimed.len());
+        for (id, webhook_id, body, attempts) in claimed {
+            let target = conn.query_opt(
+                "SELECT id, url, secret FROM webhooks WHERE id = ?1",
+                params![webhook_id],
+                |row| {
+                    let c = Columns::new(row, "webhooks", &["id"])?;
+                    Ok((c.get::<String>("url")?, c.get::<String>("secret")?))
+                },
+            )?;
+            // A webhook deleted meanwhile took its deliveries with it.
+            if let Some((url, secret)) = target {
+                due.push(PendingDelivery {
+                    id,
+                    webhook_id,
+                    url,
+                    secret,
+                    body,
+                    attempts,
+                });
+            }
+        }
+        due.sort_by_key(|delivery| delivery.id);
+        Ok(due)
     }
 
     /// Earliest time any delivery is due.

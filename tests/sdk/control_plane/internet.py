@@ -13,6 +13,9 @@ only range ENVIRONMENT.md lets tests send to):
   a certificate from another CA that nobody trusts (the egress proxy must refuse it).
 - `dns_ip` (198.18.B.53): dnsmasq answering `*.test-internet.example` (each name listed
   in `names`) and nothing else, the upstream `berth up` forwards sandbox queries to.
+- with `git=True`, `git_ip` (198.18.B.30, `git.test-internet.example`): a plain file
+  server on port 80 over `git_dir`, where `add_git_repository` puts bare repositories
+  readable with git's "dumb" HTTP protocol (`http://git.test-internet.example/<owner>/<repo>`).
 
 The HTTPS servers use a certificate for `*.test-internet.example` and the web addresses,
 signed by a CA made for this run (`ca_pem`); tests hand that CA to curl inside the
@@ -68,7 +71,7 @@ def _run(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 class FakeInternet:
-    def __init__(self, block: int, web_hosts: int = 2):
+    def __init__(self, block: int, web_hosts: int = 2, git: bool = False):
         self.block = block
         self.netns = f"bcp-inet-{os.getpid()}"
         self.link = f"bcpi{os.getpid() % 100000}"
@@ -82,6 +85,9 @@ class FakeInternet:
         self.names[f"outside.{ZONE}"] = self.outside_ip
         self.untrusted_ip = f"198.18.{block}.100"
         self.names[f"untrusted.{ZONE}"] = self.untrusted_ip
+        self.git_ip = f"198.18.{block}.30" if git else None
+        if self.git_ip:
+            self.names[f"git.{ZONE}"] = self.git_ip
         self._processes: list[subprocess.Popen] = []
         try:
             self._start()
@@ -105,7 +111,8 @@ class FakeInternet:
         inside = ("ip", "-n", self.netns)
         _run(*inside, "link", "set", "lo", "up")
         _run(*inside, "link", "set", "eth0", "up")
-        for addr in [*self.web_ips, self.outside_ip, self.dns_ip, self.untrusted_ip]:
+        git_hosts = [self.git_ip] if self.git_ip else []
+        for addr in [*self.web_ips, self.outside_ip, self.dns_ip, self.untrusted_ip, *git_hosts]:
             _run(*inside, "addr", "add", f"{addr}/32", "dev", "eth0")
         _run(*inside, "route", "add", "default", "dev", "eth0")
         script = self.dir / "echo.py"
@@ -113,6 +120,10 @@ class FakeInternet:
         for addr in [*self.web_ips, self.outside_ip]:
             self._spawn("python3", str(script), addr, str(self.dir / "server.crt"), str(self.dir / "server.key"))
         self._spawn("python3", str(script), self.untrusted_ip, str(self.dir / "untrusted.crt"), str(self.dir / "untrusted.key"))
+        if self.git_ip:
+            self.git_dir.mkdir()
+            (self.git_dir / "ready").write_text("ok\n")
+            self._spawn("python3", "-m", "http.server", "80", "--bind", self.git_ip, "--directory", str(self.git_dir))
         dnsmasq = ["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--bind-interfaces",
                    f"--listen-address={self.dns_ip}", "--port=53", "--user=root", "--pid-file="]
         dnsmasq += [f"--address=/{name}/{ip}" for name, ip in self.names.items()]
@@ -120,8 +131,38 @@ class FakeInternet:
         dnsmasq += [f"--local=/{ZONE}/"]
         self._spawn(*dnsmasq)
         self._wait_listening([f"{self.dns_ip}:53"])
-        for addr in [*self.web_ips, self.outside_ip, self.untrusted_ip]:
+        for addr in [*self.web_ips, self.outside_ip, self.untrusted_ip, *git_hosts]:
             self._wait_serving(addr)
+
+    @property
+    def git_dir(self) -> Path:
+        return self.dir / "git"
+
+    @property
+    def git_url(self) -> str:
+        """The base URL of the git host (`--mcp-git-url`)."""
+        return f"http://git.{ZONE}"
+
+    def add_git_repository(self, owner: str, repo: str, files: dict[str, str]) -> None:
+        """A bare repository `<owner>/<repo>` on the git host holding `files` (path ->
+        text) in one commit, made servable over dumb HTTP (`git update-server-info`)."""
+        assert self.git_ip, "FakeInternet(git=True) serves repositories"
+        identity = {"GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@example.com",
+                    "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@example.com"}
+        env = {**os.environ, **identity}
+        with tempfile.TemporaryDirectory(prefix="berth-git-work-") as work:
+            for path, text in files.items():
+                target = Path(work) / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+            _run("git", "-C", work, "init", "--quiet", "--initial-branch=main", env=env)
+            _run("git", "-C", work, "add", "--all", env=env)
+            _run("git", "-C", work, "commit", "--quiet", "-m", f"{owner}/{repo}", env=env)
+            bare = self.git_dir / owner / repo
+            shutil.rmtree(bare, ignore_errors=True)
+            bare.parent.mkdir(parents=True, exist_ok=True)
+            _run("git", "clone", "--quiet", "--bare", work, str(bare), env=env)
+            _run("git", "-C", str(bare), "update-server-info", env=env)
 
     def _wait_serving(self, addr: str) -> None:
         """Until `addr` answers HTTP from here: a bound socket is not yet a server that

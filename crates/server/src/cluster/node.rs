@@ -114,6 +114,7 @@ async fn tunnel(
     request: Request,
 ) -> Response {
     let runtime = state.runtime.clone();
+    let sandbox_id = sandbox.clone();
     let connect = async move {
         let stream = tokio::task::spawn_blocking(move || runtime.connect(&sandbox, port))
             .await
@@ -126,7 +127,15 @@ async fn tunnel(
         stream.set_nonblocking(true)?;
         tokio::net::TcpStream::from_std(stream)
     };
-    berth_cluster::tunnel::serve(request, connect)
+    // Pause and kill close the sandbox's connections: its tunnels end with them.
+    let closing = state.connections.closing(&sandbox_id);
+    let closed = async move {
+        match closing {
+            Some(token) => token.cancelled_owned().await,
+            None => futures::future::pending().await,
+        }
+    };
+    berth_cluster::tunnel::serve(request, connect, closed)
         .await
         .map(Body::new)
 }

@@ -147,13 +147,37 @@ fn requested_lifecycle(body: &NewSandbox) -> Result<Lifecycle, HttpError> {
 
 /// Refuse request fields for features berth does not have yet, naming them.
 fn refuse_unsupported(body: &NewSandbox) -> Result<(), HttpError> {
-    if body.mcp.as_ref().is_some_and(|v| !is_empty_json(v)) {
-        return Err(ApiError::NotImplemented("mcp (MCP gateway)".into()).into());
-    }
     if body.iam.as_ref().is_some_and(|v| !is_empty_json(v)) {
         return Err(ApiError::NotImplemented("iam (workload tokens)".into()).into());
     }
     Ok(())
+}
+
+/// Checks the create's `mcp` object: the servers the SDK then starts in the sandbox with
+/// `mcp-gateway` (the `mcp-gateway` template's binary reads, validates and runs them; the
+/// API only sees them pass, as E2B's does, and keeps nothing).
+fn check_mcp(body: &NewSandbox) -> Result<(), HttpError> {
+    match &body.mcp {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Object(_)) => Ok(()),
+        Some(other) => Err(ApiError::BadRequest(format!(
+            "mcp must be an object of MCP servers like {{\"github/<owner>/<repo>\": \
+             {{\"run_cmd\": \"...\"}}}}, got {}",
+            json_kind(other)
+        ))
+        .into()),
+    }
+}
+
+/// What kind of JSON value `value` is, for messages.
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
 /// The network policy a create asks for: `None` when it names none (E2B's default:
@@ -198,6 +222,7 @@ async fn create(
         return Err(ApiError::BadRequest("templateID is required".into()).into());
     }
     refuse_unsupported(&body)?;
+    check_mcp(&body)?;
     let network = requested_network(&body)?;
     let lifecycle = requested_lifecycle(&body)?;
     let timeout_secs = validate_timeout(
@@ -1050,12 +1075,12 @@ mod tests {
     fn unsupported_features_are_named() {
         let body = NewSandbox {
             template_id: "base".into(),
-            mcp: Some(serde_json::json!({"server": {}})),
+            iam: Some(serde_json::json!({"tokens": {"aws": {}}})),
             ..Default::default()
         };
         let err = refuse_unsupported(&body).unwrap_err();
         assert_eq!(err.0.status(), 501);
-        assert!(err.to_string().contains("mcp"));
+        assert!(err.to_string().contains("iam"));
         let defaults = NewSandbox {
             template_id: "base".into(),
             auto_pause: Some(false),
@@ -1064,6 +1089,36 @@ mod tests {
             ..Default::default()
         };
         assert!(refuse_unsupported(&defaults).is_ok());
+    }
+
+    #[test]
+    fn mcp_is_an_object_or_nothing() {
+        let with = |mcp: Option<serde_json::Value>| NewSandbox {
+            template_id: "mcp-gateway".into(),
+            mcp,
+            ..Default::default()
+        };
+        for fine in [
+            None,
+            Some(serde_json::Value::Null),
+            Some(serde_json::json!({})),
+            Some(serde_json::json!({"github/acme/echo": {"run_cmd": "x"}})),
+        ] {
+            assert!(check_mcp(&with(fine)).is_ok());
+        }
+        for (garbage, kind) in [
+            (serde_json::json!("github/acme/echo"), "a string"),
+            (serde_json::json!([{"run_cmd": "x"}]), "an array"),
+            (serde_json::json!(3), "a number"),
+        ] {
+            let err = check_mcp(&with(Some(garbage))).unwrap_err();
+            assert_eq!(err.0.status(), 400);
+            let text = err.to_string();
+            assert!(
+                text.starts_with("mcp must be an object") && text.contains(kind),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -188,11 +188,13 @@ async fn create_untimed(
         }
         boot => boot,
     };
+    let mut env_vars = template.envs.clone();
+    env_vars.extend(request.env_vars);
     let plan = BringUp {
         id,
         init: Init {
             manifest_id: template.manifest.pinned_reference(),
-            env_vars: request.env_vars,
+            env_vars,
             access_token: request.secure.then(new_token),
             presented_token: None,
             after_memory_restore: true,

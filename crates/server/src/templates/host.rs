@@ -1,6 +1,6 @@
-//! Host templates: templates berth defines itself (`code-interpreter-v1`) and builds
-//! with its own build engine on first use, or ahead of time (`berth provision
-//! --template`).
+//! Host templates: templates berth defines itself (`code-interpreter-v1`,
+//! `mcp-gateway`) and builds with its own build engine on first use, or ahead of time
+//! (`berth provision --template`).
 //!
 //! A host template is a build body in E2B's shape (base, steps, start and ready
 //! commands) plus a context directory its COPY sources are read from. Its build's
@@ -47,6 +47,10 @@ pub struct HostTemplate {
     /// Limits of the template's sandboxes (installed templates otherwise get the
     /// server's defaults).
     pub resources: SandboxResources,
+    /// Env vars every sandbox of the template starts with, under the create's own: the
+    /// operator's settings its programs read (`mcp-gateway`'s git URL). Not part of the
+    /// build, so changing one rebuilds nothing.
+    pub sandbox_envs: berth_api::StringMap,
 }
 
 /// The host template named `name`, if there is one.

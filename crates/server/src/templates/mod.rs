@@ -248,6 +248,8 @@ pub(crate) struct SandboxTemplate {
     pub build_id: String,
     pub manifest: berth_template::Template,
     pub resources: SandboxResources,
+    /// Env vars berth gives its sandboxes besides the manifest's (a host template's).
+    pub envs: berth_api::StringMap,
 }
 
 /// The template (and build, by the name's tag) a sandbox of `reference` starts from,
@@ -290,6 +292,12 @@ pub(crate) async fn for_sandbox(
             ServiceError::TemplateNotFound(_) => ServiceError::TemplateNotFound(reference.into()),
             other => other,
         })?;
+    let envs = match visible.access {
+        Access::Installed => host::find(state, &visible.record.alias)
+            .map(|host| host.sandbox_envs.clone())
+            .unwrap_or_default(),
+        Access::Owner | Access::Public => berth_api::StringMap::new(),
+    };
     let resources = match visible.access {
         Access::Installed => installed_resources(state, &visible.record.alias),
         Access::Owner | Access::Public => SandboxResources {
@@ -307,6 +315,7 @@ pub(crate) async fn for_sandbox(
         build_id: build.id,
         manifest,
         resources,
+        envs,
     })
 }
 

@@ -79,7 +79,9 @@ fn events_page_filter_and_queue_deliveries(db: &TestDb) {
         .unwrap()
         .is_empty());
 
-    let due = store.due_deliveries(now(), 10).unwrap();
+    let due = store
+        .claim_due_deliveries(now(), 10, std::time::Duration::from_secs(60))
+        .unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!(due[0].body, "e2");
     assert_eq!(due[0].url, "http://127.0.0.1:9/");
@@ -91,7 +93,10 @@ fn events_page_filter_and_queue_deliveries(db: &TestDb) {
     store
         .record_delivery_attempt(due[0].id, &refused, Some(now() + time::Duration::hours(1)))
         .unwrap();
-    assert!(store.due_deliveries(now(), 10).unwrap().is_empty());
+    assert!(store
+        .claim_due_deliveries(now(), 10, std::time::Duration::from_secs(60))
+        .unwrap()
+        .is_empty());
     assert!(store.next_delivery_at().unwrap().unwrap() > now());
     let pending = store.webhook_deliveries(&team.id, "w1", 10).unwrap();
     assert_eq!(pending[0].status, DeliveryStatus::Pending);
@@ -156,7 +161,18 @@ fn webhooks_update_disable_and_delete_with_their_deliveries(db: &TestDb) {
     store
         .record_event(&event("e1", &team.id, "created"), |e| e.id.clone())
         .unwrap();
-    assert_eq!(store.due_deliveries(now(), 10).unwrap().len(), 1);
+    assert_eq!(
+        store
+            .claim_due_deliveries(now(), 10, std::time::Duration::from_secs(60))
+            .unwrap()
+            .len(),
+        1
+    );
+    // Claimed: nobody else gets it until the claim lapses.
+    assert!(store
+        .claim_due_deliveries(now(), 10, std::time::Duration::from_secs(60))
+        .unwrap()
+        .is_empty());
     store
         .update_webhook(
             &team.id,
@@ -170,10 +186,14 @@ fn webhooks_update_disable_and_delete_with_their_deliveries(db: &TestDb) {
     store
         .record_event(&event("e2", &team.id, "created"), |e| e.id.clone())
         .unwrap();
+    let lapsed = now() + time::Duration::seconds(61);
     assert_eq!(
-        store.due_deliveries(now(), 10).unwrap().len(),
+        store
+            .claim_due_deliveries(lapsed, 10, std::time::Duration::from_secs(60))
+            .unwrap()
+            .len(),
         1,
-        "a disabled webhook gets nothing new"
+        "a lapsed claim is due again, and a disabled webhook gets nothing new"
     );
 
     store.delete_webhook(&team.id, "w1").unwrap();
@@ -202,7 +222,9 @@ fn a_webhooks_history_keeps_its_newest_finished_deliveries(db: &TestDb) {
         response_code: None,
         error: Some("connection refused".into()),
     };
-    let due = store.due_deliveries(now(), total).unwrap();
+    let due = store
+        .claim_due_deliveries(now(), total, std::time::Duration::from_secs(60))
+        .unwrap();
     assert_eq!(due.len(), total);
     for delivery in &due {
         store
@@ -214,11 +236,55 @@ fn a_webhooks_history_keeps_its_newest_finished_deliveries(db: &TestDb) {
     assert_eq!(history[0].id, due.last().unwrap().id, "newest first");
     assert!(history.iter().all(|d| d.status == DeliveryStatus::Failed));
     assert_eq!(history[0].last_error.as_deref(), Some("connection refused"));
-    assert!(store.due_deliveries(now(), 10).unwrap().is_empty());
+    let lapsed = now() + time::Duration::seconds(61);
+    assert!(store
+        .claim_due_deliveries(lapsed, 10, std::time::Duration::from_secs(60))
+        .unwrap()
+        .is_empty());
+}
+
+fn two_claimers_never_get_the_same_delivery(db: &TestDb) {
+    let store = db.open();
+    let other = db.open();
+    let team = store.create_team("t").unwrap();
+    store.create_webhook(&hook("w1", &team.id, &[])).unwrap();
+    for i in 0..40 {
+        store
+            .record_event(&event(&format!("e{i}"), &team.id, "created"), |e| {
+                e.id.clone()
+            })
+            .unwrap();
+    }
+    let claim = |store: Store| {
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            loop {
+                let batch = store
+                    .claim_due_deliveries(now(), 3, std::time::Duration::from_secs(60))
+                    .unwrap();
+                if batch.is_empty() {
+                    return got;
+                }
+                got.extend(batch.into_iter().map(|d| d.id));
+            }
+        })
+    };
+    let (first, second) = (claim(store), claim(other));
+    let (first, second) = (first.join().unwrap(), second.join().unwrap());
+    let mut all: Vec<i64> = first.iter().chain(&second).copied().collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(
+        all.len(),
+        first.len() + second.len(),
+        "a delivery was claimed twice"
+    );
+    assert_eq!(all.len(), 40);
 }
 
 on_both_backends!(
     events_page_filter_and_queue_deliveries,
     webhooks_update_disable_and_delete_with_their_deliveries,
     a_webhooks_history_keeps_its_newest_finished_deliveries,
+    two_claimers_never_get_the_same_delivery,
 );
