@@ -55,16 +55,16 @@
 //! - [`Store::record_event`]: the event and its queued deliveries, together.
 //! - template builds, tags and the installed-template sync; webhook updates; delivery
 //!   attempts with their history pruning.
-//! - [`Store::mark_lapsed_nodes_lost`] (one `UPDATE … RETURNING`): each lapsed node is
-//!   returned to exactly one of the API instances asking.
+//! - [`Store::mark_lapsed_nodes_lost`] and [`Store::claim_due_deliveries`] (one
+//!   `UPDATE … RETURNING` each): each lapsed node, each due delivery, is returned to
+//!   exactly one of the API instances asking.
 //!
 //! Listings that read twice ([`Store::list_sandboxes`]: page and total) read one
 //! snapshot. What the store does not make atomic are the server's check-then-act
 //! sequences of separate calls: an idempotency key's lookup and record (serialised per
-//! key inside one process only), quota checks before a create, a create's volume lookup
-//! before its insert, and taking due webhook deliveries (two processes sharing a
-//! database may both deliver one). They need store primitives of their own before
-//! several API processes share a database.
+//! key inside one process only), quota checks before a create, and a create's volume
+//! lookup before its insert. They need store primitives of their own where several API
+//! processes share a database.
 //!
 //! # Modules
 //!
