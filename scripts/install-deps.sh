@@ -9,7 +9,10 @@
 #     sandbox networking, python venv, a local OCI registry and image tools for the
 #     template tests, dnsmasq/openssl for the network tests' fake internet, tmux for the
 #     CLI tests, libnss-myhostname so `<port>-<id>.localhost` sandbox hosts resolve for
-#     Python and Node, lxcfs for sandbox-sized memory and CPU views)
+#     Python and Node, lxcfs for sandbox-sized memory and CPU views, postgresql for the
+#     store's Postgres backend tests)
+#   - the `berth-pgtest` system user, owner of the tests' throwaway Postgres clusters
+#     (scripts/with-postgres.sh; Postgres refuses to run as root)
 #   - rustfmt and clippy for the active toolchain
 #   - .venv/ at the repo root with tests/sdk/requirements.txt (pinned e2b==2.63.0, pytest)
 #   - tests/sdk/js/node_modules from tests/sdk/js/package-lock.json (e2b@2.51.0)
@@ -40,6 +43,7 @@ apt_packages=(
     dnsmasq-base openssl conntrack tmux libnss-myhostname
     lxcfs
     chromium
+    postgresql postgresql-client
 )
 
 step "system packages"
@@ -57,6 +61,17 @@ else
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+fi
+
+# The server's own cluster (the package starts one) is not what the tests use: they start
+# throwaway ones on a private socket, as this user.
+step "Postgres test user"
+if id berth-pgtest >/dev/null 2>&1; then
+    info "berth-pgtest present"
+else
+    [[ $EUID -eq 0 ]] || fail "the berth-pgtest user is missing and not root"
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin berth-pgtest
+    info "made the berth-pgtest system user"
 fi
 
 # --- node ------------------------------------------------------------------------------

@@ -308,6 +308,9 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D war
 unprivileged_crates=(berth-api berth-store berth-proxy berth-envd-proto berth-client berth-dashboard berth-mcp berth-server berth-interpreter berth-bench berth-ca berth-mcp-gateway)
 step "cargo test: unprivileged tier" cargo test "${unprivileged_crates[@]/#/-p=}"
 step "cargo test: privileged tier" cargo test --workspace "${unprivileged_crates[@]/#/--exclude=}"
+# The store's tests again on Postgres (the `postgres::` half the unprivileged tier leaves
+# ignored), on a throwaway cluster of Debian's server that the script removes afterwards.
+step "cargo test: store on Postgres" scripts/with-postgres.sh cargo test -p berth-store -- --ignored
 step "build berth-envd" build_envd
 step "Python SDK suite (tests/sdk)" python_sdk_suite
 step "JS SDK smoke (tests/sdk/js)" js_sdk_suite

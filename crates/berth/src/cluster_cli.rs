@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use berth_cluster::NodeToken;
 use berth_server::cluster::{ApiRole, NodeRole, NodesRunSandboxes, Role};
 use berth_server::{Server, ServerConfig};
-use berth_store::{NodeRegistration, Store};
+use berth_store::{DatabaseConfig, NodeRegistration, Store};
 use clap::{Args, Subcommand};
 
 /// `berth node`.
@@ -40,24 +40,12 @@ enum NodeCommand {
         name: String,
         #[arg(long)]
         undo: bool,
-        #[command(flatten)]
-        database: DatabaseArgs,
     },
     /// The registered nodes, their leases and what they hold.
     Ls {
-        #[command(flatten)]
-        database: DatabaseArgs,
         #[arg(long)]
         json: bool,
     },
-}
-
-#[derive(Args)]
-pub struct DatabaseArgs {
-    /// The database every API instance and node shares: `postgres://…`, or (nodes and
-    /// API instances all on this machine) `sqlite:DIR` for the SQLite database in DIR.
-    #[arg(long, env = "BERTH_DATABASE_URL")]
-    database: String,
 }
 
 #[derive(Args)]
@@ -88,9 +76,6 @@ struct NodeOptions {
     /// Most sandboxes (running or paused) on this node.
     #[arg(long, env = "BERTH_NODE_SLOTS", default_value_t = 1000)]
     slots: u32,
-    /// The shared database (see `berth node drain --help`).
-    #[arg(long, env = "BERTH_DATABASE_URL")]
-    database: Option<String>,
 }
 
 /// `berth api`.
@@ -103,8 +88,6 @@ pub struct ApiArgs {
     /// `localhost:<listen port>`).
     #[arg(long, env = "BERTH_DOMAIN")]
     domain: Option<String>,
-    #[command(flatten)]
-    database: DatabaseArgs,
     /// File of the cluster's node token(s), one per line; the first is sent to nodes.
     #[arg(long, env = "BERTH_NODE_TOKEN_FILE")]
     node_token_file: PathBuf,
@@ -124,24 +107,22 @@ pub struct ApiArgs {
     mcp: crate::public::McpArgs,
 }
 
-/// Opens the shared database `url` names.
-pub fn open_database(url: &str) -> Result<Store> {
-    match url.strip_prefix("sqlite:") {
-        Some(dir) => crate::open_store(Path::new(dir)),
-        None => bail!(
-            "--database {url:?}: this berth reads `sqlite:DIR` (every process on one machine)"
-        ),
-    }
+/// Opens the database API instances and nodes share (`--database`, required here):
+/// `postgres://…`, or `sqlite:DIR` when every process runs on this machine.
+fn open_database(database: Option<&str>, state_dir: &Path) -> Result<Store> {
+    crate::open_store(&database_config(database, state_dir)?)
 }
 
-pub fn node(state_dir: &Path, args: NodeArgs) -> Result<()> {
+fn database_config(database: Option<&str>, state_dir: &Path) -> Result<DatabaseConfig> {
+    let url =
+        database.context("--database is required: the database API instances and nodes share")?;
+    DatabaseConfig::from_url(Some(url), state_dir).context("--database / BERTH_DATABASE_URL")
+}
+
+pub fn node(state_dir: &Path, database: Option<&str>, args: NodeArgs) -> Result<()> {
     match args.command {
-        Some(NodeCommand::Drain {
-            name,
-            undo,
-            database,
-        }) => {
-            let store = open_database(&database.database)?;
+        Some(NodeCommand::Drain { name, undo }) => {
+            let store = open_database(database, state_dir)?;
             if !store.set_node_draining(&name, !undo)? {
                 bail!("no node {name:?} is registered (see `berth node ls`)");
             }
@@ -151,13 +132,12 @@ pub fn node(state_dir: &Path, args: NodeArgs) -> Result<()> {
             }
             Ok(())
         }
-        Some(NodeCommand::Ls { database, json }) => list_nodes(&database.database, json),
-        None => serve_node(state_dir, args.cluster, args.up),
+        Some(NodeCommand::Ls { json }) => list_nodes(open_database(database, state_dir)?, json),
+        None => serve_node(state_dir, database, args.cluster, args.up),
     }
 }
 
-fn list_nodes(database: &str, json: bool) -> Result<()> {
-    let store = open_database(database)?;
+fn list_nodes(store: Store, json: bool) -> Result<()> {
     let now = time::OffsetDateTime::now_utc();
     let usage = store.node_usage()?;
     let nodes = store.nodes()?;
@@ -216,11 +196,12 @@ fn read_token(path: Option<&Path>) -> Result<NodeToken> {
     Ok(NodeToken::read(path)?)
 }
 
-fn serve_node(state_dir: &Path, options: NodeOptions, up: crate::UpArgs) -> Result<()> {
-    let database = options
-        .database
-        .as_deref()
-        .context("--database is required: the database API instances and nodes share")?;
+fn serve_node(
+    state_dir: &Path,
+    database: Option<&str>,
+    options: NodeOptions,
+    up: crate::UpArgs,
+) -> Result<()> {
     let token = read_token(options.node_token_file.as_deref())?;
     let name = match options.node_name {
         Some(name) => name,
@@ -247,7 +228,7 @@ fn serve_node(state_dir: &Path, options: NodeOptions, up: crate::UpArgs) -> Resu
             .unwrap_or_else(|| memory_mb.saturating_sub(1024)),
         slots: options.slots,
     };
-    let store = open_database(database)?;
+    let store = open_database(database, state_dir)?;
     crate::up(
         state_dir,
         up,
@@ -279,9 +260,10 @@ fn total_memory_mb() -> Result<u64> {
         .context("no MemTotal in /proc/meminfo")
 }
 
-pub fn api(state_dir: &Path, args: ApiArgs) -> Result<()> {
+pub fn api(state_dir: &Path, database: Option<&str>, args: ApiArgs) -> Result<()> {
     let token = read_token(Some(&args.node_token_file))?;
-    let store = Arc::new(open_database(&args.database.database)?);
+    let database = database_config(database, state_dir)?;
+    let store = Arc::new(crate::open_store(&database)?);
     let (_, first_run) = crate::ensure_default_team(&store)?;
     // Holds nothing but what the agent tools and the vault keep locally.
     let templates = berth_template::TemplateStore::open(state_dir)
@@ -328,6 +310,7 @@ pub fn api(state_dir: &Path, args: ApiArgs) -> Result<()> {
         let public = crate::public::PublicFace::start(
             &crate::public::Listening {
                 state_dir,
+                database: &database,
                 url: &url,
                 listen: args.listen,
                 domain: args.domain.as_deref(),

@@ -68,6 +68,9 @@ fn env_file(state_dir: &Path, listen: &str) -> String {
 BERTH_STATE_DIR={}
 BERTH_LISTEN={listen}
 # BERTH_METRICS_LISTEN=127.0.0.1:9090
+# State in Postgres instead of berth.db (this file is 0600: it may hold the password).
+# BERTH_DATABASE_URL=postgres://berth@%2Frun%2Fpostgresql/berth
+# PGPASSWORD=
 # BERTH_EGRESS_ALLOW=
 # Limits, quotas and retention: flags below, or a TOML file re-read on
 # `systemctl reload berth` (README, section Limits).

@@ -30,7 +30,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use berth_runtime::{LinuxRuntime, LinuxRuntimeConfig};
 use berth_server::{Server, ServerConfig};
-use berth_store::Store;
+use berth_store::{DatabaseConfig, Store};
 use berth_template::{BuildProgress, TemplateStore};
 use clap::{Args, Parser, Subcommand};
 
@@ -60,6 +60,19 @@ struct Cli {
         global = true
     )]
     state_dir: PathBuf,
+    /// Where the control plane keeps its state: a Postgres URL,
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (a password not in the URL is
+    /// taken from PGPASSWORD), shared by every berth process given the same URL, or
+    /// `sqlite:DIR` for `berth.db` in DIR. Unset: `berth.db` in the state directory
+    /// (`berth node` and `berth api` need it set). Templates, sandboxes and checkpoints
+    /// stay in the state directory either way.
+    #[arg(
+        long,
+        env = "BERTH_DATABASE_URL",
+        global = true,
+        hide_env_values = true
+    )]
+    database: Option<String>,
     /// Log lines on stderr as text, or as one JSON object per line (with the span
     /// fields: request ids on every line of an API request, sandbox ids where known).
     #[arg(long, env = "BERTH_LOG_FORMAT", default_value = "text", global = true)]
@@ -355,13 +368,23 @@ fn main() -> Result<()> {
             .init(),
     }
     state_dir::secure(&cli.state_dir)?;
+    // Parsed when a command opens the store, so a bad URL fails only those.
+    let database = || {
+        DatabaseConfig::from_url(cli.database.as_deref(), &cli.state_dir)
+            .context("--database / BERTH_DATABASE_URL")
+    };
     match cli.command {
-        Command::Up(args) => up(&cli.state_dir, args, &[], Mode::Standalone),
-        Command::Node(args) => cluster_cli::node(&cli.state_dir, args),
-        Command::Api(args) => cluster_cli::api(&cli.state_dir, args),
-        Command::Keys { command } => keys(&cli.state_dir, command),
+        Command::Up(args) => up(&cli.state_dir, args, &[], Mode::Standalone(database()?)),
+        Command::Node(args) => cluster_cli::node(&cli.state_dir, cli.database.as_deref(), args),
+        Command::Api(args) => cluster_cli::api(&cli.state_dir, cli.database.as_deref(), args),
+        Command::Keys { command } => keys(&database()?, command),
         Command::Provision(args) if args.templates.is_empty() => provision(&cli.state_dir),
-        Command::Provision(args) => up(&cli.state_dir, args.up, &args.templates, Mode::Standalone),
+        Command::Provision(args) => up(
+            &cli.state_dir,
+            args.up,
+            &args.templates,
+            Mode::Standalone(database()?),
+        ),
         Command::Mcp(args) => mcp_stdio(&cli.state_dir, args),
         Command::Connect(args) => connect(&cli.state_dir, args),
         Command::Sandbox { api, command } => remote_command(&cli.state_dir, &api, |remote| {
@@ -401,7 +424,7 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
-        Command::RotateKek => rotate_kek(&cli.state_dir),
+        Command::RotateKek => rotate_kek(&cli.state_dir, &database()?),
     }
 }
 
@@ -426,8 +449,8 @@ pub(crate) fn secrets_key_file(state_dir: &Path) -> PathBuf {
     state_dir.join("secrets").join("kek")
 }
 
-fn rotate_kek(state_dir: &Path) -> Result<()> {
-    let store = open_store(state_dir)?;
+fn rotate_kek(state_dir: &Path, database: &DatabaseConfig) -> Result<()> {
+    let store = open_store(database)?;
     let secrets = berth_server::rotate_secrets_kek(&store, &secrets_key_file(state_dir))
         .context("rotating the secrets vault's key")?;
     eprintln!(
@@ -486,8 +509,11 @@ fn connect(state_dir: &Path, args: ConnectArgs) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn open_store(state_dir: &Path) -> Result<Store> {
-    Store::open(state_dir).with_context(|| format!("opening state in {}", state_dir.display()))
+pub(crate) fn open_store(database: &DatabaseConfig) -> Result<Store> {
+    let store = Store::connect(database)
+        .with_context(|| format!("opening state in {}", database.describe()))?;
+    eprintln!("state: {}", database.describe());
+    Ok(store)
 }
 
 /// The default team, created on first use. Returns the team and whether this call
@@ -509,8 +535,8 @@ pub(crate) fn ensure_default_team(store: &Store) -> Result<(berth_store::Team, b
     }
 }
 
-fn keys(state_dir: &Path, command: KeysCommand) -> Result<()> {
-    let store = open_store(state_dir)?;
+fn keys(database: &DatabaseConfig, command: KeysCommand) -> Result<()> {
+    let store = open_store(database)?;
     match command {
         KeysCommand::Create { team, name } => {
             let team = match team {
@@ -706,7 +732,8 @@ fn criu_state_dir(state_dir: &Path, given: Option<PathBuf>) -> PathBuf {
 /// serving (`berth provision --template`) and returns once they are ready.
 /// Who `up` serves: clients (`berth up`), or API instances (`berth node`).
 pub(crate) enum Mode {
-    Standalone,
+    /// Its own store, in this database.
+    Standalone(DatabaseConfig),
     Node {
         store: Arc<Store>,
         role: berth_server::cluster::NodeRole,
@@ -763,7 +790,7 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
     };
     eprintln!("limits: {}", limits_config::describe(&limits));
     let store = match &mode {
-        Mode::Standalone => Arc::new(open_store(&state_dir)?),
+        Mode::Standalone(database) => Arc::new(open_store(database)?),
         Mode::Node { store, .. } => store.clone(),
     };
     let (_, first_run) = ensure_default_team(&store)?;
@@ -873,11 +900,11 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
             host_templates,
             limits,
             role: match &mode {
-                Mode::Standalone => berth_server::cluster::Role::Standalone,
+                Mode::Standalone(_) => berth_server::cluster::Role::Standalone,
                 Mode::Node { role, .. } => berth_server::cluster::Role::Node(role.clone()),
             },
             tls: match &mode {
-                Mode::Standalone => Some(tls),
+                Mode::Standalone(_) => Some(tls),
                 // A node's listener serves API instances only, in plain HTTP.
                 Mode::Node { .. } => None,
             },
@@ -910,9 +937,10 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         let metrics = public::serve_metrics(&server, args.metrics_listen).await?;
         let url = client_url(listener.local_addr()?);
         let public = match &mode {
-            Mode::Standalone => Some(public::PublicFace::start(
+            Mode::Standalone(database) => Some(public::PublicFace::start(
                 &public::Listening {
                     state_dir: &state_dir,
+                    database,
                     url: &url,
                     listen: args.listen,
                     domain: args.domain.as_deref(),
@@ -1012,21 +1040,22 @@ mod tests {
     #[test]
     fn the_first_key_is_printed_only_to_a_terminal() {
         let dir = tempfile::tempdir().unwrap();
-        let store = open_store(dir.path()).unwrap();
+        let database = DatabaseConfig::from_url(None, dir.path()).unwrap();
+        let store = open_store(&database).unwrap();
         let (team, first_run) = ensure_default_team(&store).unwrap();
         assert!(first_run);
-        let piped = public::key_line(&store, dir.path(), true, false).unwrap();
+        let piped = public::key_line(&store, &database, true, false).unwrap();
         assert!(
             piped.starts_with("# no E2B_API_KEY printed") && piped.contains("berth keys create"),
             "{piped}"
         );
         assert!(!piped.contains("e2b_"), "{piped}");
         assert!(store.list_api_keys(&team.id).unwrap().is_empty());
-        let shown = public::key_line(&store, dir.path(), true, true).unwrap();
+        let shown = public::key_line(&store, &database, true, true).unwrap();
         let raw = shown.strip_prefix("E2B_API_KEY=").expect("a key line");
         assert!(raw.starts_with("e2b_"), "{shown}");
         assert_eq!(store.list_api_keys(&team.id).unwrap().len(), 1);
-        let later = public::key_line(&store, dir.path(), false, true).unwrap();
+        let later = public::key_line(&store, &database, false, true).unwrap();
         assert!(later.starts_with('#') && !later.contains("e2b_"), "{later}");
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use berth_server::Server;
-use berth_store::Store;
+use berth_store::{DatabaseConfig, Store};
 use clap::Args;
 
 /// How `/mcp` is served.
@@ -38,6 +38,8 @@ pub struct PublicFace {
 /// Where a public listener is, and what it answers for.
 pub struct Listening<'a> {
     pub state_dir: &'a Path,
+    /// Where the state is (named in the hint on making a key).
+    pub database: &'a DatabaseConfig,
     pub url: &'a str,
     pub listen: SocketAddr,
     /// `--domain` as given (None: the default, `localhost:<port>`).
@@ -78,7 +80,7 @@ impl PublicFace {
             lease_sweep_failed(report.failed)
         });
         let to_terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
-        let key_line = key_line(store, at.state_dir, first_run, to_terminal)?;
+        let key_line = key_line(store, at.database, first_run, to_terminal)?;
         let (url, domain) = (at.url, at.sandbox_domain);
         // One write: a reader that stops after the lines it wants (a script taking the
         // first three) must not see the rest fail on its closed pipe.
@@ -175,11 +177,19 @@ impl berth_mcp::IdentityResolver for ApiKeyIdentity {
 /// one, so no key ends up in a log or a pipe.
 pub fn key_line(
     store: &Store,
-    state_dir: &Path,
+    database: &DatabaseConfig,
     first_run: bool,
     to_terminal: bool,
 ) -> Result<String> {
-    let create = format!("berth keys create --state-dir {}", state_dir.display());
+    let create = match database {
+        DatabaseConfig::Sqlite { state_dir } => {
+            format!("berth keys create --state-dir {}", state_dir.display())
+        }
+        // The URL may hold the password: name the variable, not its value.
+        DatabaseConfig::Postgres(_) => {
+            "berth keys create (with the same --database / BERTH_DATABASE_URL)".to_string()
+        }
+    };
     if !first_run {
         return Ok(format!(
             "# E2B_API_KEY was printed on first run; make another with: {create}"

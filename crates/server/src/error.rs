@@ -347,7 +347,8 @@ pub fn to_api(err: &ServiceError) -> ApiError {
             | StoreError::NameTaken { .. }
             | StoreError::InUse { .. } => ApiError::Conflict(store.to_string()),
             StoreError::InvalidCursor { .. } => ApiError::BadRequest(store.to_string()),
-            StoreError::Busy { .. } => ApiError::Unavailable(store.to_string()),
+            // Locked, unreachable, out of connections, or conflicting: retry later.
+            store if store.is_unavailable() => ApiError::Unavailable(store.to_string()),
             _ => ApiError::Internal(store.to_string()),
         },
         ServiceError::HostTemplateBuild { .. } => ApiError::Unavailable(err.to_string()),

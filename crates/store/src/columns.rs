@@ -2,13 +2,13 @@
 //! and lists as JSON text, and a row reader that turns any undecodable value into
 //! [`StoreError::CorruptColumn`] naming the table, column and row.
 
-use rusqlite::types::{FromSql, Value};
-use rusqlite::Row;
+use rusqlite::types::FromSql;
 use serde::de::DeserializeOwned;
 use serde_json::Value as Json;
 use time::OffsetDateTime;
 
-use crate::error::{Corruption, Result, StoreError};
+use crate::db::Row;
+use crate::error::{ColumnTypeError, Corruption, Result, StoreError};
 
 pub(crate) fn now() -> OffsetDateTime {
     OffsetDateTime::now_utc()
@@ -41,29 +41,81 @@ pub(crate) fn string_list_json(items: &[String]) -> String {
     Json::Array(items.iter().cloned().map(Json::String).collect()).to_string()
 }
 
+/// A field type a column decodes into, on either backend. SQLite's conversions are
+/// rusqlite's own (range-checked); Postgres columns are `BIGINT`, `BOOLEAN`, `DOUBLE
+/// PRECISION`, `TEXT` or `BYTEA`, narrowed to the field's type with a range check.
+pub(crate) trait FromColumn: FromSql + Sized {
+    /// Column `index` of a Postgres row, NULL as None.
+    fn from_postgres(
+        row: &tokio_postgres::Row,
+        index: usize,
+    ) -> std::result::Result<Option<Self>, ColumnTypeError>;
+}
+
+macro_rules! direct {
+    ($($t:ty),*) => {$(
+        impl FromColumn for $t {
+            fn from_postgres(
+                row: &tokio_postgres::Row,
+                index: usize,
+            ) -> std::result::Result<Option<Self>, ColumnTypeError> {
+                crate::postgres::get::<$t>(row, index)
+            }
+        }
+    )*};
+}
+direct!(i64, bool, f64, String, Vec<u8>);
+
+macro_rules! narrowed {
+    ($($t:ty),*) => {$(
+        impl FromColumn for $t {
+            fn from_postgres(
+                row: &tokio_postgres::Row,
+                index: usize,
+            ) -> std::result::Result<Option<Self>, ColumnTypeError> {
+                crate::postgres::get::<i64>(row, index)?
+                    .map(|value| {
+                        <$t>::try_from(value).map_err(|_| ColumnTypeError::OutOfRange {
+                            value,
+                            target: stringify!($t),
+                        })
+                    })
+                    .transpose()
+            }
+        }
+    )*};
+}
+narrowed!(u64, u32, u16);
+
+impl<T: FromColumn> FromColumn for Option<T> {
+    fn from_postgres(
+        row: &tokio_postgres::Row,
+        index: usize,
+    ) -> std::result::Result<Option<Self>, ColumnTypeError> {
+        T::from_postgres(row, index).map(Some)
+    }
+}
+
 /// Reads the columns of one row by name, attributing failures to `table` and the row's
 /// key.
-pub(crate) struct Columns<'r, 's> {
-    row: &'r Row<'s>,
+pub(crate) struct Columns<'r> {
+    row: &'r Row<'r>,
     table: &'static str,
     key: String,
 }
 
-impl<'r, 's> Columns<'r, 's> {
+impl<'r> Columns<'r> {
     /// `key_columns` identify the row in error messages (its primary key).
     pub(crate) fn new(
-        row: &'r Row<'s>,
+        row: &'r Row<'r>,
         table: &'static str,
         key_columns: &[&'static str],
     ) -> Result<Self> {
         let mut parts = Vec::with_capacity(key_columns.len());
         for column in key_columns {
-            parts.push(match row.get::<_, Value>(*column)? {
-                Value::Text(text) => text,
-                Value::Integer(number) => number.to_string(),
-                Value::Real(number) => number.to_string(),
-                Value::Null => "NULL".to_string(),
-                Value::Blob(bytes) => format!("<{} bytes>", bytes.len()),
+            parts.push(match row {
+                Row::Sqlite(row) => crate::sqlite::key_text(row, column)?,
+                Row::Postgres(row) => crate::postgres::key_text(row, column)?,
             });
         }
         let key = match parts.as_slice() {
@@ -82,16 +134,24 @@ impl<'r, 's> Columns<'r, 's> {
         }
     }
 
-    pub(crate) fn get<T: FromSql>(&self, column: &'static str) -> Result<T> {
-        self.row.get(column).map_err(|err| match err {
-            // A stored value of the wrong type or range; a missing column is our bug.
-            rusqlite::Error::InvalidColumnType(..)
-            | rusqlite::Error::FromSqlConversionFailure(..)
-            | rusqlite::Error::IntegralValueOutOfRange(..) => {
-                self.corrupt(column, Corruption::Type(err))
+    pub(crate) fn get<T: FromColumn>(&self, column: &'static str) -> Result<T> {
+        match self.row {
+            Row::Sqlite(row) => row.get(column).map_err(|err| match err {
+                // A stored value of the wrong type or range; a missing column is our bug.
+                rusqlite::Error::InvalidColumnType(..)
+                | rusqlite::Error::FromSqlConversionFailure(..)
+                | rusqlite::Error::IntegralValueOutOfRange(..) => {
+                    self.corrupt(column, Corruption::Type(ColumnTypeError::Sqlite(err)))
+                }
+                other => StoreError::from(other),
+            }),
+            Row::Postgres(row) => {
+                let index = crate::postgres::column_index(row, column)?;
+                T::from_postgres(row, index)
+                    .and_then(|value| value.ok_or(ColumnTypeError::Null))
+                    .map_err(|err| self.corrupt(column, Corruption::Type(err)))
             }
-            other => StoreError::from(other),
-        })
+        }
     }
 
     /// A JSON text column.

@@ -1,11 +1,10 @@
 //! Lifecycle events, webhooks, and the deliveries queued for them (one per matching
 //! webhook, in the transaction that records the event).
 
-use rusqlite::{params, Connection, Row};
 use time::OffsetDateTime;
 
 use crate::columns::{now, string_list_json, to_ms, Columns};
-use crate::db::{execute, query_all, query_opt, Bindings, Store};
+use crate::db::{params, Bindings, Conn, Row, Store};
 use crate::error::{Result, StoreError};
 
 /// A lifecycle event row.
@@ -145,9 +144,8 @@ fn webhook_from_row(row: &Row<'_>) -> Result<WebhookRecord> {
     })
 }
 
-fn webhook(conn: &Connection, team_id: &str, id: &str) -> Result<Option<WebhookRecord>> {
-    query_opt(
-        conn,
+fn webhook(conn: &mut Conn<'_>, team_id: &str, id: &str) -> Result<Option<WebhookRecord>> {
+    conn.query_opt(
         &format!("SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE team_id = ?1 AND id = ?2"),
         params![team_id, id],
         webhook_from_row,
@@ -169,46 +167,44 @@ impl Store {
         event: &EventRecord,
         body: impl Fn(&EventRecord) -> String,
     ) -> Result<()> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        execute(
-            &tx,
-            &format!(
+        self.write(|tx| {
+            tx.execute(
+                &format!(
                 "INSERT INTO events ({EVENT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             ),
-            params![
-                event.id,
-                event.team_id,
-                event.sandbox_id,
-                event.template_id,
-                event.build_id,
-                event.event_type,
-                event.data.as_ref().map(|d| d.to_string()),
-                to_ms(event.timestamp),
-                event.execution_id
-            ],
-        )?;
-        let hooks = query_all(
-            &tx,
-            &format!("SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE team_id = ?1 AND enabled = ?2"),
-            params![event.team_id, true],
-            webhook_from_row,
-        )?;
-        let rendered = body(event);
-        for hook in hooks {
-            // An empty list subscribes to every type.
-            if !hook.events.is_empty() && !hook.events.contains(&event.event_type) {
-                continue;
-            }
-            execute(
-                &tx,
-                "INSERT INTO webhook_deliveries (webhook_id, event_id, body, attempts, \
-                 next_attempt_ms, status, created_at_ms) VALUES (?1, ?2, ?3, 0, ?4, 'pending', ?4)",
-                params![hook.id, event.id, rendered, to_ms(now())],
+                params![
+                    event.id,
+                    event.team_id,
+                    event.sandbox_id,
+                    event.template_id,
+                    event.build_id,
+                    event.event_type,
+                    event.data.as_ref().map(|d| d.to_string()),
+                    to_ms(event.timestamp),
+                    event.execution_id
+                ],
             )?;
-        }
-        tx.commit()?;
-        Ok(())
+            let hooks = tx.query_all(
+                &format!(
+                    "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE team_id = ?1 AND enabled = ?2"
+                ),
+                params![event.team_id, true],
+                webhook_from_row,
+            )?;
+            let rendered = body(event);
+            for hook in hooks {
+                // An empty list subscribes to every type.
+                if !hook.events.is_empty() && !hook.events.contains(&event.event_type) {
+                    continue;
+                }
+                tx.execute(
+                    "INSERT INTO webhook_deliveries (webhook_id, event_id, body, attempts, \
+                 next_attempt_ms, status, created_at_ms) VALUES (?1, ?2, ?3, 0, ?4, 'pending', ?4)",
+                    params![hook.id, event.id, rendered, to_ms(now())],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     /// Events of a team (optionally of one sandbox), of the given types (all when
@@ -243,12 +239,12 @@ impl Store {
             bindings.bind(i64::try_from(limit).unwrap_or(i64::MAX)),
             bindings.bind(i64::try_from(offset).unwrap_or(i64::MAX)),
         );
-        query_all(&self.conn(), &sql, bindings.params(), event_from_row)
+        self.conn()?
+            .query_all(&sql, bindings.params(), event_from_row)
     }
 
     pub fn create_webhook(&self, hook: &WebhookRecord) -> Result<()> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             &format!(
                 "INSERT INTO webhooks ({WEBHOOK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
             ),
@@ -268,18 +264,17 @@ impl Store {
 
     /// Every webhook of a team, oldest first (a team has a handful; not paged).
     pub fn webhooks(&self, team_id: &str) -> Result<Vec<WebhookRecord>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             &format!(
                 "SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE team_id = ?1 ORDER BY created_at_ms, id"
             ),
-            [team_id],
+            params![team_id],
             webhook_from_row,
         )
     }
 
     pub fn webhook(&self, team_id: &str, id: &str) -> Result<Option<WebhookRecord>> {
-        webhook(&self.conn(), team_id, id)
+        webhook(&mut self.conn()?, team_id, id)
     }
 
     pub fn update_webhook(
@@ -288,61 +283,56 @@ impl Store {
         id: &str,
         changes: &WebhookChanges,
     ) -> Result<WebhookRecord> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let mut hook = webhook(&tx, team_id, id)?.ok_or_else(|| webhook_not_found(id))?;
-        if let Some(name) = &changes.name {
-            hook.name = name.clone();
-        }
-        if let Some(url) = &changes.url {
-            hook.url = url.clone();
-        }
-        if let Some(enabled) = changes.enabled {
-            hook.enabled = enabled;
-        }
-        if let Some(events) = &changes.events {
-            hook.events = events.clone();
-        }
-        if let Some(secret) = &changes.secret {
-            hook.secret = secret.clone();
-        }
-        execute(
-            &tx,
-            "UPDATE webhooks SET name = ?1, url = ?2, enabled = ?3, events = ?4, secret = ?5 \
+        self.write(|tx| {
+            let mut hook = webhook(tx, team_id, id)?.ok_or_else(|| webhook_not_found(id))?;
+            if let Some(name) = &changes.name {
+                hook.name = name.clone();
+            }
+            if let Some(url) = &changes.url {
+                hook.url = url.clone();
+            }
+            if let Some(enabled) = changes.enabled {
+                hook.enabled = enabled;
+            }
+            if let Some(events) = &changes.events {
+                hook.events = events.clone();
+            }
+            if let Some(secret) = &changes.secret {
+                hook.secret = secret.clone();
+            }
+            tx.execute(
+                "UPDATE webhooks SET name = ?1, url = ?2, enabled = ?3, events = ?4, secret = ?5 \
              WHERE id = ?6 AND team_id = ?7",
-            params![
-                hook.name,
-                hook.url,
-                hook.enabled,
-                string_list_json(&hook.events),
-                hook.secret,
-                id,
-                team_id
-            ],
-        )?;
-        tx.commit()?;
-        Ok(hook)
+                params![
+                    hook.name,
+                    hook.url,
+                    hook.enabled,
+                    string_list_json(&hook.events),
+                    hook.secret,
+                    id,
+                    team_id
+                ],
+            )?;
+            Ok(hook)
+        })
     }
 
     /// Remove a webhook and its pending deliveries.
     pub fn delete_webhook(&self, team_id: &str, id: &str) -> Result<()> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let changed = execute(
-            &tx,
-            "DELETE FROM webhooks WHERE id = ?1 AND team_id = ?2",
-            params![id, team_id],
-        )?;
-        if changed == 0 {
-            return Err(webhook_not_found(id));
-        }
-        execute(
-            &tx,
-            "DELETE FROM webhook_deliveries WHERE webhook_id = ?1",
-            [id],
-        )?;
-        tx.commit()?;
-        Ok(())
+        self.write(|tx| {
+            let changed = tx.execute(
+                "DELETE FROM webhooks WHERE id = ?1 AND team_id = ?2",
+                params![id, team_id],
+            )?;
+            if changed == 0 {
+                return Err(webhook_not_found(id));
+            }
+            tx.execute(
+                "DELETE FROM webhook_deliveries WHERE webhook_id = ?1",
+                params![id],
+            )?;
+            Ok(())
+        })
     }
 
     /// Claims up to `limit` deliveries due at `at` for `claim_for`: they are returned
@@ -356,11 +346,11 @@ impl Store {
         claim_for: std::time::Duration,
     ) -> Result<Vec<PendingDelivery>> {
         let until = to_ms(at) + i64::try_from(claim_for.as_millis()).unwrap_or(i64::MAX / 2);
-        let conn = self.conn();
-        // The outer conditions are checked again on each row as it is updated, so of
-        // two claimers racing for a delivery only the first takes it.
-        let claimed: Vec<(i64, String, String, u32)> = query_all(
-            &conn,
+        let mut conn = self.conn()?;
+        // The outer conditions are checked again on each row as it is updated (SQLite
+        // has one writer; Postgres re-reads a row another transaction just updated), so
+        // of two claimers racing for a delivery only the first takes it.
+        let claimed: Vec<(i64, String, String, u32)> = conn.query_all(
             "UPDATE webhook_deliveries SET next_attempt_ms = ?3 \
              WHERE status = 'pending' AND next_attempt_ms <= ?1 AND id IN ( \
                  SELECT id FROM webhook_deliveries WHERE status = 'pending' \
@@ -379,8 +369,7 @@ impl Store {
         )?;
         let mut due = Vec::with_capacity(claimed.len());
         for (id, webhook_id, body, attempts) in claimed {
-            let target = query_opt(
-                &conn,
+            let target = conn.query_opt(
                 "SELECT id, url, secret FROM webhooks WHERE id = ?1",
                 params![webhook_id],
                 |row| {
@@ -406,11 +395,10 @@ impl Store {
 
     /// Earliest time any delivery is due.
     pub fn next_delivery_at(&self) -> Result<Option<OffsetDateTime>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             "SELECT id, next_attempt_ms FROM webhook_deliveries WHERE status = 'pending' \
              ORDER BY next_attempt_ms LIMIT 1",
-            [],
+            params![],
             |row| Columns::new(row, "webhook_deliveries", &["id"])?.time("next_attempt_ms"),
         )
     }
@@ -429,10 +417,8 @@ impl Store {
             (false, Some(_)) => DeliveryStatus::Pending,
             (false, None) => DeliveryStatus::Failed,
         };
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        execute(
-            &tx,
+        self.write(|tx| {
+        tx.execute(
             "UPDATE webhook_deliveries SET attempts = attempts + 1, status = ?2, \
              response_code = ?3, last_error = ?4, last_attempt_ms = ?5, \
              next_attempt_ms = coalesce(?6, next_attempt_ms) WHERE id = ?1",
@@ -446,9 +432,8 @@ impl Store {
             ],
         )?;
         if status != DeliveryStatus::Pending {
-            execute(
-                &tx,
-                "DELETE FROM webhook_deliveries WHERE status <> 'pending' \
+            tx.execute(
+            "DELETE FROM webhook_deliveries WHERE status <> 'pending' \
                  AND webhook_id = (SELECT webhook_id FROM webhook_deliveries WHERE id = ?1) \
                  AND id NOT IN (SELECT d.id FROM webhook_deliveries d \
                      WHERE d.webhook_id = (SELECT webhook_id FROM webhook_deliveries WHERE id = ?1) \
@@ -456,8 +441,8 @@ impl Store {
                 params![id, DELIVERY_HISTORY as i64],
             )?;
         }
-        tx.commit()?;
         Ok(())
+        })
     }
 
     /// The newest `limit` deliveries of webhook `webhook_id` of `team_id`, newest first;
@@ -468,12 +453,11 @@ impl Store {
         webhook_id: &str,
         limit: usize,
     ) -> Result<Vec<DeliveryRecord>> {
-        let conn = self.conn();
-        if webhook(&conn, team_id, webhook_id)?.is_none() {
+        let mut conn = self.conn()?;
+        if webhook(&mut conn, team_id, webhook_id)?.is_none() {
             return Err(webhook_not_found(webhook_id));
         }
-        query_all(
-            &conn,
+        conn.query_all(
             "SELECT d.id, d.webhook_id, d.event_id, coalesce(e.event_type, '') AS event_type, \
              d.status, d.attempts, d.response_code, d.last_error, d.created_at_ms, \
              d.last_attempt_ms, d.next_attempt_ms \

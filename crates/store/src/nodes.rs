@@ -11,11 +11,10 @@
 
 use std::time::Duration;
 
-use rusqlite::{params, Row};
 use time::OffsetDateTime;
 
 use crate::columns::{now, to_ms, Columns};
-use crate::db::{execute, query_all, query_opt, Store};
+use crate::db::{params, Row, Store};
 use crate::error::Result;
 
 /// What lives on a node.
@@ -113,9 +112,8 @@ impl Store {
     /// Registers node `node` (or a new incarnation of it: a restart), leased for
     /// `lease`. A node that was lost is a member again; one draining stays draining.
     pub fn register_node(&self, node: &NodeRegistration, lease: Duration) -> Result<NodeRecord> {
-        let conn = self.conn();
-        execute(
-            &conn,
+        let mut conn = self.conn()?;
+        conn.execute(
             "INSERT INTO nodes (id, url, cpu_capacity, memory_capacity_mb, slots, draining, lost, \
                                 started_at_ms, lease_until_ms) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8) \
@@ -135,8 +133,7 @@ impl Store {
                 lease_end(lease),
             ],
         )?;
-        query_opt(
-            &conn,
+        conn.query_opt(
             &format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = ?1"),
             params![node.id],
             node_from_row,
@@ -150,8 +147,7 @@ impl Store {
     /// Extends node `id`'s lease. False when it is no longer a member (never
     /// registered, or found lost meanwhile): it must register anew, and reconcile.
     pub fn renew_node_lease(&self, id: &str, lease: Duration) -> Result<bool> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "UPDATE nodes SET lease_until_ms = ?2 WHERE id = ?1 AND lost = ?3",
             params![id, lease_end(lease), false],
         )?;
@@ -160,18 +156,16 @@ impl Store {
 
     /// Every registered node, by id.
     pub fn nodes(&self) -> Result<Vec<NodeRecord>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             &format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY id"),
-            [],
+            params![],
             node_from_row,
         )
     }
 
     /// Node `id`, if registered.
     pub fn node(&self, id: &str) -> Result<Option<NodeRecord>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             &format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = ?1"),
             params![id],
             node_from_row,
@@ -180,8 +174,7 @@ impl Store {
 
     /// Starts or stops draining node `id`; false when no such node is registered.
     pub fn set_node_draining(&self, id: &str, draining: bool) -> Result<bool> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "UPDATE nodes SET draining = ?2 WHERE id = ?1",
             params![id, draining],
         )?;
@@ -191,8 +184,7 @@ impl Store {
     /// Marks lost every member whose lease ended before `at`, and returns them. Each
     /// node is returned to one caller only, however many API instances ask at once.
     pub fn mark_lapsed_nodes_lost(&self, at: OffsetDateTime) -> Result<Vec<String>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "UPDATE nodes SET lost = ?1 WHERE lost = ?2 AND lease_until_ms < ?3 RETURNING id",
             params![true, false, to_ms(at)],
             |row| Columns::new(row, "nodes", &["id"])?.get("id"),
@@ -202,8 +194,7 @@ impl Store {
     /// Records that `object_id` (of `kind`) lives on `node_id`, replacing any earlier
     /// placement (an object that moved).
     pub fn place(&self, kind: PlacedKind, object_id: &str, node_id: &str) -> Result<()> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             "INSERT INTO placements (kind, object_id, node_id) VALUES (?1, ?2, ?3) \
              ON CONFLICT (kind, object_id) DO UPDATE SET node_id = excluded.node_id",
             params![kind.as_str(), object_id, node_id],
@@ -213,8 +204,7 @@ impl Store {
 
     /// The node `object_id` lives on, if it was placed.
     pub fn placement(&self, kind: PlacedKind, object_id: &str) -> Result<Option<String>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             "SELECT node_id FROM placements WHERE kind = ?1 AND object_id = ?2",
             params![kind.as_str(), object_id],
             |row| Columns::new(row, "placements", &["node_id"])?.get("node_id"),
@@ -223,8 +213,7 @@ impl Store {
 
     /// Forgets where `object_id` lived (it is gone).
     pub fn remove_placement(&self, kind: PlacedKind, object_id: &str) -> Result<()> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             "DELETE FROM placements WHERE kind = ?1 AND object_id = ?2",
             params![kind.as_str(), object_id],
         )?;
@@ -233,8 +222,7 @@ impl Store {
 
     /// Ids of the objects of `kind` placed on `node_id`.
     pub fn placed_on(&self, kind: PlacedKind, node_id: &str) -> Result<Vec<String>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "SELECT object_id FROM placements WHERE kind = ?1 AND node_id = ?2 ORDER BY object_id",
             params![kind.as_str(), node_id],
             |row| Columns::new(row, "placements", &["object_id"])?.get("object_id"),
@@ -244,16 +232,18 @@ impl Store {
     /// Per node: what its running sandboxes hold, and how many sandboxes (running or
     /// paused) it has. Nodes with none are absent.
     pub fn node_usage(&self) -> Result<Vec<(String, NodeUsage)>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
+            // SUM of BIGINT is NUMERIC on Postgres: cast back to the one integer type.
             "SELECT p.node_id AS node_id, \
-                    COALESCE(SUM(CASE WHEN s.status = 'running' THEN s.cpu_count ELSE 0 END), 0) AS cpu, \
-                    COALESCE(SUM(CASE WHEN s.status = 'running' THEN s.memory_mb ELSE 0 END), 0) AS memory, \
+                    CAST(COALESCE(SUM(CASE WHEN s.status = 'running' THEN s.cpu_count ELSE 0 END), 0) \
+                         AS BIGINT) AS cpu, \
+                    CAST(COALESCE(SUM(CASE WHEN s.status = 'running' THEN s.memory_mb ELSE 0 END), 0) \
+                         AS BIGINT) AS memory, \
                     COUNT(*) AS sandboxes \
              FROM placements p JOIN sandboxes s ON s.id = p.object_id \
              WHERE p.kind = 'sandbox' AND s.status IN ('running', 'paused') \
              GROUP BY p.node_id ORDER BY p.node_id",
-            [],
+            params![],
             |row| {
                 let c = Columns::new(row, "placements", &["node_id"])?;
                 Ok((

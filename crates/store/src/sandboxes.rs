@@ -6,12 +6,11 @@
 //! are written in the one transaction of [`Store::insert_sandbox`]; metadata never
 //! changes after that.
 
-use rusqlite::{params, Row};
 use time::OffsetDateTime;
 
 use crate::columns::{now, string_map_json, to_ms, Columns};
 use crate::cursor::{self, Listing, Position};
-use crate::db::{execute, query_all, query_opt, Bindings, Store};
+use crate::db::{params, Bindings, Row, Store, Value};
 use crate::error::{Result, StoreError};
 
 /// Whether a sandbox row describes a live sandbox.
@@ -286,8 +285,7 @@ pub(crate) fn page_query(
 impl Store {
     /// Record live sandbox `id`'s new network policy.
     pub fn set_network(&self, id: &str, network: &serde_json::Value) -> Result<()> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             &format!("UPDATE sandboxes SET network = ?2 WHERE id = ?1 AND {LIVE}"),
             params![id, network.to_string()],
         )?;
@@ -300,88 +298,76 @@ impl Store {
         Ok(())
     }
 
+    /// Records a new sandbox with its metadata and volume rows, in one write
+    /// transaction.
     pub fn insert_sandbox(&self, sandbox: &SandboxRecord) -> Result<()> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        execute(
-            &tx,
-            &format!(
-                "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES \
+        let volume_mounts =
+            serde_json::to_string(&sandbox.volume_mounts).map_err(|err| StoreError::Encode {
+                what: "volume mounts",
+                source: err,
+            })?;
+        self.write(|tx| {
+            tx.execute(
+                &format!(
+                    "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
                  ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)"
-            ),
-            params![
-                sandbox.id,
-                sandbox.team_id,
-                sandbox.template_id,
-                sandbox.alias,
-                sandbox.build_id,
-                sandbox.cpu_count,
-                sandbox.memory_mb,
-                sandbox.disk_size_mb,
-                string_map_json(&sandbox.metadata),
-                sandbox.envd_version,
-                sandbox.envd_access_token,
-                sandbox.allow_internet_access,
-                to_ms(sandbox.started_at),
-                to_ms(sandbox.end_at),
-                sandbox.status.as_str(),
-                sandbox.status.paused_memory(),
-                string_map_json(&sandbox.env_vars),
-                sandbox.timeout_secs,
-                sandbox.lifecycle.auto_pause,
-                sandbox.lifecycle.auto_pause_memory,
-                sandbox.lifecycle.auto_resume,
-                sandbox.network.as_ref().map(|v| v.to_string()),
-                sandbox.traffic_access_token,
-                serde_json::to_string(&sandbox.volume_mounts).map_err(|err| {
-                    StoreError::Encode {
-                        what: "volume mounts",
-                        source: err,
-                    }
-                })?,
-                sandbox.execution_id,
-                sandbox.from_snapshot,
-            ],
-        )?;
-        for (position, mount) in sandbox.volume_mounts.iter().enumerate() {
-            execute(
-                &tx,
+                ),
+                params![
+                    sandbox.id,
+                    sandbox.team_id,
+                    sandbox.template_id,
+                    sandbox.alias,
+                    sandbox.build_id,
+                    sandbox.cpu_count,
+                    sandbox.memory_mb,
+                    sandbox.disk_size_mb,
+                    string_map_json(&sandbox.metadata),
+                    sandbox.envd_version,
+                    sandbox.envd_access_token,
+                    sandbox.allow_internet_access,
+                    to_ms(sandbox.started_at),
+                    to_ms(sandbox.end_at),
+                    sandbox.status.as_str(),
+                    sandbox.status.paused_memory(),
+                    string_map_json(&sandbox.env_vars),
+                    sandbox.timeout_secs,
+                    sandbox.lifecycle.auto_pause,
+                    sandbox.lifecycle.auto_pause_memory,
+                    sandbox.lifecycle.auto_resume,
+                    sandbox.network.as_ref().map(|v| v.to_string()),
+                    sandbox.traffic_access_token,
+                    volume_mounts,
+                    sandbox.execution_id,
+                    sandbox.from_snapshot,
+                ],
+            )?;
+            for (position, mount) in sandbox.volume_mounts.iter().enumerate() {
+                tx.execute(
                 "INSERT INTO sandbox_volumes (sandbox_id, position, volume_id) VALUES (?1, ?2, ?3)",
                 params![sandbox.id, position as i64, mount.volume_id],
             )?;
-        }
-        for (key, value) in &sandbox.metadata {
-            execute(
-                &tx,
-                "INSERT INTO sandbox_metadata (sandbox_id, key, value) VALUES (?1, ?2, ?3)",
-                params![sandbox.id, key, value],
-            )?;
-        }
-        tx.commit()?;
-        Ok(())
+            }
+            for (key, value) in &sandbox.metadata {
+                tx.execute(
+                    "INSERT INTO sandbox_metadata (sandbox_id, key, value) VALUES (?1, ?2, ?3)",
+                    params![sandbox.id, key, value],
+                )?;
+            }
+            Ok(())
+        })
     }
 
-    fn sandbox_where(
-        &self,
-        condition: &str,
-        params: impl rusqlite::Params,
-    ) -> Result<Option<SandboxRecord>> {
-        query_opt(
-            &self.conn(),
+    fn sandbox_where(&self, condition: &str, params: &[Value]) -> Result<Option<SandboxRecord>> {
+        self.conn()?.query_opt(
             &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE {condition}"),
             params,
             sandbox_from_row,
         )
     }
 
-    fn sandboxes_where(
-        &self,
-        condition: &str,
-        params: impl rusqlite::Params,
-    ) -> Result<Vec<SandboxRecord>> {
-        query_all(
-            &self.conn(),
+    fn sandboxes_where(&self, condition: &str, params: &[Value]) -> Result<Vec<SandboxRecord>> {
+        self.conn()?.query_all(
             &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE {condition}"),
             params,
             sandbox_from_row,
@@ -411,18 +397,28 @@ impl Store {
 
     /// A running or paused sandbox by id, whatever its team (for the proxy).
     pub fn live_sandbox_any_team(&self, id: &str) -> Result<Option<SandboxRecord>> {
-        self.sandbox_where(&format!("id = ?1 AND {LIVE}"), [id])
+        self.sandbox_where(&format!("id = ?1 AND {LIVE}"), params![id])
     }
 
     /// How many sandboxes of `team_id` are running now, and the CPUs and memory they
     /// were given.
     pub fn team_usage(&self, team_id: &str) -> Result<TeamUsage> {
-        let (sandboxes, cpu_count, memory_mb): (i64, i64, i64) = self.conn().query_row(
-            "SELECT COUNT(*), coalesce(SUM(cpu_count), 0), coalesce(SUM(memory_mb), 0) \
+        // SUM of BIGINT is NUMERIC on Postgres: cast back to the one integer type.
+        let usage = self.conn()?.query_opt(
+            "SELECT COUNT(*) AS sandboxes, CAST(coalesce(SUM(cpu_count), 0) AS BIGINT) AS cpus, \
+             CAST(coalesce(SUM(memory_mb), 0) AS BIGINT) AS memory \
              FROM sandboxes WHERE team_id = ?1 AND status = 'running'",
-            [team_id],
-            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            params![team_id],
+            |row| {
+                let c = Columns::new(row, "sandboxes", &[])?;
+                Ok((
+                    c.get::<i64>("sandboxes")?,
+                    c.get::<i64>("cpus")?,
+                    c.get::<i64>("memory")?,
+                ))
+            },
         )?;
+        let (sandboxes, cpu_count, memory_mb) = usage.unwrap_or_default();
         Ok(TeamUsage {
             sandboxes: u64::try_from(sandboxes).unwrap_or(0),
             cpu_count: u64::try_from(cpu_count).unwrap_or(0),
@@ -433,11 +429,10 @@ impl Store {
     /// Every paused sandbox of every team with the time it was paused, oldest pause
     /// first (for retention).
     pub fn paused_sandboxes_by_age(&self) -> Result<Vec<PausedSandbox>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "SELECT id, team_id, coalesce(paused_at_ms, started_at_ms) AS paused_ms \
              FROM sandboxes WHERE status = 'paused' ORDER BY paused_ms, id",
-            [],
+            params![],
             |row| {
                 let c = Columns::new(row, "sandboxes", &["id"])?;
                 Ok(PausedSandbox {
@@ -451,13 +446,12 @@ impl Store {
 
     /// Ids of the snapshots live (running or paused) sandboxes were started from.
     pub fn snapshots_in_use(&self) -> Result<std::collections::HashSet<String>> {
-        let ids = query_all(
-            &self.conn(),
+        let ids = self.conn()?.query_all(
             &format!(
                 "SELECT DISTINCT from_snapshot FROM sandboxes \
                  WHERE from_snapshot IS NOT NULL AND {LIVE}"
             ),
-            [],
+            params![],
             |row| Columns::new(row, "sandboxes", &[])?.get("from_snapshot"),
         )?;
         Ok(ids.into_iter().collect())
@@ -465,26 +459,25 @@ impl Store {
 
     /// Every running sandbox of every team.
     pub fn all_running_sandboxes(&self) -> Result<Vec<SandboxRecord>> {
-        self.sandboxes_where("status = 'running' ORDER BY started_at_ms, id", [])
+        self.sandboxes_where("status = 'running' ORDER BY started_at_ms, id", params![])
     }
 
     /// Every paused sandbox of every team.
     pub fn all_paused_sandboxes(&self) -> Result<Vec<SandboxRecord>> {
-        self.sandboxes_where("status = 'paused' ORDER BY started_at_ms, id", [])
+        self.sandboxes_where("status = 'paused' ORDER BY started_at_ms, id", params![])
     }
 
     /// Running sandboxes whose end time has passed.
     pub fn expired_sandboxes(&self, at: OffsetDateTime) -> Result<Vec<SandboxRecord>> {
-        self.sandboxes_where("status = 'running' AND end_at_ms <= ?1", [to_ms(at)])
+        self.sandboxes_where("status = 'running' AND end_at_ms <= ?1", params![to_ms(at)])
     }
 
     /// Earliest end time among running sandboxes (the reaper sleeps until then).
     pub fn next_end_at(&self) -> Result<Option<OffsetDateTime>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             "SELECT id, end_at_ms FROM sandboxes WHERE status = 'running' \
              ORDER BY end_at_ms LIMIT 1",
-            [],
+            params![],
             |row| Columns::new(row, "sandboxes", &["id"])?.time("end_at_ms"),
         )
     }
@@ -514,28 +507,27 @@ impl Store {
         }
 
         let (page_sql, page) = page_query(team_id, filter, statuses, after, limit);
-        let mut conn = self.conn();
         // One read transaction: the page and the total see the same rows.
-        let tx = conn.transaction()?;
-        let rows = query_all(&tx, &page_sql, page.params(), sandbox_from_row)?;
-        let total = if filter.states.running {
-            let mut count = Bindings::default();
-            let conditions = filter_conditions(
-                &mut count,
-                team_id,
-                filter,
-                StateFilter::default().statuses(),
-            );
-            let count_sql = format!(
-                "SELECT COUNT(*) FROM sandboxes WHERE {}",
-                conditions.join(" AND ")
-            );
-            let total: i64 = tx.query_row(&count_sql, count.params(), |r| r.get(0))?;
-            total as u64
-        } else {
-            0
-        };
-        tx.commit()?;
+        let (rows, total) = self.read(|tx| {
+            let rows = tx.query_all(&page_sql, page.params(), sandbox_from_row)?;
+            let total = if filter.states.running {
+                let mut count = Bindings::default();
+                let conditions = filter_conditions(
+                    &mut count,
+                    team_id,
+                    filter,
+                    StateFilter::default().statuses(),
+                );
+                let count_sql = format!(
+                    "SELECT COUNT(*) AS n FROM sandboxes WHERE {}",
+                    conditions.join(" AND ")
+                );
+                tx.query_count(&count_sql, count.params())?.max(0) as u64
+            } else {
+                0
+            };
+            Ok((rows, total))
+        })?;
 
         let (sandboxes, next_token) = cursor::paginate(listing, rows, limit, |s| Position {
             ms: to_ms(s.started_at),
@@ -550,8 +542,7 @@ impl Store {
 
     /// Turn pausing at the end time on or off for a live sandbox.
     pub fn set_auto_pause(&self, id: &str, auto_pause: bool) -> Result<()> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             &format!("UPDATE sandboxes SET auto_pause = ?1 WHERE id = ?2 AND {LIVE}"),
             params![auto_pause, id],
         )?;
@@ -560,8 +551,7 @@ impl Store {
 
     /// Set the end time of a running sandbox.
     pub fn set_end_at(&self, team_id: &str, id: &str, end_at: OffsetDateTime) -> Result<()> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "UPDATE sandboxes SET end_at_ms = ?1 WHERE id = ?2 AND team_id = ?3 AND status = 'running'",
             params![to_ms(end_at), id, team_id],
         )?;
@@ -576,8 +566,7 @@ impl Store {
 
     /// Mark a running sandbox paused. False when it was not running.
     pub fn mark_paused(&self, id: &str, memory: bool) -> Result<bool> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "UPDATE sandboxes SET status = 'paused', paused_memory = ?1, paused_at_ms = ?3 \
              WHERE id = ?2 AND status = 'running'",
             params![memory, id, to_ms(now())],
@@ -593,8 +582,7 @@ impl Store {
         end_at: OffsetDateTime,
         execution_id: &str,
     ) -> Result<bool> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "UPDATE sandboxes SET status = 'running', paused_memory = NULL, paused_at_ms = NULL, \
              end_at_ms = ?1, execution_id = ?3 WHERE id = ?2 AND status = 'paused'",
             params![to_ms(end_at), id, execution_id],
@@ -605,8 +593,7 @@ impl Store {
     /// Mark a running or paused sandbox killed. Returns false when it was neither
     /// (someone else killed it first), so exactly one caller records the `killed` event.
     pub fn mark_killed(&self, id: &str) -> Result<bool> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             &format!(
                 "UPDATE sandboxes SET status = 'killed', paused_memory = NULL, \
                  end_at_ms = CASE WHEN end_at_ms < ?1 THEN end_at_ms ELSE ?1 END \
@@ -624,8 +611,7 @@ impl Store {
         key: &str,
         sandbox_id: &str,
     ) -> Result<()> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             "INSERT INTO idempotency_keys (team_id, key, sandbox_id, created_at_ms) \
              VALUES (?1, ?2, ?3, ?4) ON CONFLICT (team_id, key) DO UPDATE SET \
              sandbox_id = excluded.sandbox_id, created_at_ms = excluded.created_at_ms",
@@ -636,17 +622,15 @@ impl Store {
 
     /// Forget idempotency keys recorded before `before`; returns how many.
     pub fn forget_idempotency_keys(&self, before: OffsetDateTime) -> Result<usize> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             "DELETE FROM idempotency_keys WHERE created_at_ms < ?1",
-            [to_ms(before)],
+            params![to_ms(before)],
         )
     }
 
     /// Sandbox an idempotency key created, if any.
     pub fn idempotent_sandbox(&self, team_id: &str, key: &str) -> Result<Option<String>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             "SELECT team_id, key, sandbox_id FROM idempotency_keys WHERE team_id = ?1 AND key = ?2",
             params![team_id, key],
             |row| Columns::new(row, "idempotency_keys", &["team_id", "key"])?.get("sandbox_id"),
@@ -661,8 +645,7 @@ impl Store {
         from: OffsetDateTime,
         to: OffsetDateTime,
     ) -> Result<Vec<(OffsetDateTime, Option<OffsetDateTime>)>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "SELECT id, started_at_ms, \
              CASE WHEN status = 'running' THEN NULL ELSE end_at_ms END AS killed_at_ms \
              FROM sandboxes WHERE team_id = ?1 AND started_at_ms <= ?3 \

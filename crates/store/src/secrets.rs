@@ -6,12 +6,11 @@
 //! readers see the old value or the new one, never neither. Names are stored
 //! lower-cased (the caller canonicalises) and unique per team; ids are `sec_…`.
 
-use rusqlite::{params, Connection, Row};
 use time::OffsetDateTime;
 
 use crate::columns::{from_ms, now, string_map_json, to_ms, Columns};
 use crate::cursor::{self, Listing, Position};
-use crate::db::{execute, query_all, query_opt, Bindings, Store};
+use crate::db::{params, Bindings, Conn, Row, Store};
 use crate::error::{Result, StoreError};
 
 /// A secret's metadata: never its value.
@@ -79,14 +78,13 @@ fn sealed_from_row(row: &Row<'_>) -> Result<SealedVersion> {
 }
 
 /// Secret `id_or_name` of `team_id`: an id when it has the `sec_` prefix, else a name.
-fn find(conn: &Connection, team_id: &str, id_or_name: &str) -> Result<Option<SecretRecord>> {
+fn find(conn: &mut Conn<'_>, team_id: &str, id_or_name: &str) -> Result<Option<SecretRecord>> {
     let column = if id_or_name.starts_with(SECRET_ID_PREFIX) {
         "id"
     } else {
         "name"
     };
-    query_opt(
-        conn,
+    conn.query_opt(
         &format!("SELECT {SECRET_COLUMNS} FROM secrets WHERE team_id = ?1 AND {column} = ?2"),
         params![team_id, id_or_name],
         secret_from_row,
@@ -94,14 +92,13 @@ fn find(conn: &Connection, team_id: &str, id_or_name: &str) -> Result<Option<Sec
 }
 
 fn insert_version(
-    conn: &Connection,
+    conn: &mut Conn<'_>,
     secret_id: &str,
     version: i64,
     sealed: &SealedVersion,
     at: OffsetDateTime,
 ) -> Result<()> {
-    execute(
-        conn,
+    conn.execute(
         "INSERT INTO secret_versions \
          (secret_id, version, kek_version, wrapped_key, ciphertext, created_at_ms) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -143,41 +140,39 @@ impl Store {
             created_at: at,
             updated_at: at,
         };
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let inserted = execute(
-            &tx,
-            &format!("INSERT INTO secrets ({SECRET_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
-            params![
-                record.id,
-                record.team_id,
-                record.name,
-                record.current_version,
-                string_map_json(&record.metadata),
-                to_ms(at),
-                to_ms(at)
-            ],
-        );
-        match inserted {
-            Ok(_) => {}
-            Err(StoreError::Sqlite(err))
-                if err.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) =>
-            {
-                return Err(StoreError::NameTaken {
-                    what: "secret",
-                    name: name.to_string(),
-                })
+        self.write(|tx| {
+            let inserted = tx.execute(
+                &format!(
+                    "INSERT INTO secrets ({SECRET_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                ),
+                params![
+                    record.id,
+                    record.team_id,
+                    record.name,
+                    record.current_version,
+                    string_map_json(&record.metadata),
+                    to_ms(at),
+                    to_ms(at)
+                ],
+            );
+            match inserted {
+                Ok(_) => {}
+                Err(err) if err.is_unique_violation() => {
+                    return Err(StoreError::NameTaken {
+                        what: "secret",
+                        name: name.to_string(),
+                    })
+                }
+                Err(err) => return Err(err),
             }
-            Err(err) => return Err(err),
-        }
-        insert_version(&tx, id, 1, sealed, at)?;
-        tx.commit()?;
-        Ok(record)
+            insert_version(tx, id, 1, sealed, at)?;
+            Ok(record.clone())
+        })
     }
 
     /// Secret `id_or_name` (an `sec_…` id or a canonical name) of `team_id`.
     pub fn secret(&self, team_id: &str, id_or_name: &str) -> Result<Option<SecretRecord>> {
-        find(&self.conn(), team_id, id_or_name)
+        find(&mut self.conn()?, team_id, id_or_name)
     }
 
     /// Secrets of `team_id`, newest first, at most `limit` after cursor `next_token`.
@@ -202,7 +197,9 @@ impl Store {
             cursor::order_by(listing, "created_at_ms", "id"),
             bindings.bind(cursor::fetch_limit(limit)),
         );
-        let rows = query_all(&self.conn(), &sql, bindings.params(), secret_from_row)?;
+        let rows = self
+            .conn()?
+            .query_all(&sql, bindings.params(), secret_from_row)?;
         let (secrets, next_token) = cursor::paginate(listing, rows, limit, |s| Position {
             ms: to_ms(s.created_at),
             id: s.id.clone(),
@@ -216,59 +213,60 @@ impl Store {
     /// Appends a version to secret `id_or_name` of `team_id`: `seal(secret id, new
     /// version)` seals the value under that context; `metadata`, when given, replaces the
     /// stored metadata. Returns the updated record.
+    ///
+    /// One write transaction: two concurrent updates get consecutive versions. On
+    /// Postgres a conflicting attempt runs again, calling `seal` again for the version it
+    /// then appends.
     pub fn add_secret_version(
         &self,
         team_id: &str,
         id_or_name: &str,
         metadata: Option<&berth_api::StringMap>,
-        seal: impl FnOnce(&str, i64) -> Result<SealedVersion>,
+        mut seal: impl FnMut(&str, i64) -> Result<SealedVersion>,
     ) -> Result<SecretRecord> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let mut record = find(&tx, team_id, id_or_name)?.ok_or_else(|| StoreError::NotFound {
-            what: "secret",
-            id: id_or_name.to_string(),
-        })?;
-        let version = record.current_version + 1;
-        let sealed = seal(&record.id, version)?;
-        let at = stored_now();
-        insert_version(&tx, &record.id, version, &sealed, at)?;
-        if let Some(metadata) = metadata {
-            record.metadata = metadata.clone();
-        }
-        execute(
-            &tx,
-            "UPDATE secrets SET current_version = ?2, metadata = ?3, updated_at_ms = ?4 \
+        self.write(|tx| {
+            let mut record =
+                find(tx, team_id, id_or_name)?.ok_or_else(|| StoreError::NotFound {
+                    what: "secret",
+                    id: id_or_name.to_string(),
+                })?;
+            let version = record.current_version + 1;
+            let sealed = seal(&record.id, version)?;
+            let at = stored_now();
+            insert_version(tx, &record.id, version, &sealed, at)?;
+            if let Some(metadata) = metadata {
+                record.metadata = metadata.clone();
+            }
+            tx.execute(
+                "UPDATE secrets SET current_version = ?2, metadata = ?3, updated_at_ms = ?4 \
              WHERE id = ?1",
-            params![
-                record.id,
-                version,
-                string_map_json(&record.metadata),
-                to_ms(at)
-            ],
-        )?;
-        tx.commit()?;
-        record.current_version = version;
-        record.updated_at = at;
-        Ok(record)
+                params![
+                    record.id,
+                    version,
+                    string_map_json(&record.metadata),
+                    to_ms(at)
+                ],
+            )?;
+            record.current_version = version;
+            record.updated_at = at;
+            Ok(record)
+        })
     }
 
     /// Deletes secret `id_or_name` of `team_id` with all its versions.
     pub fn delete_secret(&self, team_id: &str, id_or_name: &str) -> Result<SecretRecord> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let record = find(&tx, team_id, id_or_name)?.ok_or_else(|| StoreError::NotFound {
-            what: "secret",
-            id: id_or_name.to_string(),
-        })?;
-        execute(
-            &tx,
-            "DELETE FROM secret_versions WHERE secret_id = ?1",
-            [&record.id],
-        )?;
-        execute(&tx, "DELETE FROM secrets WHERE id = ?1", [&record.id])?;
-        tx.commit()?;
-        Ok(record)
+        self.write(|tx| {
+            let record = find(tx, team_id, id_or_name)?.ok_or_else(|| StoreError::NotFound {
+                what: "secret",
+                id: id_or_name.to_string(),
+            })?;
+            tx.execute(
+                "DELETE FROM secret_versions WHERE secret_id = ?1",
+                params![&record.id],
+            )?;
+            tx.execute("DELETE FROM secrets WHERE id = ?1", params![&record.id])?;
+            Ok(record)
+        })
     }
 
     /// The current version of secret `name` (canonical) of `team_id`, sealed:
@@ -278,8 +276,7 @@ impl Store {
         team_id: &str,
         name: &str,
     ) -> Result<Option<(String, i64, SealedVersion)>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             "SELECT v.secret_id, v.version, v.kek_version, v.wrapped_key, v.ciphertext \
              FROM secrets s JOIN secret_versions v \
                ON v.secret_id = s.id AND v.version = s.current_version \
@@ -299,11 +296,10 @@ impl Store {
     /// Every sealed version of every secret: (secret id, version, sealed value), for
     /// rotating the vault's key.
     pub fn all_secret_versions(&self) -> Result<Vec<(String, i64, SealedVersion)>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "SELECT secret_id, version, kek_version, wrapped_key, ciphertext \
              FROM secret_versions ORDER BY secret_id, version",
-            [],
+            params![],
             |row| {
                 let c = Columns::new(row, "secret_versions", &["secret_id", "version"])?;
                 Ok((
@@ -322,8 +318,7 @@ impl Store {
         version: i64,
         sealed: &SealedVersion,
     ) -> Result<()> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             "UPDATE secret_versions SET kek_version = ?3, wrapped_key = ?4, ciphertext = ?5 \
              WHERE secret_id = ?1 AND version = ?2",
             params![

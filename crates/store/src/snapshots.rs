@@ -1,11 +1,10 @@
 //! Snapshots: a sandbox's processes and files checkpointed under a per-team name.
 
-use rusqlite::{params, Connection, Row};
 use time::OffsetDateTime;
 
 use crate::columns::{string_map_json, to_ms, Columns};
 use crate::cursor::{self, Listing, Position};
-use crate::db::{execute, query_all, query_opt, Bindings, Store};
+use crate::db::{params, Bindings, Conn, Row, Store};
 use crate::error::{Result, StoreError};
 
 /// A snapshot: a sandbox's processes and files checkpointed under a name, usable as a
@@ -70,12 +69,11 @@ fn snapshot_from_row(row: &Row<'_>) -> Result<SnapshotRecord> {
 }
 
 fn snapshot_by_name_or_id(
-    conn: &Connection,
+    conn: &mut Conn<'_>,
     team_id: &str,
     name_or_id: &str,
 ) -> Result<Option<SnapshotRecord>> {
-    query_opt(
-        conn,
+    conn.query_opt(
         &format!(
             "SELECT {SNAPSHOT_COLUMNS} FROM snapshots \
              WHERE team_id = ?1 AND (name = ?2 OR id = ?2)"
@@ -89,57 +87,53 @@ impl Store {
     /// Record `snapshot`; a snapshot of the same team and name is replaced, and its
     /// checkpoint id returned so the caller can delete it.
     pub fn put_snapshot(&self, snapshot: &SnapshotRecord) -> Result<Option<String>> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let old: Option<String> = query_opt(
-            &tx,
-            "SELECT id, checkpoint_id FROM snapshots WHERE team_id = ?1 AND name = ?2",
-            params![snapshot.team_id, snapshot.name],
-            |row| Columns::new(row, "snapshots", &["id"])?.get("checkpoint_id"),
-        )?;
-        execute(
-            &tx,
-            "DELETE FROM snapshots WHERE team_id = ?1 AND name = ?2",
-            params![snapshot.team_id, snapshot.name],
-        )?;
-        execute(
-            &tx,
-            &format!(
-                "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES \
+        self.write(|tx| {
+            let old: Option<String> = tx.query_opt(
+                "SELECT id, checkpoint_id FROM snapshots WHERE team_id = ?1 AND name = ?2",
+                params![snapshot.team_id, snapshot.name],
+                |row| Columns::new(row, "snapshots", &["id"])?.get("checkpoint_id"),
+            )?;
+            tx.execute(
+                "DELETE FROM snapshots WHERE team_id = ?1 AND name = ?2",
+                params![snapshot.team_id, snapshot.name],
+            )?;
+            tx.execute(
+                &format!(
+                    "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
-            ),
-            params![
-                snapshot.id,
-                snapshot.team_id,
-                snapshot.name,
-                snapshot.source_sandbox_id,
-                snapshot.template_id,
-                snapshot.build_id,
-                snapshot.cpu_count,
-                snapshot.memory_mb,
-                snapshot.disk_size_mb,
-                string_map_json(&snapshot.env_vars),
-                snapshot.envd_access_token,
-                snapshot.checkpoint_id,
-                snapshot.size_bytes as i64,
-                to_ms(snapshot.created_at),
-                snapshot.memory,
-                snapshot.network.as_ref().map(|v| v.to_string()),
-                serde_json::to_string(&snapshot.volume_mounts).map_err(|err| {
-                    StoreError::Encode {
-                        what: "volume mounts",
-                        source: err,
-                    }
-                })?,
-            ],
-        )?;
-        tx.commit()?;
-        Ok(old)
+                ),
+                params![
+                    snapshot.id,
+                    snapshot.team_id,
+                    snapshot.name,
+                    snapshot.source_sandbox_id,
+                    snapshot.template_id,
+                    snapshot.build_id,
+                    snapshot.cpu_count,
+                    snapshot.memory_mb,
+                    snapshot.disk_size_mb,
+                    string_map_json(&snapshot.env_vars),
+                    snapshot.envd_access_token,
+                    snapshot.checkpoint_id,
+                    snapshot.size_bytes as i64,
+                    to_ms(snapshot.created_at),
+                    snapshot.memory,
+                    snapshot.network.as_ref().map(|v| v.to_string()),
+                    serde_json::to_string(&snapshot.volume_mounts).map_err(|err| {
+                        StoreError::Encode {
+                            what: "volume mounts",
+                            source: err,
+                        }
+                    })?,
+                ],
+            )?;
+            Ok(old)
+        })
     }
 
     /// A snapshot of `team_id` by name or id.
     pub fn snapshot(&self, team_id: &str, name_or_id: &str) -> Result<Option<SnapshotRecord>> {
-        snapshot_by_name_or_id(&self.conn(), team_id, name_or_id)
+        snapshot_by_name_or_id(&mut self.conn()?, team_id, name_or_id)
     }
 
     /// Snapshots of `team_id`, newest first (then by id), optionally of one source
@@ -178,7 +172,9 @@ impl Store {
             cursor::order_by(listing, "created_at_ms", "id"),
             bindings.bind(cursor::fetch_limit(limit)),
         );
-        let rows = query_all(&self.conn(), &sql, bindings.params(), snapshot_from_row)?;
+        let rows = self
+            .conn()?
+            .query_all(&sql, bindings.params(), snapshot_from_row)?;
         Ok(cursor::paginate(listing, rows, limit, |s| Position {
             ms: to_ms(s.created_at),
             id: s.id.clone(),
@@ -188,25 +184,23 @@ impl Store {
     /// Delete a snapshot of `team_id` by name or id; returns it (its checkpoint is the
     /// caller's to delete).
     pub fn delete_snapshot(&self, team_id: &str, name_or_id: &str) -> Result<SnapshotRecord> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let snapshot = snapshot_by_name_or_id(&tx, team_id, name_or_id)?.ok_or_else(|| {
-            StoreError::NotFound {
-                what: "snapshot",
-                id: name_or_id.to_string(),
-            }
-        })?;
-        execute(&tx, "DELETE FROM snapshots WHERE id = ?1", [&snapshot.id])?;
-        tx.commit()?;
-        Ok(snapshot)
+        self.write(|tx| {
+            let snapshot = snapshot_by_name_or_id(tx, team_id, name_or_id)?.ok_or_else(|| {
+                StoreError::NotFound {
+                    what: "snapshot",
+                    id: name_or_id.to_string(),
+                }
+            })?;
+            tx.execute("DELETE FROM snapshots WHERE id = ?1", params![&snapshot.id])?;
+            Ok(snapshot)
+        })
     }
 
     /// Every snapshot of every team, oldest first (for retention).
     pub fn all_snapshots(&self) -> Result<Vec<SnapshotRecord>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             &format!("SELECT {SNAPSHOT_COLUMNS} FROM snapshots ORDER BY created_at_ms, id"),
-            [],
+            params![],
             snapshot_from_row,
         )
     }
@@ -214,21 +208,19 @@ impl Store {
     /// Bytes of `team_id`'s snapshots, leaving out the one named `except` (the one a new
     /// snapshot of that name replaces).
     pub fn snapshot_storage(&self, team_id: &str, except: Option<&str>) -> Result<u64> {
-        let bytes: i64 = self.conn().query_row(
-            "SELECT coalesce(SUM(size_bytes), 0) FROM snapshots \
-             WHERE team_id = ?1 AND (?2 IS NULL OR name <> ?2)",
+        let bytes = self.conn()?.query_count(
+            "SELECT CAST(coalesce(SUM(size_bytes), 0) AS BIGINT) AS n FROM snapshots \
+             WHERE team_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR name <> ?2)",
             params![team_id, except],
-            |row| row.get(0),
         )?;
         Ok(u64::try_from(bytes).unwrap_or(0))
     }
 
     /// Every snapshot's checkpoint id (recovery keeps these, deletes the rest).
     pub fn snapshot_checkpoints(&self) -> Result<Vec<String>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "SELECT id, checkpoint_id FROM snapshots",
-            [],
+            params![],
             |row| Columns::new(row, "snapshots", &["id"])?.get("checkpoint_id"),
         )
     }

@@ -1,10 +1,9 @@
 //! Teams and their API keys (stored as sha256 hashes with a display mask).
 
-use rusqlite::{params, Connection, Row, TransactionBehavior};
 use time::OffsetDateTime;
 
 use crate::columns::{new_id, now, to_ms, Columns};
-use crate::db::{execute, query_all, query_opt, Store};
+use crate::db::{params, Conn, Row, Store, ToValue, Value};
 use crate::error::{Result, StoreError};
 use crate::keys::{generate_api_key, hash_api_key, KeyMask};
 
@@ -57,59 +56,59 @@ fn key_from_row(row: &Row<'_>) -> Result<ApiKeyRecord> {
     })
 }
 
-fn team_where(
-    conn: &Connection,
-    condition: &str,
-    param: &dyn rusqlite::ToSql,
-) -> Result<Option<Team>> {
-    query_opt(
-        conn,
+fn team_where(conn: &mut Conn<'_>, condition: &str, param: Value) -> Result<Option<Team>> {
+    conn.query_opt(
         &format!("SELECT {TEAM_COLUMNS} FROM teams WHERE {condition}"),
-        [param],
+        &[param],
         team_from_row,
     )
 }
 
 impl Store {
     /// Create a team. The first team ever created becomes the default one.
+    ///
+    /// One write transaction: "first team" is exact when two processes race, and a name
+    /// taken meanwhile is [`StoreError::TeamExists`].
     pub fn create_team(&self, name: &str) -> Result<Team> {
-        let mut conn = self.conn();
-        // Taking the write lock first makes "first team" exact when two processes race.
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        if team_where(&tx, "name = ?1", &name)?.is_some() {
-            return Err(StoreError::TeamExists { name: name.into() });
+        let created = self.write(|tx| {
+            if team_where(tx, "name = ?1", name.to_value())?.is_some() {
+                return Err(StoreError::TeamExists { name: name.into() });
+            }
+            let count = tx.query_count("SELECT COUNT(*) AS n FROM teams", params![])?;
+            let team = Team {
+                id: new_id(),
+                name: name.to_string(),
+                is_default: count == 0,
+            };
+            tx.execute(
+                "INSERT INTO teams (id, name, is_default, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
+                params![&team.id, &team.name, team.is_default, to_ms(now())],
+            )?;
+            Ok(team)
+        });
+        match created {
+            Err(err) if err.is_unique_violation() => {
+                Err(StoreError::TeamExists { name: name.into() })
+            }
+            other => other,
         }
-        let count: i64 = tx.query_row("SELECT COUNT(*) FROM teams", [], |r| r.get(0))?;
-        let team = Team {
-            id: new_id(),
-            name: name.to_string(),
-            is_default: count == 0,
-        };
-        execute(
-            &tx,
-            "INSERT INTO teams (id, name, is_default, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
-            params![team.id, team.name, team.is_default, to_ms(now())],
-        )?;
-        tx.commit()?;
-        Ok(team)
     }
 
     /// Every team, by name.
     pub fn teams(&self) -> Result<Vec<Team>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             &format!("SELECT {TEAM_COLUMNS} FROM teams ORDER BY name"),
-            [],
+            params![],
             team_from_row,
         )
     }
 
     pub fn team_by_name(&self, name: &str) -> Result<Option<Team>> {
-        team_where(&self.conn(), "name = ?1", &name)
+        team_where(&mut self.conn()?, "name = ?1", name.to_value())
     }
 
     pub fn default_team(&self) -> Result<Option<Team>> {
-        team_where(&self.conn(), "is_default = ?1", &true)
+        team_where(&mut self.conn()?, "is_default = ?1", true.to_value())
     }
 
     /// Create a key for `team_id`; returns its record and the raw key (shown once).
@@ -123,18 +122,17 @@ impl Store {
             created_at: now(),
             last_used: None,
         };
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             "INSERT INTO api_keys (id, team_id, name, key_hash, value_length, masked_prefix, \
              masked_suffix, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
-                record.id,
-                record.team_id,
-                record.name,
+                &record.id,
+                &record.team_id,
+                &record.name,
                 hash_api_key(&raw),
                 record.mask.value_length,
-                record.mask.masked_prefix,
-                record.mask.masked_suffix,
+                &record.mask.masked_prefix,
+                &record.mask.masked_suffix,
                 to_ms(record.created_at)
             ],
         )?;
@@ -143,11 +141,10 @@ impl Store {
 
     /// The team and key a raw API key authenticates, updating its last-used time.
     pub fn authenticate(&self, raw_key: &str) -> Result<Option<(Team, ApiKeyRecord)>> {
-        let conn = self.conn();
-        let key = query_opt(
-            &conn,
+        let mut conn = self.conn()?;
+        let key = conn.query_opt(
             &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE key_hash = ?1"),
-            [hash_api_key(raw_key)],
+            params![hash_api_key(raw_key)],
             key_from_row,
         )?;
         let Some(mut key) = key else {
@@ -160,42 +157,40 @@ impl Store {
             .last_used
             .is_none_or(|last| used - last > time::Duration::minutes(1));
         if stale {
-            execute(
-                &conn,
+            conn.execute(
                 "UPDATE api_keys SET last_used_ms = ?1 WHERE id = ?2",
-                params![to_ms(used), key.id],
+                params![to_ms(used), &key.id],
             )?;
             key.last_used = Some(used);
         }
-        let team =
-            team_where(&conn, "id = ?1", &key.team_id)?.ok_or_else(|| StoreError::NotFound {
+        let team = team_where(&mut conn, "id = ?1", key.team_id.to_value())?.ok_or_else(|| {
+            StoreError::NotFound {
                 what: "team",
                 id: key.team_id.clone(),
-            })?;
+            }
+        })?;
         Ok(Some((team, key)))
     }
 
     /// Keys of one team, oldest first.
     pub fn list_api_keys(&self, team_id: &str) -> Result<Vec<ApiKeyRecord>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             &format!(
                 "SELECT {KEY_COLUMNS} FROM api_keys WHERE team_id = ?1 ORDER BY created_at_ms, id"
             ),
-            [team_id],
+            params![team_id],
             key_from_row,
         )
     }
 
     /// Keys of every team with their team names (for the CLI).
     pub fn list_all_api_keys(&self) -> Result<Vec<(String, ApiKeyRecord)>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "SELECT k.id, k.team_id, k.name, k.value_length, k.masked_prefix, k.masked_suffix, \
              k.created_at_ms, k.last_used_ms, t.name AS team_name \
              FROM api_keys k JOIN teams t ON t.id = k.team_id \
              ORDER BY t.name, k.created_at_ms, k.id",
-            [],
+            params![],
             |row| {
                 let team_name = Columns::new(row, "teams", &["team_id"])?.get("team_name")?;
                 Ok((team_name, key_from_row(row)?))
@@ -204,8 +199,7 @@ impl Store {
     }
 
     pub fn rename_api_key(&self, team_id: &str, key_id: &str, name: &str) -> Result<()> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "UPDATE api_keys SET name = ?1 WHERE id = ?2 AND team_id = ?3",
             params![name, key_id, team_id],
         )?;
@@ -214,8 +208,7 @@ impl Store {
 
     /// Delete a key of `team_id`.
     pub fn delete_api_key(&self, team_id: &str, key_id: &str) -> Result<()> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "DELETE FROM api_keys WHERE id = ?1 AND team_id = ?2",
             params![key_id, team_id],
         )?;
@@ -224,7 +217,9 @@ impl Store {
 
     /// Delete a key by id whatever its team (the local CLI is trusted with every team).
     pub fn revoke_api_key(&self, key_id: &str) -> Result<()> {
-        let changed = execute(&self.conn(), "DELETE FROM api_keys WHERE id = ?1", [key_id])?;
+        let changed = self
+            .conn()?
+            .execute("DELETE FROM api_keys WHERE id = ?1", params![key_id])?;
         key_changed(changed, key_id)
     }
 }

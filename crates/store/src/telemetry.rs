@@ -1,10 +1,9 @@
 //! What sandboxes report: log lines and metric samples.
 
 use berth_api::LogLevel;
-use rusqlite::{params, Row};
 
 use crate::columns::{now, to_ms, Columns};
-use crate::db::{execute, query_all, query_opt, Bindings, Store};
+use crate::db::{params, Bindings, Dialect, Row, Store};
 use crate::error::Result;
 
 /// One stored log line of a sandbox.
@@ -63,8 +62,7 @@ fn metric_from_row(row: &Row<'_>) -> Result<MetricSample> {
 
 impl Store {
     pub fn append_log(&self, sandbox_id: &str, level: LogLevel, message: &str) -> Result<()> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             "INSERT INTO sandbox_logs (sandbox_id, timestamp_ms, level, message) VALUES (?1, ?2, ?3, ?4)",
             params![sandbox_id, to_ms(now()), level.as_str(), message],
         )?;
@@ -103,10 +101,15 @@ impl Store {
                 .map(|level| level.as_str().to_string());
             conditions.push(format!("level IN ({})", bindings.bind_list(levels)));
         }
+        let mut conn = self.conn()?;
         if let Some(needle) = search {
-            // Dialect: SQLite's instr; Postgres spells it strpos.
+            // A byte-wise substring test, spelled per dialect.
+            let position = match conn.dialect() {
+                Dialect::Sqlite => "instr",
+                Dialect::Postgres => "strpos",
+            };
             conditions.push(format!(
-                "instr(message, {}) > 0",
+                "{position}(message, {}) > 0",
                 bindings.bind(needle.to_string())
             ));
         }
@@ -116,13 +119,12 @@ impl Store {
             conditions.join(" AND "),
             bindings.bind(i64::try_from(limit).unwrap_or(i64::MAX)),
         );
-        query_all(&self.conn(), &sql, bindings.params(), log_from_row)
+        conn.query_all(&sql, bindings.params(), log_from_row)
     }
 
     /// Store a sample; a second sample of the same second replaces the first.
     pub fn insert_metric(&self, sandbox_id: &str, sample: &MetricSample) -> Result<()> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             &format!(
                 "INSERT INTO sandbox_metrics ({METRIC_COLUMNS}) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
@@ -149,8 +151,7 @@ impl Store {
 
     /// Samples of a sandbox in `[start, end]` (unix seconds), oldest first.
     pub fn metrics(&self, sandbox_id: &str, start: i64, end: i64) -> Result<Vec<MetricSample>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             &format!(
                 "SELECT {METRIC_COLUMNS} FROM sandbox_metrics WHERE sandbox_id = ?1 \
                  AND timestamp_unix BETWEEN ?2 AND ?3 ORDER BY timestamp_unix"
@@ -162,13 +163,12 @@ impl Store {
 
     /// The newest sample of a sandbox.
     pub fn latest_metric(&self, sandbox_id: &str) -> Result<Option<MetricSample>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             &format!(
                 "SELECT {METRIC_COLUMNS} FROM sandbox_metrics WHERE sandbox_id = ?1 \
                  ORDER BY timestamp_unix DESC LIMIT 1"
             ),
-            [sandbox_id],
+            params![sandbox_id],
             metric_from_row,
         )
     }

@@ -9,12 +9,11 @@
 //! same transaction, so a name never points at a build that is not ready. Whether a
 //! caller may see a template is the server's decision; this module only stores.
 
-use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
 use time::OffsetDateTime;
 
 use crate::columns::{now, string_list_json, to_ms, Columns};
 use crate::cursor::{self, Listing, Position};
-use crate::db::{execute, query_all, query_opt, Bindings, Store};
+use crate::db::{params, Bindings, Conn, Row, Store, Value};
 use crate::error::{Result, StoreError};
 
 /// The tag a name without `:tag` means (E2B's).
@@ -196,12 +195,11 @@ fn tag_from_row(row: &Row<'_>) -> Result<TemplateTagRecord> {
 }
 
 fn template_where(
-    conn: &Connection,
+    conn: &mut Conn<'_>,
     condition: &str,
-    params: impl rusqlite::Params,
+    params: &[Value],
 ) -> Result<Option<TemplateRecord>> {
-    query_opt(
-        conn,
+    conn.query_opt(
         &format!("SELECT {TEMPLATE_COLUMNS} FROM templates t WHERE {condition}"),
         params,
         template_from_row,
@@ -209,12 +207,11 @@ fn template_where(
 }
 
 fn build_where(
-    conn: &Connection,
+    conn: &mut Conn<'_>,
     condition: &str,
-    params: impl rusqlite::Params,
+    params: &[Value],
 ) -> Result<Option<TemplateBuildRecord>> {
-    query_opt(
-        conn,
+    conn.query_opt(
         &format!("SELECT {BUILD_COLUMNS} FROM template_builds WHERE {condition}"),
         params,
         build_from_row,
@@ -223,15 +220,14 @@ fn build_where(
 
 /// Points `tags` of `template_id` at `build_id` (replacing what they pointed at).
 fn assign_tags(
-    tx: &Transaction<'_>,
+    tx: &mut Conn<'_>,
     template_id: &str,
     build_id: &str,
     tags: &[String],
     at_ms: i64,
 ) -> Result<()> {
     for tag in tags {
-        execute(
-            tx,
+        tx.execute(
             "INSERT INTO template_tags (template_id, tag, build_id, created_at_ms) \
              VALUES (?1, ?2, ?3, ?4) ON CONFLICT (template_id, tag) \
              DO UPDATE SET build_id = excluded.build_id, created_at_ms = excluded.created_at_ms",
@@ -257,26 +253,23 @@ impl Store {
         &self,
         request: &NewTemplateBuild,
     ) -> Result<(TemplateRecord, TemplateBuildRecord)> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let at = to_ms(now());
-        let template_id = match template_where(
-            &tx,
-            "t.team_id = ?1 AND t.alias = ?2",
-            params![request.team_id, request.alias],
-        )? {
-            Some(existing) => {
-                execute(
-                    &tx,
-                    "UPDATE templates SET updated_at_ms = ?2 WHERE id = ?1",
-                    params![existing.id, at],
-                )?;
-                execute(
-                    &tx,
-                    "UPDATE template_builds SET status = 'error', reason = ?2, \
+        self.write(|tx| {
+            let at = to_ms(now());
+            let template_id = match template_where(
+                tx,
+                "t.team_id = ?1 AND t.alias = ?2",
+                params![request.team_id, request.alias],
+            )? {
+                Some(existing) => {
+                    tx.execute(
+                        "UPDATE templates SET updated_at_ms = ?2 WHERE id = ?1",
+                        params![existing.id, at],
+                    )?;
+                    tx.execute(
+                        "UPDATE template_builds SET status = 'error', reason = ?2, \
                      updated_at_ms = ?3, finished_at_ms = ?3 \
                      WHERE template_id = ?1 AND status = 'waiting'",
-                    params![
+                        params![
                         existing.id,
                         serde_json::to_string(&BuildReason {
                             message:
@@ -287,50 +280,48 @@ impl Store {
                         .expect("reasons serialize"),
                         at
                     ],
-                )?;
-                existing.id
-            }
-            None => {
-                execute(
-                    &tx,
-                    "INSERT INTO templates (id, team_id, alias, public, created_at_ms, \
+                    )?;
+                    existing.id
+                }
+                None => {
+                    tx.execute(
+                        "INSERT INTO templates (id, team_id, alias, public, created_at_ms, \
                      updated_at_ms, last_spawned_at_ms, spawn_count) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?5, NULL, 0)",
-                    params![
-                        request.new_template_id,
-                        request.team_id,
-                        request.alias,
-                        false,
-                        at
-                    ],
-                )?;
-                request.new_template_id.clone()
-            }
-        };
-        execute(
-            &tx,
-            &format!(
-                "INSERT INTO template_builds ({BUILD_COLUMNS}) VALUES \
+                        params![
+                            request.new_template_id,
+                            request.team_id,
+                            request.alias,
+                            false,
+                            at
+                        ],
+                    )?;
+                    request.new_template_id.clone()
+                }
+            };
+            tx.execute(
+                &format!(
+                    "INSERT INTO template_builds ({BUILD_COLUMNS}) VALUES \
                  (?1, ?2, 'waiting', NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, NULL)"
-            ),
-            params![
-                request.build_id,
-                template_id,
-                string_list_json(&request.tags),
-                request.manifest_id,
-                request.cpu_count,
-                request.memory_mb as i64,
-                request.disk_size_mb as i64,
-                request.envd_version,
-                at
-            ],
-        )?;
-        let template = template_where(&tx, "t.id = ?1", [&template_id])?
-            .ok_or_else(|| not_found("template", &template_id))?;
-        let build = build_where(&tx, "id = ?1", [&request.build_id])?
-            .ok_or_else(|| not_found("template build", &request.build_id))?;
-        tx.commit()?;
-        Ok((template, build))
+                ),
+                params![
+                    request.build_id,
+                    template_id,
+                    string_list_json(&request.tags),
+                    request.manifest_id,
+                    request.cpu_count,
+                    request.memory_mb as i64,
+                    request.disk_size_mb as i64,
+                    request.envd_version,
+                    at
+                ],
+            )?;
+            let template = template_where(tx, "t.id = ?1", params![&template_id])?
+                .ok_or_else(|| not_found("template", &template_id))?;
+            let build = build_where(tx, "id = ?1", params![&request.build_id])?
+                .ok_or_else(|| not_found("template build", &request.build_id))?;
+            Ok((template, build))
+        })
     }
 
     /// Makes the store's rows of installed templates match `installed` (the host's
@@ -342,71 +333,67 @@ impl Store {
         installed: &[InstalledTemplate],
         remove_missing: bool,
     ) -> Result<Vec<String>> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let at = to_ms(now());
-        for template in installed {
-            let created = to_ms(template.created_at);
-            execute(
-                &tx,
-                "INSERT INTO templates (id, team_id, alias, public, created_at_ms, \
+        self.write(|tx| {
+            let at = to_ms(now());
+            for template in installed {
+                let created = to_ms(template.created_at);
+                tx.execute(
+                    "INSERT INTO templates (id, team_id, alias, public, created_at_ms, \
                  updated_at_ms, last_spawned_at_ms, spawn_count) \
                  VALUES (?1, NULL, ?1, ?2, ?3, ?3, NULL, 0) ON CONFLICT (id) DO NOTHING",
-                params![template.name, true, created],
-            )?;
-            let known = build_where(&tx, "id = ?1", [&template.build_id])?;
-            if known.is_none() {
-                execute(
-                    &tx,
-                    &format!(
-                        "INSERT INTO template_builds ({BUILD_COLUMNS}) VALUES \
-                         (?1, ?2, 'ready', NULL, ?3, ?2, ?4, ?5, ?6, ?7, ?8, ?8, ?8)"
-                    ),
-                    params![
-                        template.build_id,
-                        template.name,
-                        string_list_json(&[DEFAULT_TAG.to_string()]),
-                        template.cpu_count,
-                        template.memory_mb as i64,
-                        template.disk_size_mb as i64,
-                        template.envd_version,
-                        created
-                    ],
+                    params![template.name, true, created],
                 )?;
-                execute(
-                    &tx,
-                    "UPDATE templates SET updated_at_ms = ?2 WHERE id = ?1",
-                    params![template.name, created],
+                let known = build_where(tx, "id = ?1", params![&template.build_id])?;
+                if known.is_none() {
+                    tx.execute(
+                        &format!(
+                            "INSERT INTO template_builds ({BUILD_COLUMNS}) VALUES \
+                         (?1, ?2, 'ready', NULL, ?3, ?2, ?4, ?5, ?6, ?7, ?8, ?8, ?8)"
+                        ),
+                        params![
+                            template.build_id,
+                            template.name,
+                            string_list_json(&[DEFAULT_TAG.to_string()]),
+                            template.cpu_count,
+                            template.memory_mb as i64,
+                            template.disk_size_mb as i64,
+                            template.envd_version,
+                            created
+                        ],
+                    )?;
+                    tx.execute(
+                        "UPDATE templates SET updated_at_ms = ?2 WHERE id = ?1",
+                        params![template.name, created],
+                    )?;
+                }
+                assign_tags(
+                    tx,
+                    &template.name,
+                    &template.build_id,
+                    &[DEFAULT_TAG.to_string()],
+                    at,
                 )?;
             }
-            assign_tags(
-                &tx,
-                &template.name,
-                &template.build_id,
-                &[DEFAULT_TAG.to_string()],
-                at,
-            )?;
-        }
-        let names: Vec<String> = installed.iter().map(|t| t.name.clone()).collect();
-        let stale: Vec<String> = query_all(
-            &tx,
-            "SELECT id FROM templates WHERE team_id IS NULL",
-            [],
-            |row| Columns::new(row, "templates", &["id"])?.get("id"),
-        )?
-        .into_iter()
-        .filter(|id| remove_missing && !names.contains(id))
-        .collect();
-        for id in &stale {
-            delete_template_rows(&tx, id)?;
-        }
-        tx.commit()?;
-        Ok(stale)
+            let names: Vec<String> = installed.iter().map(|t| t.name.clone()).collect();
+            let stale: Vec<String> = tx
+                .query_all(
+                    "SELECT id FROM templates WHERE team_id IS NULL",
+                    params![],
+                    |row| Columns::new(row, "templates", &["id"])?.get("id"),
+                )?
+                .into_iter()
+                .filter(|id| remove_missing && !names.contains(id))
+                .collect();
+            for id in &stale {
+                delete_template_rows(tx, id)?;
+            }
+            Ok(stale)
+        })
     }
 
     /// Template `id`, whatever its team.
     pub fn template(&self, id: &str) -> Result<Option<TemplateRecord>> {
-        template_where(&self.conn(), "t.id = ?1", [id])
+        template_where(&mut self.conn()?, "t.id = ?1", params![id])
     }
 
     /// The template of alias `alias` in team `team_id` (None: among installed ones).
@@ -415,14 +402,18 @@ impl Store {
         team_id: Option<&str>,
         alias: &str,
     ) -> Result<Option<TemplateRecord>> {
-        let conn = self.conn();
+        let mut conn = self.conn()?;
         match team_id {
             Some(team) => template_where(
-                &conn,
+                &mut conn,
                 "t.team_id = ?1 AND t.alias = ?2",
                 params![team, alias],
             ),
-            None => template_where(&conn, "t.team_id IS NULL AND t.alias = ?1", [alias]),
+            None => template_where(
+                &mut conn,
+                "t.team_id IS NULL AND t.alias = ?1",
+                params![alias],
+            ),
         }
     }
 
@@ -455,7 +446,7 @@ impl Store {
             cursor::order_by(listing, "order_ms", "t.id"),
             bindings.bind(cursor::fetch_limit(limit)),
         );
-        let rows = query_all(&self.conn(), &sql, bindings.params(), |row| {
+        let rows = self.conn()?.query_all(&sql, bindings.params(), |row| {
             let order: i64 = Columns::new(row, "templates", &["id"])?.get("order_ms")?;
             Ok((template_from_row(row)?, order))
         })?;
@@ -468,8 +459,7 @@ impl Store {
 
     /// Sets whether other teams may use template `id`.
     pub fn set_template_public(&self, id: &str, public: bool) -> Result<()> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "UPDATE templates SET public = ?2, updated_at_ms = ?3 WHERE id = ?1",
             params![id, public, to_ms(now())],
         )?;
@@ -481,8 +471,7 @@ impl Store {
 
     /// Counts a sandbox started from template `id`.
     pub fn record_template_spawn(&self, id: &str) -> Result<()> {
-        execute(
-            &self.conn(),
+        self.conn()?.execute(
             "UPDATE templates SET spawn_count = spawn_count + 1, last_spawned_at_ms = ?2 \
              WHERE id = ?1",
             params![id, to_ms(now())],
@@ -493,53 +482,50 @@ impl Store {
     /// Deletes template `id` with its builds and tags; returns its builds (their
     /// manifests are the caller's to remove).
     pub fn delete_template(&self, id: &str) -> Result<Vec<TemplateBuildRecord>> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        if template_where(&tx, "t.id = ?1", [id])?.is_none() {
-            return Err(not_found("template", id));
-        }
-        let builds = query_all(
-            &tx,
-            &format!("SELECT {BUILD_COLUMNS} FROM template_builds WHERE template_id = ?1"),
-            [id],
-            build_from_row,
-        )?;
-        delete_template_rows(&tx, id)?;
-        tx.commit()?;
-        Ok(builds)
+        self.write(|tx| {
+            if template_where(tx, "t.id = ?1", params![id])?.is_none() {
+                return Err(not_found("template", id));
+            }
+            let builds = tx.query_all(
+                &format!("SELECT {BUILD_COLUMNS} FROM template_builds WHERE template_id = ?1"),
+                params![id],
+                build_from_row,
+            )?;
+            delete_template_rows(tx, id)?;
+            Ok(builds)
+        })
     }
 
     /// Live sandboxes and snapshots made from template `id` (a template in use is not
     /// deleted): (running or paused sandboxes, snapshots).
     pub fn template_users(&self, id: &str) -> Result<(u64, u64)> {
-        let conn = self.conn();
-        let count = |sql: &str| -> Result<u64> {
-            let n: i64 = conn.query_row(sql, [id], |row| row.get(0))?;
-            Ok(n.max(0) as u64)
-        };
+        let mut conn = self.conn()?;
+        let mut count =
+            |sql: &str| -> Result<u64> { Ok(conn.query_count(sql, params![id])?.max(0) as u64) };
         Ok((
             count(
-                "SELECT COUNT(*) FROM sandboxes WHERE template_id = ?1 \
+                "SELECT COUNT(*) AS n FROM sandboxes WHERE template_id = ?1 \
                  AND status IN ('running', 'paused')",
             )?,
-            count("SELECT COUNT(*) FROM snapshots WHERE template_id = ?1")?,
+            count("SELECT COUNT(*) AS n FROM snapshots WHERE template_id = ?1")?,
         ))
     }
 
     /// Running or paused sandboxes, and snapshots, made from build `build_id` of
     /// template `template_id`.
     pub fn template_build_users(&self, template_id: &str, build_id: &str) -> Result<(u64, u64)> {
-        let conn = self.conn();
-        let count = |sql: &str| -> Result<u64> {
-            let n: i64 = conn.query_row(sql, [template_id, build_id], |row| row.get(0))?;
-            Ok(n.max(0) as u64)
+        let mut conn = self.conn()?;
+        let mut count = |sql: &str| -> Result<u64> {
+            Ok(conn
+                .query_count(sql, params![template_id, build_id])?
+                .max(0) as u64)
         };
         Ok((
             count(
-                "SELECT COUNT(*) FROM sandboxes WHERE template_id = ?1 AND build_id = ?2 \
+                "SELECT COUNT(*) AS n FROM sandboxes WHERE template_id = ?1 AND build_id = ?2 \
                  AND status IN ('running', 'paused')",
             )?,
-            count("SELECT COUNT(*) FROM snapshots WHERE template_id = ?1 AND build_id = ?2")?,
+            count("SELECT COUNT(*) AS n FROM snapshots WHERE template_id = ?1 AND build_id = ?2")?,
         ))
     }
 
@@ -550,7 +536,7 @@ impl Store {
         build_id: &str,
     ) -> Result<Option<TemplateBuildRecord>> {
         build_where(
-            &self.conn(),
+            &mut self.conn()?,
             "id = ?1 AND template_id = ?2",
             params![build_id, template_id],
         )
@@ -558,7 +544,7 @@ impl Store {
 
     /// Build `build_id`, whatever its template.
     pub fn template_build_by_id(&self, build_id: &str) -> Result<Option<TemplateBuildRecord>> {
-        build_where(&self.conn(), "id = ?1", [build_id])
+        build_where(&mut self.conn()?, "id = ?1", params![build_id])
     }
 
     /// Builds of template `template_id`, newest first, paged.
@@ -586,7 +572,9 @@ impl Store {
             cursor::order_by(listing, "created_at_ms", "id"),
             bindings.bind(cursor::fetch_limit(limit)),
         );
-        let rows = query_all(&self.conn(), &sql, bindings.params(), build_from_row)?;
+        let rows = self
+            .conn()?
+            .query_all(&sql, bindings.params(), build_from_row)?;
         Ok(cursor::paginate(listing, rows, limit, |b| Position {
             ms: to_ms(b.created_at),
             id: b.id.clone(),
@@ -595,21 +583,19 @@ impl Store {
 
     /// Builds not finished (waiting or building), of every template.
     pub fn unfinished_template_builds(&self) -> Result<Vec<TemplateBuildRecord>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             &format!(
                 "SELECT {BUILD_COLUMNS} FROM template_builds \
                  WHERE status IN ('waiting', 'building') ORDER BY created_at_ms, id"
             ),
-            [],
+            params![],
             build_from_row,
         )
     }
 
     /// Moves waiting build `build_id` to building. False when it was not waiting.
     pub fn start_template_build(&self, build_id: &str) -> Result<bool> {
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "UPDATE template_builds SET status = 'building', updated_at_ms = ?2 \
              WHERE id = ?1 AND status = 'waiting'",
             params![build_id, to_ms(now())],
@@ -621,8 +607,7 @@ impl Store {
     /// finished.
     pub fn fail_template_build(&self, build_id: &str, reason: &BuildReason) -> Result<bool> {
         let at = to_ms(now());
-        let changed = execute(
-            &self.conn(),
+        let changed = self.conn()?.execute(
             "UPDATE template_builds SET status = 'error', reason = ?2, updated_at_ms = ?3, \
              finished_at_ms = ?3 WHERE id = ?1 AND status IN ('waiting', 'building')",
             params![
@@ -637,29 +622,26 @@ impl Store {
     /// Marks build `build_id` ready and points its requested tags at it, in one
     /// transaction. False when it had already finished.
     pub fn finish_template_build(&self, build_id: &str) -> Result<bool> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let Some(build) = build_where(&tx, "id = ?1", [build_id])? else {
-            return Err(not_found("template build", build_id));
-        };
-        if build.status.is_finished() {
-            return Ok(false);
-        }
-        let at = to_ms(now());
-        execute(
-            &tx,
-            "UPDATE template_builds SET status = 'ready', updated_at_ms = ?2, \
+        self.write(|tx| {
+            let Some(build) = build_where(tx, "id = ?1", params![build_id])? else {
+                return Err(not_found("template build", build_id));
+            };
+            if build.status.is_finished() {
+                return Ok(false);
+            }
+            let at = to_ms(now());
+            tx.execute(
+                "UPDATE template_builds SET status = 'ready', updated_at_ms = ?2, \
              finished_at_ms = ?2 WHERE id = ?1",
-            params![build_id, at],
-        )?;
-        execute(
-            &tx,
-            "UPDATE templates SET updated_at_ms = ?2 WHERE id = ?1",
-            params![build.template_id, at],
-        )?;
-        assign_tags(&tx, &build.template_id, build_id, &build.requested_tags, at)?;
-        tx.commit()?;
-        Ok(true)
+                params![build_id, at],
+            )?;
+            tx.execute(
+                "UPDATE templates SET updated_at_ms = ?2 WHERE id = ?1",
+                params![build.template_id, at],
+            )?;
+            assign_tags(tx, &build.template_id, build_id, &build.requested_tags, at)?;
+            Ok(true)
+        })
     }
 
     /// The build tag `tag` of template `template_id` points at.
@@ -668,16 +650,15 @@ impl Store {
         template_id: &str,
         tag: &str,
     ) -> Result<Option<TemplateBuildRecord>> {
-        let conn = self.conn();
-        let build_id: Option<String> = conn
-            .query_row(
-                "SELECT build_id FROM template_tags WHERE template_id = ?1 AND tag = ?2",
-                params![template_id, tag],
-                |row| row.get(0),
-            )
-            .optional()?;
+        let mut conn = self.conn()?;
+        let build_id: Option<String> = conn.query_opt(
+            "SELECT template_id, tag, build_id FROM template_tags \
+             WHERE template_id = ?1 AND tag = ?2",
+            params![template_id, tag],
+            |row| Columns::new(row, "template_tags", &["template_id", "tag"])?.get("build_id"),
+        )?;
         match build_id {
-            Some(id) => build_where(&conn, "id = ?1", [id]),
+            Some(id) => build_where(&mut conn, "id = ?1", params![id]),
             None => Ok(None),
         }
     }
@@ -689,57 +670,54 @@ impl Store {
         build_id: &str,
         tags: &[String],
     ) -> Result<()> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        assign_tags(&tx, template_id, build_id, tags, to_ms(now()))?;
-        tx.commit()?;
-        Ok(())
+        self.write(|tx| {
+            assign_tags(tx, template_id, build_id, tags, to_ms(now()))?;
+            Ok(())
+        })
     }
 
     /// Removes `tags` from template `template_id` (absent ones are ignored).
     pub fn delete_template_tags(&self, template_id: &str, tags: &[String]) -> Result<()> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        for tag in tags {
-            execute(
-                &tx,
-                "DELETE FROM template_tags WHERE template_id = ?1 AND tag = ?2",
-                params![template_id, tag],
-            )?;
-        }
-        tx.commit()?;
-        Ok(())
+        self.write(|tx| {
+            for tag in tags {
+                tx.execute(
+                    "DELETE FROM template_tags WHERE template_id = ?1 AND tag = ?2",
+                    params![template_id, tag],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     /// Tags of template `template_id`, by name.
     pub fn template_tags(&self, template_id: &str) -> Result<Vec<TemplateTagRecord>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "SELECT template_id, tag, build_id, created_at_ms FROM template_tags \
              WHERE template_id = ?1 ORDER BY tag",
-            [template_id],
+            params![template_id],
             tag_from_row,
         )
     }
 
     /// Every manifest id some build row names (kept by template store cleanups).
     pub fn template_manifests(&self) -> Result<Vec<String>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "SELECT id, manifest_id FROM template_builds",
-            [],
+            params![],
             |row| Columns::new(row, "template_builds", &["id"])?.get("manifest_id"),
         )
     }
 }
 
-fn delete_template_rows(tx: &Transaction<'_>, id: &str) -> Result<()> {
-    execute(tx, "DELETE FROM template_tags WHERE template_id = ?1", [id])?;
-    execute(
-        tx,
-        "DELETE FROM template_builds WHERE template_id = ?1",
-        [id],
+fn delete_template_rows(tx: &mut Conn<'_>, id: &str) -> Result<()> {
+    tx.execute(
+        "DELETE FROM template_tags WHERE template_id = ?1",
+        params![id],
     )?;
-    execute(tx, "DELETE FROM templates WHERE id = ?1", [id])?;
+    tx.execute(
+        "DELETE FROM template_builds WHERE template_id = ?1",
+        params![id],
+    )?;
+    tx.execute("DELETE FROM templates WHERE id = ?1", params![id])?;
     Ok(())
 }

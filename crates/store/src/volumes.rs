@@ -7,11 +7,10 @@
 //! stored as is because `GET /volumes/{id}` must return it (as E2B does), like envd
 //! access tokens.
 
-use rusqlite::{params, Row};
 use time::OffsetDateTime;
 
 use crate::columns::{from_ms, new_id, now, to_ms, Columns};
-use crate::db::{execute, query_all, query_opt, Store};
+use crate::db::{params, Row, Store};
 use crate::error::{Result, StoreError};
 
 /// A team's volume.
@@ -66,8 +65,7 @@ impl Store {
             token: new_token(),
             created_at: stored_now(),
         };
-        let inserted = execute(
-            &self.conn(),
+        let inserted = self.conn()?.execute(
             &format!("INSERT INTO volumes ({VOLUME_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5)"),
             params![
                 record.id,
@@ -79,22 +77,17 @@ impl Store {
         );
         match inserted {
             Ok(_) => Ok(record),
-            Err(StoreError::Sqlite(err))
-                if err.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) =>
-            {
-                Err(StoreError::NameTaken {
-                    what: "volume",
-                    name: name.to_string(),
-                })
-            }
+            Err(err) if err.is_unique_violation() => Err(StoreError::NameTaken {
+                what: "volume",
+                name: name.to_string(),
+            }),
             Err(err) => Err(err),
         }
     }
 
     /// Volume `id` of `team_id`.
     pub fn volume(&self, team_id: &str, id: &str) -> Result<Option<VolumeRecord>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             &format!("SELECT {VOLUME_COLUMNS} FROM volumes WHERE team_id = ?1 AND id = ?2"),
             params![team_id, id],
             volume_from_row,
@@ -103,8 +96,7 @@ impl Store {
 
     /// Volume `name` of `team_id`.
     pub fn volume_by_name(&self, team_id: &str, name: &str) -> Result<Option<VolumeRecord>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             &format!("SELECT {VOLUME_COLUMNS} FROM volumes WHERE team_id = ?1 AND name = ?2"),
             params![team_id, name],
             volume_from_row,
@@ -113,34 +105,31 @@ impl Store {
 
     /// Volume `id` of any team (the content API authorises by the volume's token).
     pub fn volume_any_team(&self, id: &str) -> Result<Option<VolumeRecord>> {
-        query_opt(
-            &self.conn(),
+        self.conn()?.query_opt(
             &format!("SELECT {VOLUME_COLUMNS} FROM volumes WHERE id = ?1"),
-            [id],
+            params![id],
             volume_from_row,
         )
     }
 
     /// Volumes of `team_id`, oldest first (a team has few; not paged, as in E2B).
     pub fn list_volumes(&self, team_id: &str) -> Result<Vec<VolumeRecord>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             &format!(
                 "SELECT {VOLUME_COLUMNS} FROM volumes WHERE team_id = ?1 \
                  ORDER BY created_at_ms, id"
             ),
-            [team_id],
+            params![team_id],
             volume_from_row,
         )
     }
 
     /// Live (running or paused) sandboxes that mount volume `id`.
     pub fn sandboxes_mounting(&self, volume_id: &str) -> Result<Vec<String>> {
-        query_all(
-            &self.conn(),
+        self.conn()?.query_all(
             "SELECT DISTINCT s.id FROM sandbox_volumes v JOIN sandboxes s ON s.id = v.sandbox_id \
              WHERE v.volume_id = ?1 AND s.status IN ('running', 'paused') ORDER BY s.id",
-            [volume_id],
+            params![volume_id],
             |row| Columns::new(row, "sandboxes", &["id"])?.get("id"),
         )
     }
@@ -148,40 +137,37 @@ impl Store {
     /// Deletes volume `id` of `team_id` unless a live sandbox mounts it
     /// ([`StoreError::InUse`] names them). Returns the deleted record.
     pub fn delete_volume(&self, team_id: &str, id: &str) -> Result<VolumeRecord> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let volume = query_opt(
-            &tx,
-            &format!("SELECT {VOLUME_COLUMNS} FROM volumes WHERE team_id = ?1 AND id = ?2"),
-            params![team_id, id],
-            volume_from_row,
-        )?
-        .ok_or_else(|| StoreError::NotFound {
-            what: "volume",
-            id: id.to_string(),
-        })?;
-        let users: Vec<String> = query_all(
-            &tx,
+        self.write(|tx| {
+            let volume = tx
+                .query_opt(
+                    &format!("SELECT {VOLUME_COLUMNS} FROM volumes WHERE team_id = ?1 AND id = ?2"),
+                    params![team_id, id],
+                    volume_from_row,
+                )?
+                .ok_or_else(|| StoreError::NotFound {
+                    what: "volume",
+                    id: id.to_string(),
+                })?;
+            let users: Vec<String> = tx.query_all(
             "SELECT DISTINCT s.id FROM sandbox_volumes v JOIN sandboxes s ON s.id = v.sandbox_id \
              WHERE v.volume_id = ?1 AND s.status IN ('running', 'paused') ORDER BY s.id",
-            [id],
+            params![id],
             |row| Columns::new(row, "sandboxes", &["id"])?.get("id"),
         )?;
-        if !users.is_empty() {
-            return Err(StoreError::InUse {
-                what: "volume",
-                id: id.to_string(),
-                users,
-            });
-        }
-        execute(
-            &tx,
-            "DELETE FROM sandbox_volumes WHERE volume_id = ?1",
-            [id],
-        )?;
-        execute(&tx, "DELETE FROM volumes WHERE id = ?1", [id])?;
-        tx.commit()?;
-        Ok(volume)
+            if !users.is_empty() {
+                return Err(StoreError::InUse {
+                    what: "volume",
+                    id: id.to_string(),
+                    users,
+                });
+            }
+            tx.execute(
+                "DELETE FROM sandbox_volumes WHERE volume_id = ?1",
+                params![id],
+            )?;
+            tx.execute("DELETE FROM volumes WHERE id = ?1", params![id])?;
+            Ok(volume)
+        })
     }
 }
 

@@ -134,6 +134,8 @@ class Berth:
     env: dict[str, str] = field(default_factory=dict)
     # Kept across restarts: a restarted daemon must find its sandboxes' pool again.
     network_env: dict[str, str] = field(default_factory=lambda: sandbox_network_env())
+    # The state's Postgres URL (`--database`); None: SQLite in the state dir.
+    database_url: Optional[str] = None
     _reader: Optional[threading.Thread] = None
 
     @property
@@ -169,6 +171,7 @@ class Berth:
                 str(self.binary), "up", "--listen", self.listen, "--state-dir", str(self.state_dir),
                 # The suite's webhook receivers listen on loopback, which berth refuses by default.
                 "--webhook-allow", "127.0.0.1/32",
+                *(["--database", self.database_url] if self.database_url else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -244,7 +247,12 @@ class Berth:
         self.start()
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
-        """Runs `berth <args> --state-dir DIR` against this instance's state."""
+        """Runs `berth <args> --state-dir DIR` against this instance's state (its
+        database named by BERTH_DATABASE_URL when it has one)."""
+        env = {**os.environ}
+        env.pop("BERTH_DATABASE_URL", None)
+        if self.database_url:
+            env["BERTH_DATABASE_URL"] = self.database_url
         return subprocess.run(
             [str(self.binary), *args, "--state-dir", str(self.state_dir)],
             stdin=subprocess.DEVNULL,
@@ -252,6 +260,7 @@ class Berth:
             stderr=subprocess.PIPE,
             text=True,
             timeout=120,
+            env=env,
         )
 
     def create_key(self, team: str) -> str:

@@ -50,8 +50,8 @@ fn time(c: &Corruption) -> bool {
 }
 
 /// A store with one sandbox `ibad` of team `t` next to a healthy `igood`.
-fn with_sandboxes() -> (tempfile::TempDir, Store, Team) {
-    let (dir, store) = open();
+fn with_sandboxes(db: &TestDb) -> (Store, Team) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     store
         .insert_sandbox(&sandbox(&team.id, "ibad", 1_000))
@@ -59,18 +59,12 @@ fn with_sandboxes() -> (tempfile::TempDir, Store, Team) {
     store
         .insert_sandbox(&sandbox(&team.id, "igood", 2_000))
         .unwrap();
-    (dir, store, team)
+    (store, team)
 }
 
-#[test]
-fn corrupt_sandbox_metadata_is_an_error_not_an_empty_map() {
-    let (dir, store, team) = with_sandboxes();
-    raw(&dir)
-        .execute(
-            "UPDATE sandboxes SET metadata = '{\"user\": ' WHERE id = 'ibad'",
-            [],
-        )
-        .unwrap();
+fn corrupt_sandbox_metadata_is_an_error_not_an_empty_map(db: &TestDb) {
+    let (store, team) = with_sandboxes(db);
+    db.execute("UPDATE sandboxes SET metadata = '{\"user\": ' WHERE id = 'ibad'");
     assert_corrupt(
         store.running_sandbox(&team.id, "ibad"),
         "sandboxes",
@@ -96,15 +90,9 @@ fn corrupt_sandbox_metadata_is_an_error_not_an_empty_map() {
     assert!(store.running_sandbox(&team.id, "igood").unwrap().is_some());
 }
 
-#[test]
-fn metadata_of_the_wrong_json_shape_is_corrupt_too() {
-    let (dir, store, team) = with_sandboxes();
-    raw(&dir)
-        .execute(
-            "UPDATE sandboxes SET metadata = '[\"user\"]' WHERE id = 'ibad'",
-            [],
-        )
-        .unwrap();
+fn metadata_of_the_wrong_json_shape_is_corrupt_too(db: &TestDb) {
+    let (store, team) = with_sandboxes(db);
+    db.execute("UPDATE sandboxes SET metadata = '[\"user\"]' WHERE id = 'ibad'");
     assert_corrupt(
         store.sandbox(&team.id, "ibad"),
         "sandboxes",
@@ -114,11 +102,9 @@ fn metadata_of_the_wrong_json_shape_is_corrupt_too() {
     );
 }
 
-#[test]
-fn corrupt_env_vars_status_lifecycle_and_times_are_errors() {
-    let (dir, store, team) = with_sandboxes();
-    let conn = raw(&dir);
-    let damage = |sql: &str| conn.execute(sql, []).unwrap();
+fn corrupt_env_vars_status_lifecycle_and_times_are_errors(db: &TestDb) {
+    let (store, team) = with_sandboxes(db);
+    let damage = |sql: &str| db.execute(sql);
 
     damage("UPDATE sandboxes SET env_vars = 'K=V' WHERE id = 'ibad'");
     assert_corrupt(
@@ -130,15 +116,18 @@ fn corrupt_env_vars_status_lifecycle_and_times_are_errors() {
     );
     damage("UPDATE sandboxes SET env_vars = '{}' WHERE id = 'ibad'");
 
-    damage("UPDATE sandboxes SET auto_pause = 'yes' WHERE id = 'ibad'");
-    assert_corrupt(
-        store.sandbox(&team.id, "ibad"),
-        "sandboxes",
-        "auto_pause",
-        "ibad",
-        sql_type,
-    );
-    damage("UPDATE sandboxes SET auto_pause = 0 WHERE id = 'ibad'");
+    // Only SQLite stores a word in a flag column; Postgres's BOOLEAN refuses it.
+    if db.backend() == Backend::Sqlite {
+        damage("UPDATE sandboxes SET auto_pause = 'yes' WHERE id = 'ibad'");
+        assert_corrupt(
+            store.sandbox(&team.id, "ibad"),
+            "sandboxes",
+            "auto_pause",
+            "ibad",
+            sql_type,
+        );
+        damage("UPDATE sandboxes SET auto_pause = 0 WHERE id = 'ibad'");
+    }
 
     damage("UPDATE sandboxes SET cpu_count = -1 WHERE id = 'ibad'");
     assert_corrupt(
@@ -176,9 +165,8 @@ fn corrupt_env_vars_status_lifecycle_and_times_are_errors() {
     );
 }
 
-#[test]
-fn corrupt_snapshot_env_vars_are_an_error() {
-    let (dir, store) = open();
+fn corrupt_snapshot_env_vars_are_an_error(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     store
         .put_snapshot(&SnapshotRecord {
@@ -201,12 +189,7 @@ fn corrupt_snapshot_env_vars_are_an_error() {
             volume_mounts: Vec::new(),
         })
         .unwrap();
-    raw(&dir)
-        .execute(
-            "UPDATE snapshots SET env_vars = '{\"K\": 1}' WHERE id = 's1'",
-            [],
-        )
-        .unwrap();
+    db.execute("UPDATE snapshots SET env_vars = '{\"K\": 1}' WHERE id = 's1'");
     assert_corrupt(
         store.snapshot(&team.id, "one"),
         "snapshots",
@@ -223,9 +206,8 @@ fn corrupt_snapshot_env_vars_are_an_error() {
     );
 }
 
-#[test]
-fn corrupt_webhook_events_and_event_data_are_errors() {
-    let (dir, store) = open();
+fn corrupt_webhook_events_and_event_data_are_errors(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     let hook = WebhookRecord {
         id: "w1".into(),
@@ -250,10 +232,8 @@ fn corrupt_webhook_events_and_event_data_are_errors() {
         execution_id: "x1".into(),
     };
     store.record_event(&event, |e| e.id.clone()).unwrap();
-    let conn = raw(&dir);
 
-    conn.execute("UPDATE events SET data = '{oops' WHERE id = 'e1'", [])
-        .unwrap();
+    db.execute("UPDATE events SET data = '{oops' WHERE id = 'e1'");
     assert_corrupt(
         store.events(&team.id, None, &[], true, 0, 10),
         "events",
@@ -262,8 +242,7 @@ fn corrupt_webhook_events_and_event_data_are_errors() {
         json,
     );
 
-    conn.execute("UPDATE webhooks SET events = 'all' WHERE id = 'w1'", [])
-        .unwrap();
+    db.execute("UPDATE webhooks SET events = 'all' WHERE id = 'w1'");
     assert_corrupt(store.webhooks(&team.id), "webhooks", "events", "w1", json);
     assert_corrupt(
         store.webhook(&team.id, "w1"),
@@ -284,23 +263,16 @@ fn corrupt_webhook_events_and_event_data_are_errors() {
         "w1",
         json,
     );
-    let recorded: i64 = conn
-        .query_row("SELECT COUNT(*) FROM events WHERE id = 'e2'", [], |r| {
-            r.get(0)
-        })
-        .unwrap();
+    let recorded = db.count("SELECT COUNT(*) AS n FROM events WHERE id = 'e2'");
     assert_eq!(recorded, 0, "the refused event was rolled back");
 }
 
-#[test]
-fn an_unknown_log_level_is_an_error() {
-    let (dir, store) = open();
+fn an_unknown_log_level_is_an_error(db: &TestDb) {
+    let store = db.open();
     store
         .append_log("i1", berth_api::LogLevel::Info, "hello")
         .unwrap();
-    raw(&dir)
-        .execute("UPDATE sandbox_logs SET level = 'loud'", [])
-        .unwrap();
+    db.execute("UPDATE sandbox_logs SET level = 'loud'");
     assert_corrupt(
         store.logs("i1", None, true, berth_api::LogLevel::Debug, None, 10),
         "sandbox_logs",
@@ -310,9 +282,8 @@ fn an_unknown_log_level_is_an_error() {
     );
 }
 
-#[test]
-fn a_corrupt_metric_names_its_composite_key() {
-    let (dir, store) = open();
+fn a_corrupt_metric_names_its_composite_key(db: &TestDb) {
+    let store = db.open();
     let sample = MetricSample {
         timestamp_unix: 7,
         cpu_count: 1,
@@ -324,14 +295,33 @@ fn a_corrupt_metric_names_its_composite_key() {
         disk_total: 2,
     };
     store.insert_metric("i1", &sample).unwrap();
-    raw(&dir)
-        .execute("UPDATE sandbox_metrics SET cpu_used_pct = 'high'", [])
-        .unwrap();
+    // A value of the wrong type (SQLite) or out of its field's range (Postgres, whose
+    // columns refuse wrong types).
+    let column = match db.backend() {
+        Backend::Sqlite => {
+            db.execute("UPDATE sandbox_metrics SET cpu_used_pct = 'high'");
+            "cpu_used_pct"
+        }
+        Backend::Postgres => {
+            db.execute("UPDATE sandbox_metrics SET cpu_count = -1");
+            "cpu_count"
+        }
+    };
     assert_corrupt(
         store.latest_metric("i1"),
         "sandbox_metrics",
-        "cpu_used_pct",
+        column,
         "(i1, 7)",
         sql_type,
     );
 }
+
+on_both_backends!(
+    corrupt_sandbox_metadata_is_an_error_not_an_empty_map,
+    metadata_of_the_wrong_json_shape_is_corrupt_too,
+    corrupt_env_vars_status_lifecycle_and_times_are_errors,
+    corrupt_snapshot_env_vars_are_an_error,
+    corrupt_webhook_events_and_event_data_are_errors,
+    an_unknown_log_level_is_an_error,
+    a_corrupt_metric_names_its_composite_key,
+);

@@ -27,9 +27,8 @@ fn event(id: &str, team: &str, kind: &str) -> EventRecord {
     }
 }
 
-#[test]
-fn events_page_filter_and_queue_deliveries() {
-    let (_dir, store) = open();
+fn events_page_filter_and_queue_deliveries(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     store
         .create_webhook(&hook("w1", &team.id, &["sandbox.lifecycle.killed"]))
@@ -134,9 +133,8 @@ fn events_page_filter_and_queue_deliveries() {
     ));
 }
 
-#[test]
-fn webhooks_update_disable_and_delete_with_their_deliveries() {
-    let (_dir, store) = open();
+fn webhooks_update_disable_and_delete_with_their_deliveries(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     store.create_webhook(&hook("w1", &team.id, &[])).unwrap();
     let changed = store
@@ -207,9 +205,8 @@ fn webhooks_update_disable_and_delete_with_their_deliveries() {
     ));
 }
 
-#[test]
-fn a_webhooks_history_keeps_its_newest_finished_deliveries() {
-    let (_dir, store) = open();
+fn a_webhooks_history_keeps_its_newest_finished_deliveries(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     store.create_webhook(&hook("w1", &team.id, &[])).unwrap();
     let total = DELIVERY_HISTORY + 3;
@@ -246,10 +243,9 @@ fn a_webhooks_history_keeps_its_newest_finished_deliveries() {
         .is_empty());
 }
 
-#[test]
-fn two_claimers_never_get_the_same_delivery() {
-    let (dir, store) = open();
-    let other = Store::open(dir.path()).unwrap();
+fn two_claimers_never_get_the_same_delivery(db: &TestDb) {
+    let store = db.open();
+    let other = db.open();
     let team = store.create_team("t").unwrap();
     store.create_webhook(&hook("w1", &team.id, &[])).unwrap();
     for i in 0..40 {
@@ -285,3 +281,10 @@ fn two_claimers_never_get_the_same_delivery() {
     );
     assert_eq!(all.len(), 40);
 }
+
+on_both_backends!(
+    events_page_filter_and_queue_deliveries,
+    webhooks_update_disable_and_delete_with_their_deliveries,
+    a_webhooks_history_keeps_its_newest_finished_deliveries,
+    two_claimers_never_get_the_same_delivery,
+);

@@ -15,10 +15,8 @@ fn registration(id: &str) -> NodeRegistration {
     }
 }
 
-#[test]
-fn a_node_registers_renews_and_is_lost_once_when_its_lease_lapses() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+fn a_node_registers_renews_and_is_lost_once_when_its_lease_lapses(db: &TestDb) {
+    let store = db.open();
     let a = store
         .register_node(&registration("a"), Duration::from_secs(10))
         .unwrap();
@@ -70,10 +68,8 @@ fn a_node_registers_renews_and_is_lost_once_when_its_lease_lapses() {
     );
 }
 
-#[test]
-fn placements_name_one_node_per_object() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+fn placements_name_one_node_per_object(db: &TestDb) {
+    let store = db.open();
     store.place(PlacedKind::Sandbox, "s1", "a").unwrap();
     store.place(PlacedKind::Checkpoint, "s1", "b").unwrap();
     assert_eq!(
@@ -111,9 +107,8 @@ fn placements_name_one_node_per_object() {
     );
 }
 
-#[test]
-fn usage_sums_running_sandboxes_and_counts_paused_ones() {
-    let (_dir, store) = open();
+fn usage_sums_running_sandboxes_and_counts_paused_ones(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     for (id, node) in [("s1", "a"), ("s2", "a"), ("s3", "b")] {
         store.place(PlacedKind::Sandbox, id, node).unwrap();
@@ -150,3 +145,9 @@ fn usage_sums_running_sandboxes_and_counts_paused_ones() {
         ]
     );
 }
+
+on_both_backends!(
+    a_node_registers_renews_and_is_lost_once_when_its_lease_lapses,
+    placements_name_one_node_per_object,
+    usage_sums_running_sandboxes_and_counts_paused_ones,
+);

@@ -26,9 +26,8 @@ fn with_metadata(mut record: SandboxRecord, pairs: &[(&str, &str)]) -> SandboxRe
     record
 }
 
-#[test]
-fn sandboxes_are_scoped_filtered_and_paged() {
-    let (_dir, store) = open();
+fn sandboxes_are_scoped_filtered_and_paged(db: &TestDb) {
+    let store = db.open();
     let a = store.create_team("a").unwrap();
     let b = store.create_team("b").unwrap();
     for i in 0..5 {
@@ -79,9 +78,8 @@ fn sandboxes_are_scoped_filtered_and_paged() {
     assert!(store.sandbox(&a.id, "ia0").unwrap().is_some());
 }
 
-#[test]
-fn ties_in_start_time_are_ordered_by_id_in_both_directions() {
-    let (_dir, store) = open();
+fn ties_in_start_time_are_ordered_by_id_in_both_directions(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     // Inserted out of id order, all started in the same millisecond.
     for id in ["ic", "ia", "ie", "ib", "id"] {
@@ -105,9 +103,8 @@ fn ties_in_start_time_are_ordered_by_id_in_both_directions() {
     );
 }
 
-#[test]
-fn a_cursor_after_the_last_row_gives_an_empty_last_page() {
-    let (_dir, store) = open();
+fn a_cursor_after_the_last_row_gives_an_empty_last_page(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     for i in 0..3 {
         store
@@ -142,9 +139,8 @@ fn a_cursor_after_the_last_row_gives_an_empty_last_page() {
     assert!(rest.next_token.is_none());
 }
 
-#[test]
-fn rows_inserted_between_pages_are_neither_duplicated_nor_skipped() {
-    let (_dir, store) = open();
+fn rows_inserted_between_pages_are_neither_duplicated_nor_skipped(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     for i in 1..=6 {
         store
@@ -179,9 +175,8 @@ fn rows_inserted_between_pages_are_neither_duplicated_nor_skipped() {
     assert_eq!(seen, ["i6", "i5", "i4", "imid", "i3", "i2", "i1"]);
 }
 
-#[test]
-fn metadata_filters_need_every_pair_exactly() {
-    let (_dir, store) = open();
+fn metadata_filters_need_every_pair_exactly(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     let rows = [
         ("i1", vec![("app", "web"), ("env", "prod")]),
@@ -229,9 +224,8 @@ fn metadata_filters_need_every_pair_exactly() {
     );
 }
 
-#[test]
-fn filters_and_paging_combine() {
-    let (_dir, store) = open();
+fn filters_and_paging_combine(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     let other = store.create_team("o").unwrap();
     for i in 0..10i64 {
@@ -300,9 +294,8 @@ fn filters_and_paging_combine() {
     assert!(page.sandboxes.is_empty() && page.next_token.is_none() && page.total == 0);
 }
 
-#[test]
-fn bad_cursors_are_typed_errors() {
-    let (_dir, store) = open();
+fn bad_cursors_are_typed_errors(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     for i in 0..3 {
         store
@@ -363,7 +356,9 @@ fn page_plan(conn: &rusqlite::Connection, filter: &SandboxFilter) -> String {
         crate::sandboxes::page_query("t", filter, filter.states.statuses(), Some(after), 10);
     let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
     let rows = stmt
-        .query_map(bindings.params(), |r| r.get::<_, String>(3))
+        .query_map(rusqlite::params_from_iter(bindings.params()), |r| {
+            r.get::<_, String>(3)
+        })
         .unwrap();
     rows.collect::<rusqlite::Result<Vec<_>>>()
         .unwrap()
@@ -372,9 +367,9 @@ fn page_plan(conn: &rusqlite::Connection, filter: &SandboxFilter) -> String {
 
 #[test]
 fn listings_seek_through_the_team_state_start_index() {
-    let (dir, store) = open();
-    drop(store);
-    let conn = raw(&dir);
+    let db = TestDb::sqlite();
+    drop(db.open());
+    let conn = rusqlite::Connection::open(db.dir().join(DATABASE_FILE)).unwrap();
     // The default listing (running, newest first) reads the index in order: no sort.
     let plan = page_plan(&conn, &SandboxFilter::default());
     assert!(
@@ -403,9 +398,8 @@ fn listings_seek_through_the_team_state_start_index() {
     assert!(!plan.contains("SCAN sandboxes"), "{plan}");
 }
 
-#[test]
-fn idempotency_keys_are_remembered_and_expire() {
-    let (_dir, store) = open();
+fn idempotency_keys_are_remembered_and_expire(db: &TestDb) {
+    let store = db.open();
     store.remember_idempotency_key("t", "k", "i0").unwrap();
     store.remember_idempotency_key("t", "k", "i1").unwrap();
     assert_eq!(
@@ -429,9 +423,8 @@ fn idempotency_keys_are_remembered_and_expire() {
     assert!(store.idempotent_sandbox("t", "k").unwrap().is_none());
 }
 
-#[test]
-fn pause_and_resume_move_between_live_states_once() {
-    let (_dir, store) = open();
+fn pause_and_resume_move_between_live_states_once(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("a").unwrap();
     let mut record = sandbox(&team.id, "ip0", 1_000);
     record.env_vars = [("K".to_string(), "V".to_string())].into();
@@ -493,9 +486,8 @@ fn pause_and_resume_move_between_live_states_once() {
     assert!(store.live_sandbox_any_team("ip0").unwrap().is_none());
 }
 
-#[test]
-fn end_times_drive_expiry_and_kill_keeps_the_earlier_end() {
-    let (_dir, store) = open();
+fn end_times_drive_expiry_and_kill_keeps_the_earlier_end(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     store
         .insert_sandbox(&sandbox(&team.id, "i1", 1_000))
@@ -531,9 +523,8 @@ fn end_times_drive_expiry_and_kill_keeps_the_earlier_end() {
     assert_eq!(store.next_end_at().unwrap(), Some(at(90_000)));
 }
 
-#[test]
-fn team_usage_sums_running_sandboxes_and_paused_ones_carry_their_pause_time() {
-    let (_dir, store) = open();
+fn team_usage_sums_running_sandboxes_and_paused_ones_carry_their_pause_time(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("a").unwrap();
     let other = store.create_team("b").unwrap();
     for (id, team_id) in [("iu1", &team.id), ("iu2", &team.id), ("iu3", &other.id)] {
@@ -585,3 +576,17 @@ fn team_usage_sums_running_sandboxes_and_paused_ones_carry_their_pause_time() {
     assert!(store.mark_killed("iu4").unwrap());
     assert!(store.snapshots_in_use().unwrap().is_empty());
 }
+
+on_both_backends!(
+    sandboxes_are_scoped_filtered_and_paged,
+    ties_in_start_time_are_ordered_by_id_in_both_directions,
+    a_cursor_after_the_last_row_gives_an_empty_last_page,
+    rows_inserted_between_pages_are_neither_duplicated_nor_skipped,
+    metadata_filters_need_every_pair_exactly,
+    filters_and_paging_combine,
+    bad_cursors_are_typed_errors,
+    idempotency_keys_are_remembered_and_expire,
+    pause_and_resume_move_between_live_states_once,
+    end_times_drive_expiry_and_kill_keeps_the_earlier_end,
+    team_usage_sums_running_sandboxes_and_paused_ones_carry_their_pause_time,
+);

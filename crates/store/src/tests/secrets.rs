@@ -8,9 +8,8 @@ fn sealed(tag: u8) -> SealedVersion {
     }
 }
 
-#[test]
-fn secrets_version_by_appending_and_are_found_by_id_or_name() {
-    let (_dir, store) = open();
+fn secrets_version_by_appending_and_are_found_by_id_or_name(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     let other = store.create_team("o").unwrap();
     let id = Store::new_secret_id();
@@ -82,9 +81,8 @@ fn secrets_version_by_appending_and_are_found_by_id_or_name() {
         .unwrap();
 }
 
-#[test]
-fn secrets_page_newest_first() {
-    let (_dir, store) = open();
+fn secrets_page_newest_first(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     for i in 0..5 {
         store
@@ -113,3 +111,8 @@ fn secrets_page_newest_first() {
     assert_eq!(second.secrets.len(), 3);
     assert!(second.next_token.is_none());
 }
+
+on_both_backends!(
+    secrets_version_by_appending_and_are_found_by_id_or_name,
+    secrets_page_newest_first,
+);

@@ -22,9 +22,8 @@ fn snapshot(id: &str, team: &str, name: &str, at_ms: i64) -> SnapshotRecord {
     }
 }
 
-#[test]
-fn snapshots_are_per_team_replaced_by_name_and_paged() {
-    let (_dir, store) = open();
+fn snapshots_are_per_team_replaced_by_name_and_paged(db: &TestDb) {
+    let store = db.open();
     let a = store.create_team("a").unwrap();
     let b = store.create_team("b").unwrap();
     assert_eq!(
@@ -86,9 +85,8 @@ fn snapshots_are_per_team_replaced_by_name_and_paged() {
     assert_eq!(checkpoints, ["ckpt-s2", "ckpt-s4"]);
 }
 
-#[test]
-fn snapshot_pages_follow_the_keyset_through_ties_and_inserts() {
-    let (_dir, store) = open();
+fn snapshot_pages_follow_the_keyset_through_ties_and_inserts(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     for (id, at_ms) in [("sb", 5), ("sa", 5), ("sc", 5), ("sd", 1)] {
         store
@@ -125,9 +123,8 @@ fn snapshot_pages_follow_the_keyset_through_ties_and_inserts() {
     }
 }
 
-#[test]
-fn snapshot_storage_is_per_team_and_can_leave_out_a_name() {
-    let (_dir, store) = open();
+fn snapshot_storage_is_per_team_and_can_leave_out_a_name(db: &TestDb) {
+    let store = db.open();
     let a = store.create_team("a").unwrap();
     let b = store.create_team("b").unwrap();
     store
@@ -150,3 +147,9 @@ fn snapshot_storage_is_per_team_and_can_leave_out_a_name() {
         .collect();
     assert_eq!(all, ["s2", "s1", "s3"], "oldest first");
 }
+
+on_both_backends!(
+    snapshots_are_per_team_replaced_by_name_and_paged,
+    snapshot_pages_follow_the_keyset_through_ties_and_inserts,
+    snapshot_storage_is_per_team_and_can_leave_out_a_name,
+);

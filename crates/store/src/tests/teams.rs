@@ -1,8 +1,7 @@
 use super::*;
 
-#[test]
-fn first_team_is_default_and_names_are_unique() {
-    let (_dir, store) = open();
+fn first_team_is_default_and_names_are_unique(db: &TestDb) {
+    let store = db.open();
     let a = store.create_team("a").unwrap();
     let b = store.create_team("b").unwrap();
     assert!(a.is_default);
@@ -15,9 +14,8 @@ fn first_team_is_default_and_names_are_unique() {
     assert_eq!(store.team_by_name("b").unwrap().unwrap(), b);
 }
 
-#[test]
-fn keys_authenticate_by_hash_only_and_revoke() {
-    let (dir, store) = open();
+fn keys_authenticate_by_hash_only_and_revoke(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     let (record, raw) = store.create_api_key(&team.id, "k").unwrap();
     let (found_team, found_key) = store.authenticate(&raw).unwrap().unwrap();
@@ -26,22 +24,32 @@ fn keys_authenticate_by_hash_only_and_revoke() {
     assert!(found_key.last_used.is_some());
     assert!(store.authenticate("e2b_00").unwrap().is_none());
 
-    // The raw key is nowhere in the database file.
+    // The raw key is nowhere in the database.
     drop(store);
-    let bytes = std::fs::read(dir.path().join(DATABASE_FILE)).unwrap();
-    let wal = std::fs::read(dir.path().join("berth.db-wal")).unwrap_or_default();
-    let needle = raw.as_bytes();
-    for haystack in [&bytes, &wal] {
-        assert!(!haystack.windows(needle.len()).any(|w| w == needle));
+    match db.backend() {
+        Backend::Sqlite => {
+            let bytes = std::fs::read(db.dir().join(DATABASE_FILE)).unwrap();
+            let wal = std::fs::read(db.dir().join("berth.db-wal")).unwrap_or_default();
+            let needle = raw.as_bytes();
+            for haystack in [&bytes, &wal] {
+                assert!(!haystack.windows(needle.len()).any(|w| w == needle));
+            }
+        }
+        Backend::Postgres => {
+            let holding = db.count(&format!(
+                "SELECT COUNT(*) AS n FROM api_keys k \
+                 WHERE strpos(CAST(k AS TEXT), '{raw}') > 0"
+            ));
+            assert_eq!(holding, 0);
+        }
     }
-    let store = Store::open(dir.path()).unwrap();
+    let store = db.open();
     store.revoke_api_key(&record.id).unwrap();
     assert!(store.authenticate(&raw).unwrap().is_none());
 }
 
-#[test]
-fn deleting_another_teams_key_is_not_found() {
-    let (_dir, store) = open();
+fn deleting_another_teams_key_is_not_found(db: &TestDb) {
+    let store = db.open();
     let a = store.create_team("a").unwrap();
     let b = store.create_team("b").unwrap();
     let (key, raw) = store.create_api_key(&a.id, "k").unwrap();
@@ -52,9 +60,8 @@ fn deleting_another_teams_key_is_not_found() {
     assert!(store.authenticate(&raw).unwrap().is_some());
 }
 
-#[test]
-fn keys_list_rename_and_show_their_team() {
-    let (_dir, store) = open();
+fn keys_list_rename_and_show_their_team(db: &TestDb) {
+    let store = db.open();
     let a = store.create_team("a").unwrap();
     let b = store.create_team("b").unwrap();
     let (ka, _) = store.create_api_key(&a.id, "one").unwrap();
@@ -77,12 +84,18 @@ fn keys_list_rename_and_show_their_team() {
     );
 }
 
-#[test]
-fn second_open_sees_the_same_state() {
-    let dir = tempfile::tempdir().unwrap();
-    let first = Store::open(dir.path()).unwrap();
+fn second_open_sees_the_same_state(db: &TestDb) {
+    let first = db.open();
     let team = first.create_team("t").unwrap();
-    let second = Store::open(dir.path()).unwrap();
+    let second = db.open();
     let (_, raw) = second.create_api_key(&team.id, "from the CLI").unwrap();
     assert!(first.authenticate(&raw).unwrap().is_some());
 }
+
+on_both_backends!(
+    first_team_is_default_and_names_are_unique,
+    keys_authenticate_by_hash_only_and_revoke,
+    deleting_another_teams_key_is_not_found,
+    keys_list_rename_and_show_their_team,
+    second_open_sees_the_same_state,
+);

@@ -1,9 +1,8 @@
 use super::*;
 use berth_api::LogLevel;
 
-#[test]
-fn logs_filter_by_level_search_and_direction() {
-    let (_dir, store) = open();
+fn logs_filter_by_level_search_and_direction(db: &TestDb) {
+    let store = db.open();
     store.append_log("i1", LogLevel::Debug, "booting").unwrap();
     store
         .append_log("i1", LogLevel::Info, "envd ready")
@@ -57,9 +56,8 @@ fn logs_filter_by_level_search_and_direction() {
     );
 }
 
-#[test]
-fn metrics_replace_per_second_and_read_in_range() {
-    let (_dir, store) = open();
+fn metrics_replace_per_second_and_read_in_range(db: &TestDb) {
+    let store = db.open();
     let sample = |t: i64, cpu: f64| MetricSample {
         timestamp_unix: t,
         cpu_count: 2,
@@ -82,3 +80,8 @@ fn metrics_replace_per_second_and_read_in_range() {
     assert_eq!(store.latest_metric("i1").unwrap(), Some(sample(20, 3.0)));
     assert!(store.latest_metric("i3").unwrap().is_none());
 }
+
+on_both_backends!(
+    logs_filter_by_level_search_and_direction,
+    metrics_replace_per_second_and_read_in_range,
+);

@@ -33,9 +33,8 @@ fn installed(name: &str, build_id: &str) -> InstalledTemplate {
     }
 }
 
-#[test]
-fn a_build_request_makes_the_template_once_and_supersedes_waiting_builds() {
-    let (_dir, store) = open();
+fn a_build_request_makes_the_template_once_and_supersedes_waiting_builds(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("a").unwrap();
     let (t1, b1) = store
         .request_template_build(&request(&team.id, "app", "tapp", "b1", &["default"]))
@@ -80,9 +79,8 @@ fn a_build_request_makes_the_template_once_and_supersedes_waiting_builds() {
     );
 }
 
-#[test]
-fn tags_point_at_a_build_only_once_it_is_ready() {
-    let (_dir, store) = open();
+fn tags_point_at_a_build_only_once_it_is_ready(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("a").unwrap();
     store
         .request_template_build(&request(&team.id, "app", "t", "b1", &["default", "v1"]))
@@ -147,9 +145,8 @@ fn tags_point_at_a_build_only_once_it_is_ready() {
     assert!(store.unfinished_template_builds().unwrap().is_empty());
 }
 
-#[test]
-fn installed_templates_sync_with_the_host() {
-    let (_dir, store) = open();
+fn installed_templates_sync_with_the_host(db: &TestDb) {
+    let store = db.open();
     assert!(store
         .sync_installed_templates(&[installed("base", "bb1"), installed("extra", "be1")], true)
         .unwrap()
@@ -182,9 +179,8 @@ fn installed_templates_sync_with_the_host() {
     assert_eq!(store.template("base").unwrap().unwrap().build_count, 2);
 }
 
-#[test]
-fn listings_show_installed_then_the_team_newest_first_and_page() {
-    let (_dir, store) = open();
+fn listings_show_installed_then_the_team_newest_first_and_page(db: &TestDb) {
+    let store = db.open();
     store
         .sync_installed_templates(&[installed("base", "bb1")], true)
         .unwrap();
@@ -226,9 +222,8 @@ fn listings_show_installed_then_the_team_newest_first_and_page() {
     assert!(next.is_none());
 }
 
-#[test]
-fn deleting_a_template_returns_its_builds_and_counts_users() {
-    let (_dir, store) = open();
+fn deleting_a_template_returns_its_builds_and_counts_users(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("a").unwrap();
     store
         .request_template_build(&request(&team.id, "app", "t", "b1", &[]))
@@ -264,3 +259,11 @@ fn deleting_a_template_returns_its_builds_and_counts_users() {
         Err(StoreError::NotFound { .. })
     ));
 }
+
+on_both_backends!(
+    a_build_request_makes_the_template_once_and_supersedes_waiting_builds,
+    tags_point_at_a_build_only_once_it_is_ready,
+    installed_templates_sync_with_the_host,
+    listings_show_installed_then_the_team_newest_first_and_page,
+    deleting_a_template_returns_its_builds_and_counts_users,
+);

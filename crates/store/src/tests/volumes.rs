@@ -1,8 +1,7 @@
 use super::*;
 
-#[test]
-fn volume_names_are_unique_per_team_and_tokens_unique() {
-    let (_dir, store) = open();
+fn volume_names_are_unique_per_team_and_tokens_unique(db: &TestDb) {
+    let store = db.open();
     let a = store.create_team("a").unwrap();
     let b = store.create_team("b").unwrap();
     let first = store.insert_volume(&a.id, "data").unwrap();
@@ -23,9 +22,8 @@ fn volume_names_are_unique_per_team_and_tokens_unique() {
     assert_eq!(store.list_volumes(&a.id).unwrap(), vec![first]);
 }
 
-#[test]
-fn a_volume_mounted_by_a_live_sandbox_is_not_deleted() {
-    let (_dir, store) = open();
+fn a_volume_mounted_by_a_live_sandbox_is_not_deleted(db: &TestDb) {
+    let store = db.open();
     let team = store.create_team("t").unwrap();
     let volume = store.insert_volume(&team.id, "data").unwrap();
     let mut record = sandbox(&team.id, "i1", 1);
@@ -61,3 +59,8 @@ fn a_volume_mounted_by_a_live_sandbox_is_not_deleted() {
         Err(StoreError::NotFound { .. })
     ));
 }
+
+on_both_backends!(
+    volume_names_are_unique_per_team_and_tokens_unique,
+    a_volume_mounted_by_a_live_sandbox_is_not_deleted,
+);
