@@ -292,6 +292,13 @@ mcp_conformance() {
     in_private_netns .venv/bin/python -m pytest tests/mcp/test_conformance.py -p no:cacheprovider -s
 }
 
+# A split deployment on this machine (tests/cluster): a throwaway Postgres, three berth
+# nodes and two berth apis, driven by the official SDK through either API instance.
+cluster_suite() {
+    [[ -n "${BERTH_BIN:-}" ]] || { echo "no berth binary (build step failed)" >&2; return 1; }
+    (cd tests/cluster && in_private_netns ../../.venv/bin/python -m pytest)
+}
+
 # The Kubernetes chart (deploy/helm/berth): rendered by helm for every values file in its
 # ci/, each manifest validated strictly against two Kubernetes versions' API schemas.
 deploy_suite() {
@@ -326,6 +333,7 @@ lanes \
     "templates: Python SDK suite (tests/templates)" templates_suite \
     "templates: JS SDK (tests/templates/js)" templates_js \
     "dashboard: browser suite (tests/dashboard)" dashboard_suite \
+    "cluster: berth api + berth node on Postgres (tests/cluster)" cluster_suite \
     -- \
     "MCP suite (tests/mcp)" mcp_suite \
     "MCP conformance (tests/mcp/conformance)" mcp_conformance \

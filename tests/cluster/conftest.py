@@ -263,10 +263,7 @@ def cluster(database: str) -> Iterator[Cluster]:
             cluster.wait_node_state(name, "up")
         cluster.add_api()
         cluster.add_api()
-        keys = ["keys", "create", "--name", "cluster-suite"]
-        if database.startswith("sqlite:"):
-            keys += ["--state-dir", database.removeprefix("sqlite:")]
-        cluster.key = cluster.berth(*keys).strip().splitlines()[-1]
+        cluster.key = cluster.berth("keys", "create", "--name", "cluster-suite").strip().splitlines()[-1]
         cluster.use(0)
         yield cluster
     finally:
