@@ -146,6 +146,35 @@ struct Metadata {
 }
 
 impl Metadata {
+    /// Sets the checkpoint's size from what `tmp` holds (the metadata file, a few
+    /// hundred bytes, counted as one block up front).
+    fn measure(&mut self, tmp: &Path) -> Result<(), RuntimeError> {
+        self.info.size_bytes = allocated_bytes(tmp).map_err(io_err("measure checkpoint"))? + 4096;
+        Ok(())
+    }
+
+    /// Writes this metadata into the checkpoint being built in `tmp`, makes all of it
+    /// durable and renames it to `dest`: a crash leaves the whole checkpoint or only
+    /// the `.tmp` the next build there removes.
+    fn publish(&self, tmp: &Path, dest: &Path) -> Result<(), RuntimeError> {
+        perms::write_private(
+            &tmp.join(META_FILE),
+            &serde_json::to_vec_pretty(self)
+                .map_err(io::Error::other)
+                .map_err(io_err("encode metadata"))?,
+        )
+        .map_err(io_err("write metadata"))?;
+        // One syncfs instead of an fsync per file: a dump has dozens of images and each
+        // fsync is a journal commit (~16 ms here); syncfs commits once for all of them.
+        let dir = File::open(tmp).map_err(io_err("open checkpoint dir"))?;
+        syncfs(&dir).map_err(io_err("sync checkpoint"))?;
+        fs::rename(tmp, dest).map_err(io_err(format!("rename to {}", dest.display())))?;
+        let parent = dest.parent().unwrap_or(Path::new("."));
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("sync checkpoint parent dir"))
+    }
+
     fn read(checkpoint: &Path) -> Result<Self, RuntimeError> {
         let path = checkpoint.join(META_FILE);
         let bytes = fs::read(&path).map_err(io_err(format!("read {}", path.display())))?;
@@ -254,24 +283,8 @@ impl LinuxRuntime {
             },
             uid_base: self.uid_base_of(sandbox.slot),
         };
-        // The metadata file is a few hundred bytes: one block, counted up front.
-        meta.info.size_bytes = allocated_bytes(tmp).map_err(io_err("measure checkpoint"))? + 4096;
-        perms::write_private(
-            &tmp.join(META_FILE),
-            &serde_json::to_vec_pretty(&meta)
-                .map_err(io::Error::other)
-                .map_err(io_err("encode metadata"))?,
-        )
-        .map_err(io_err("write metadata"))?;
-        // One syncfs instead of an fsync per file: a dump has dozens of images and each
-        // fsync is a journal commit (~16 ms here); syncfs commits once for all of them.
-        let dir = File::open(tmp).map_err(io_err("open checkpoint dir"))?;
-        syncfs(&dir).map_err(io_err("sync checkpoint"))?;
-        fs::rename(tmp, dest).map_err(io_err(format!("rename to {}", dest.display())))?;
-        let parent = dest.parent().unwrap_or(Path::new("."));
-        File::open(parent)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err("sync checkpoint parent dir"))?;
+        meta.measure(tmp)?;
+        meta.publish(tmp, dest)?;
         Ok(meta.info)
     }
 
@@ -406,18 +419,8 @@ impl LinuxRuntime {
                 },
                 uid_base: self.uid_base_of(record.slot),
             };
-            meta.info.size_bytes =
-                allocated_bytes(&tmp).map_err(io_err("measure checkpoint"))? + 4096;
-            perms::write_private(
-                &tmp.join(META_FILE),
-                &serde_json::to_vec_pretty(&meta)
-                    .map_err(io::Error::other)
-                    .map_err(io_err("encode metadata"))?,
-            )
-            .map_err(io_err("write metadata"))?;
-            let handle = File::open(&tmp).map_err(io_err("open checkpoint dir"))?;
-            syncfs(&handle).map_err(io_err("sync checkpoint"))?;
-            fs::rename(&tmp, dest).map_err(io_err(format!("rename to {}", dest.display())))?;
+            meta.measure(&tmp)?;
+            meta.publish(&tmp, dest)?;
             Ok(meta.info)
         })();
         if result.is_err() {
@@ -479,17 +482,7 @@ impl LinuxRuntime {
                 });
             }
             meta.info.layers = layers;
-            perms::write_private(
-                &tmp.join(META_FILE),
-                &serde_json::to_vec_pretty(&meta)
-                    .map_err(io::Error::other)
-                    .map_err(io_err("encode metadata"))?,
-            )
-            .map_err(io_err("write metadata"))?;
-            let dir = File::open(&tmp).map_err(io_err("open checkpoint dir"))?;
-            syncfs(&dir).map_err(io_err("sync checkpoint"))?;
-            fs::rename(&tmp, checkpoint)
-                .map_err(io_err(format!("rename to {}", checkpoint.display())))?;
+            meta.publish(&tmp, checkpoint)?;
             Ok(meta.info)
         })();
         if result.is_err() {

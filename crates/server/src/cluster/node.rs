@@ -294,37 +294,13 @@ async fn post_json(
     path: &str,
     body: &impl serde::Serialize,
 ) -> Result<(), ServiceError> {
-    let node = state.config.role.node().expect("only nodes ask nodes");
-    let addr = node_addr(state, node_id)?;
     let request = http::Request::post(path)
-        .header(http::header::HOST, addr.host.as_str())
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(http_body_util::Full::new(Bytes::from(
             serde_json::to_vec(body).expect("serializable"),
         )))
         .expect("a POST with a valid path");
-    let response = berth_cluster::Forwarder::new(node.token.clone())
-        .forward(&addr, request)
-        .await
-        .map_err(|source| ServiceError::NodeUnreachable {
-            node: node_id.to_string(),
-            source,
-        })?;
-    if response.status().is_success() {
-        return Ok(());
-    }
-    let status = response.status().as_u16();
-    let detail = response
-        .into_body()
-        .collect()
-        .await
-        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-        .unwrap_or_default();
-    Err(ServiceError::NodeFetch {
-        node: node_id.to_string(),
-        what: path.to_string(),
-        detail: format!("{status}: {detail}"),
-    })
+    send(state, node_id, path, request).await.map(drop)
 }
 
 /// What another node needs to use a template build: its layer ids and config.
@@ -517,16 +493,29 @@ async fn fetch(
     node_id: &str,
     path: &str,
 ) -> Result<http::Response<hyper::body::Incoming>, ServiceError> {
-    let node = state
-        .config
-        .role
-        .node()
-        .expect("only nodes fetch from nodes");
-    let addr = node_addr(state, node_id)?;
     let request = http::Request::get(path)
-        .header(http::header::HOST, addr.host.as_str())
         .body(http_body_util::Empty::<Bytes>::new())
         .expect("a GET with a valid path");
+    send(state, node_id, path, request).await
+}
+
+/// Sends `request` (for `path`) to node `node_id` with the node token; a non-2xx
+/// answer is an error naming the node, the path and the answer.
+async fn send<B>(
+    state: &AppState,
+    node_id: &str,
+    path: &str,
+    mut request: http::Request<B>,
+) -> Result<http::Response<hyper::body::Incoming>, ServiceError>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let node = state.config.role.node().expect("only nodes talk to nodes");
+    let addr = node_addr(state, node_id)?;
+    if let Ok(host) = http::HeaderValue::from_str(&addr.host) {
+        request.headers_mut().insert(http::header::HOST, host);
+    }
     let response = berth_cluster::Forwarder::new(node.token.clone())
         .forward(&addr, request)
         .await
@@ -534,21 +523,21 @@ async fn fetch(
             node: node_id.to_string(),
             source,
         })?;
-    if !response.status().is_success() {
-        let status = response.status().as_u16();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-            .unwrap_or_default();
-        return Err(ServiceError::NodeFetch {
-            node: node_id.to_string(),
-            what: path.to_string(),
-            detail: format!("{status}: {body}"),
-        });
+    if response.status().is_success() {
+        return Ok(response);
     }
-    Ok(response)
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    Err(ServiceError::NodeFetch {
+        node: node_id.to_string(),
+        what: path.to_string(),
+        detail: format!("{status}: {body}"),
+    })
 }
 
 fn header(response: &http::Response<hyper::body::Incoming>, name: &str) -> Option<String> {
