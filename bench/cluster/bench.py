@@ -140,7 +140,13 @@ def main() -> None:
                     cluster.wait_node_state(name, "up")
                 cluster.add_api()
                 cluster.key = cluster.berth("keys", "create", "--name", f"bench-{nodes}").strip().splitlines()[-1]
-                rate, latencies = workload(cluster.sdk_env(0), args.creates, args.concurrency)
+                try:
+                    rate, latencies = workload(cluster.sdk_env(0), args.creates, args.concurrency)
+                except BaseException:
+                    for name, node in cluster.nodes.items():
+                        print(f"--- {name} ---\n{node.tail(3000)}", file=sys.stderr)
+                    print(f"--- api ---\n{cluster.apis[0].tail(3000)}", file=sys.stderr)
+                    raise
                 lines.append(row(f"`berth api` + {nodes} node{'s' if nodes > 1 else ''}", rate, latencies, floor_rate, floor_p50))
             finally:
                 cluster.kill_every_sandbox()

@@ -134,7 +134,7 @@ class Cluster:
             "BERTH_CRIU_STATE_DIR": os.environ.get("BERTH_CRIU_STATE_DIR", "/var/lib/berth"),
         }
 
-    def add_node(self, name: str) -> Process:
+    def add_node(self, name: str, lease_secs: int = LEASE_SECS) -> Process:
         state = self.root / name
         state.mkdir(mode=0o711)
         if SHARED_TEMPLATES.is_dir():
@@ -150,7 +150,7 @@ class Cluster:
             name,
             [
                 str(self.binary), "node", "--state-dir", str(state), "--listen", f"127.0.0.1:{port}",
-                "--node-name", name, "--lease-secs", str(LEASE_SECS), "--skip-base",
+                "--node-name", name, "--lease-secs", str(lease_secs), "--skip-base",
                 # Equal and small, so placement spreads by free memory.
                 "--cpus", "64", "--memory-mb", "16384",
             ],

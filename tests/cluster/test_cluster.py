@@ -175,3 +175,31 @@ def test_a_lost_node_is_reported_avoided_and_reconciled_when_it_returns(cluster:
     finally:
         for sandbox in kept:
             sandbox.kill()
+
+
+def test_a_node_stopping_cleanly_takes_nothing_new_and_keeps_its_sandboxes(cluster: Cluster):
+    # A node of its own with a long lease: its restart must fit in it whatever the load.
+    cluster.add_node("node-d", lease_secs=300)
+    cluster.wait_node_state("node-d", "up")
+    for name in NODES:
+        cluster.berth("node", "drain", name)
+    made = []
+    try:
+        cluster.use(0)
+        kept = Sandbox.create(timeout=900)
+        made.append(kept)
+        assert counts(cluster)["node-d"] == 1
+        cluster.nodes["node-d"].stop()
+        cluster.wait_node_state("node-d", "stopping", timeout=30)
+        # Nothing else takes sandboxes now: creates are refused, not sent to it.
+        with pytest.raises(Exception, match="503|sandbox_capacity_unavailable|no node"):
+            Sandbox.create(timeout=900)
+        cluster.start_node("node-d")
+        assert Sandbox.connect(kept.sandbox_id).commands.run("echo kept").stdout == "kept\n"
+        made.append(Sandbox.create(timeout=900))
+        assert counts(cluster)["node-d"] == 2
+    finally:
+        for name in NODES:
+            cluster.berth("node", "drain", name, "--undo")
+        for sandbox in made:
+            sandbox.kill()

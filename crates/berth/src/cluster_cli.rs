@@ -144,6 +144,7 @@ fn list_nodes(store: Store, json: bool) -> Result<()> {
     let state = |node: &berth_store::NodeRecord| match () {
         _ if node.lost => "lost",
         _ if node.lease_until <= now => "lapsing",
+        _ if node.stopping => "stopping",
         _ if node.draining => "draining",
         _ => "up",
     };

@@ -969,6 +969,12 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         }));
         shutdown_signal().await;
         eprintln!("shutting down");
+        if let Mode::Node { role, .. } = &mode {
+            // No new sandboxes from now; back within the lease, it keeps the ones it has.
+            if let Err(err) = store.mark_node_stopping(&role.registration.id) {
+                eprintln!("warning: telling the cluster this node is stopping: {err}");
+            }
+        }
         let _ = stop_tx.send(());
         if let Some(public) = &public {
             public.stop();

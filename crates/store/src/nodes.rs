@@ -64,6 +64,9 @@ pub struct NodeRecord {
     /// Its lease lapsed and its running sandboxes were reported lost; it becomes a
     /// member again when it registers anew.
     pub lost: bool,
+    /// It is shutting down cleanly: no new sandboxes, but its lease runs on (a restart
+    /// within it keeps its sandboxes).
+    pub stopping: bool,
     /// When this incarnation of the node registered.
     pub started_at: OffsetDateTime,
     pub lease_until: OffsetDateTime,
@@ -72,7 +75,7 @@ pub struct NodeRecord {
 impl NodeRecord {
     /// Whether new sandboxes may be placed on it at `at`.
     pub fn accepting(&self, at: OffsetDateTime) -> bool {
-        !self.draining && !self.lost && self.lease_until > at
+        !self.draining && !self.lost && !self.stopping && self.lease_until > at
     }
 }
 
@@ -87,7 +90,7 @@ pub struct NodeUsage {
 }
 
 const NODE_COLUMNS: &str = "id, url, cpu_capacity, memory_capacity_mb, slots, draining, lost, \
-                            started_at_ms, lease_until_ms";
+                            stopping, started_at_ms, lease_until_ms";
 
 fn node_from_row(row: &Row<'_>) -> Result<NodeRecord> {
     let c = Columns::new(row, "nodes", &["id"])?;
@@ -99,6 +102,7 @@ fn node_from_row(row: &Row<'_>) -> Result<NodeRecord> {
         slots: c.get("slots")?,
         draining: c.get("draining")?,
         lost: c.get("lost")?,
+        stopping: c.get("stopping")?,
         started_at: c.time("started_at_ms")?,
         lease_until: c.time("lease_until_ms")?,
     })
@@ -115,13 +119,13 @@ impl Store {
         let mut conn = self.conn()?;
         conn.execute(
             "INSERT INTO nodes (id, url, cpu_capacity, memory_capacity_mb, slots, draining, lost, \
-                                started_at_ms, lease_until_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8) \
+                                stopping, started_at_ms, lease_until_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?6, ?7, ?8) \
              ON CONFLICT (id) DO UPDATE SET url = excluded.url, \
                  cpu_capacity = excluded.cpu_capacity, \
                  memory_capacity_mb = excluded.memory_capacity_mb, slots = excluded.slots, \
-                 lost = excluded.lost, started_at_ms = excluded.started_at_ms, \
-                 lease_until_ms = excluded.lease_until_ms",
+                 lost = excluded.lost, stopping = excluded.stopping, \
+                 started_at_ms = excluded.started_at_ms, lease_until_ms = excluded.lease_until_ms",
             params![
                 node.id,
                 node.url,
@@ -170,6 +174,16 @@ impl Store {
             params![id],
             node_from_row,
         )
+    }
+
+    /// Node `id` is shutting down cleanly: it takes no new sandboxes until it registers
+    /// again; its lease is left as it is.
+    pub fn mark_node_stopping(&self, id: &str) -> Result<()> {
+        self.conn()?.execute(
+            "UPDATE nodes SET stopping = ?2 WHERE id = ?1",
+            params![id, true],
+        )?;
+        Ok(())
     }
 
     /// Starts or stops draining node `id`; false when no such node is registered.

@@ -612,6 +612,16 @@ CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries(webhook_id, id);
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_ms);
 "#,
     },
+    // A node that is stopping (a clean shutdown) takes no new sandboxes at once, while
+    // its lease still runs: back within it, it keeps its running sandboxes.
+    Migration {
+        sqlite: r#"
+ALTER TABLE nodes ADD COLUMN stopping INTEGER NOT NULL DEFAULT 0;
+"#,
+        postgres: r#"
+ALTER TABLE nodes ADD COLUMN stopping BOOLEAN NOT NULL DEFAULT FALSE;
+"#,
+    },
 ];
 
 /// The schema version this berth writes.

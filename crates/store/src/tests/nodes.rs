@@ -150,4 +150,27 @@ on_both_backends!(
     a_node_registers_renews_and_is_lost_once_when_its_lease_lapses,
     placements_name_one_node_per_object,
     usage_sums_running_sandboxes_and_counts_paused_ones,
+    a_stopping_node_takes_nothing_new_but_keeps_its_lease,
 );
+
+fn a_stopping_node_takes_nothing_new_but_keeps_its_lease(db: &TestDb) {
+    let store = db.open();
+    let node = store
+        .register_node(&registration("s"), Duration::from_secs(60))
+        .unwrap();
+    assert!(node.accepting(now()));
+    store.mark_node_stopping("s").unwrap();
+    let stopping = store.node("s").unwrap().unwrap();
+    assert!(stopping.stopping && !stopping.accepting(now()));
+    assert!(
+        store.mark_lapsed_nodes_lost(now()).unwrap().is_empty(),
+        "its lease still runs"
+    );
+    assert!(store
+        .renew_node_lease("s", Duration::from_secs(60))
+        .unwrap());
+    let back = store
+        .register_node(&registration("s"), Duration::from_secs(60))
+        .unwrap();
+    assert!(!back.stopping && back.accepting(now()));
+}
