@@ -25,6 +25,7 @@ import argparse
 import datetime
 import importlib.util
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -92,11 +93,21 @@ def workload(env: dict[str, str], creates: int, concurrency: int) -> tuple[float
     return creates / wall, latencies
 
 
-def row(what: str, rate: float, latencies: list[float], floor_rate: float, floor_p50: float) -> str:
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SERVED = re.compile(r"method=POST path=/v2/sandboxes.*request served status=201 duration_ms=(\d+)")
+
+
+def create_durations(log: Path) -> list[int]:
+    """The server-side durations (ms) of the creates a berth process logged."""
+    text = ANSI.sub("", log.read_text(errors="replace"))
+    return [int(match.group(1)) for match in SERVED.finditer(text)]
+
+
+def row(what: str, rate: float, latencies: list[float], floor_rate: float, floor_p50: float, relay: str) -> str:
     p50, p99 = statistics.median(latencies), speed.percentile(latencies, 99)
     return (
         f"| {what} | {rate:.1f} | {rate / floor_rate:.2f}× | {p50:.1f} / {p99:.1f} | "
-        f"{p50 - floor_p50:+.1f} |"
+        f"{p50 - floor_p50:+.1f} | {relay} |"
     )
 
 
@@ -115,7 +126,7 @@ def main() -> None:
         standalone.stop()
     floor_p50 = statistics.median(floor)
     lines = [
-        f"| `berth up` (floor) | {floor_rate:.1f} | 1.00× | {floor_p50:.1f} / {speed.percentile(floor, 99):.1f} | |"
+        f"| `berth up` (floor) | {floor_rate:.1f} | 1.00× | {floor_p50:.1f} / {speed.percentile(floor, 99):.1f} | | |"
     ]
 
     pg = Path(tempfile.mkdtemp(prefix="berth-bench-pg-"))
@@ -147,7 +158,14 @@ def main() -> None:
                         print(f"--- {name} ---\n{node.tail(3000)}", file=sys.stderr)
                     print(f"--- api ---\n{cluster.apis[0].tail(3000)}", file=sys.stderr)
                     raise
-                lines.append(row(f"`berth api` + {nodes} node{'s' if nodes > 1 else ''}", rate, latencies, floor_rate, floor_p50))
+                # Placement and relay: the API instance's own time for a create beyond the
+                # node's, each as the process itself logged it.
+                at_api = create_durations(cluster.apis[0].log)
+                at_nodes = [d for node in cluster.nodes.values() for d in create_durations(node.log)]
+                relay = f"{statistics.median(at_api) - statistics.median(at_nodes):+.1f}" if at_api and at_nodes else "n/a"
+                lines.append(
+                    row(f"`berth api` + {nodes} node{'s' if nodes > 1 else ''}", rate, latencies, floor_rate, floor_p50, relay)
+                )
             finally:
                 cluster.kill_every_sandbox()
                 for process in [*cluster.apis, *cluster.nodes.values()]:
@@ -162,8 +180,11 @@ def main() -> None:
         f"{args.concurrency}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"load average {load_before:.1f} at start, {os.cpu_count()} CPUs.\n"
     )
-    print("| deployment | creates/s | ÷ floor | create → first command p50 / p99 (ms) | p50 over the floor (ms) |")
-    print("|---|---|---|---|---|")
+    print(
+        "| deployment | creates/s | ÷ floor | create → first command p50 / p99 (ms) | p50 over the floor (ms) "
+        "| placement + relay per create, p50 (ms: the API's create time minus the node's) |"
+    )
+    print("|---|---|---|---|---|---|")
     print("\n".join(lines))
 
 
