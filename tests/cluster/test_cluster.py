@@ -51,6 +51,13 @@ def test_sandboxes_spread_over_every_node_and_work_through_either_api(cluster: C
             assert again.commands.run("hostname").stdout.strip() == sandbox.sandbox_id
         listed = {s.sandbox_id for s in Sandbox.list(limit=100).next_items()}
         assert {s.sandbox_id for s in created} <= listed
+        # Sandboxes of different nodes cannot reach each other (nor those of one node).
+        server, client = created[0], created[1]
+        address = server.commands.run("hostname -I").stdout.split()[0]
+        server.commands.run("python3 -m http.server 8000 --bind 0.0.0.0", background=True)
+        assert server.commands.run("curl -s -o /dev/null -w '%{http_code}' --retry 20 --retry-connrefused --retry-delay 0 http://127.0.0.1:8000/").stdout == "200"
+        probe = client.commands.run(f"curl -s -m 3 -o /dev/null http://{address}:8000/ || echo unreachable")
+        assert probe.stdout.strip() == "unreachable", probe.stdout
     finally:
         for sandbox in created:
             sandbox.kill()
