@@ -88,6 +88,7 @@ async fn start_from_checkpoint(
         id: new_sandbox_id(),
         init: Init {
             manifest_id: origin.manifest_id.clone(),
+            manifest: None,
             env_vars,
             access_token: start.secure.then(new_token),
             presented_token: origin.envd_token.clone(),

@@ -194,6 +194,7 @@ async fn create_untimed(
         id,
         init: Init {
             manifest_id: template.manifest.pinned_reference(),
+            manifest: Some(template.manifest.clone()),
             env_vars,
             access_token: request.secure.then(new_token),
             presented_token: None,
@@ -316,6 +317,7 @@ async fn resume_untimed(
     let plan = BringUp {
         id: id.to_string(),
         init: Init {
+            manifest: None,
             manifest_id: crate::templates::manifest_of(
                 state,
                 &record.template_id,

@@ -69,6 +69,8 @@ pub(super) struct Init {
     /// The template store manifest whose defaults (user, workdir, env) the envd
     /// starts with.
     pub manifest_id: String,
+    /// That manifest, when the entry point has it loaded already (a create).
+    pub manifest: Option<berth_template::Template>,
     pub env_vars: StringMap,
     pub access_token: Option<String>,
     /// The token an envd restored from memory already holds: it only takes a new
@@ -129,8 +131,19 @@ pub(super) async fn bring_up(
     plan: BringUp,
 ) -> Result<SandboxRecord, ServiceError> {
     let stage = boot.stage();
+    // A pooled sandbox answered `/health` when it was prepared; `/init` proves it still
+    // does.
+    let envd_answered = matches!(boot, Boot::Claimed { .. });
     let started = start_in_runtime(state, &plan.id, boot).await?;
-    let ready = initialise(state, &plan.id, stage, &plan.init, started.memory_restored).await;
+    let ready = initialise(
+        state,
+        &plan.id,
+        stage,
+        &plan.init,
+        started.memory_restored,
+        envd_answered,
+    )
+    .await;
     if let Err(err) = ready {
         abandon(state, &plan.id, &plan.row).await;
         return Err(err);
@@ -216,22 +229,28 @@ async fn initialise(
     stage: Stage,
     init: &Init,
     memory_restored: bool,
+    envd_answered: bool,
 ) -> Result<(), ServiceError> {
     let envd_failed = |source| ServiceError::Envd {
         sandbox: id.to_string(),
         stage,
         source,
     };
-    envd::wait_healthy(&state.runtime, id, envd::READY_LIMIT)
-        .await
-        .map_err(envd_failed)?;
+    if !envd_answered {
+        envd::wait_healthy(&state.runtime, id, envd::READY_LIMIT)
+            .await
+            .map_err(envd_failed)?;
+    }
     let runtime = state.runtime.clone();
     let sandbox = id.to_string();
     blocking(id, stage, move || runtime.confine_workload(&sandbox)).await?;
     if memory_restored && !init.after_memory_restore {
         return Ok(());
     }
-    let template = load_template(state, &init.manifest_id).await?;
+    let template = match &init.manifest {
+        Some(template) => template.clone(),
+        None => load_template(state, &init.manifest_id).await?,
+    };
     let request = init_request(&template, &init.env_vars, id, init.access_token.clone());
     let presented = init.presented_token.as_deref().filter(|_| memory_restored);
     envd::init(&state.runtime, id, &request, presented)
