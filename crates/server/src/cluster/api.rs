@@ -98,12 +98,15 @@ pub(crate) async fn relay(
     match decide(&state, destination, request).await {
         Ok(Decision::Relay(node, request)) => forward(&state, &node, request).await,
         Ok(Decision::Here(request)) => next.run(request).await,
+        Ok(Decision::Answer(response)) => response,
         Err(err) => crate::error::to_api(&err).into_response(),
     }
 }
 
 enum Decision {
     Relay(String, Request),
+    /// Answered here without a node (a body over the API's limit).
+    Answer(Response),
     /// No node is involved (a missing object, a caller to refuse): the local handler
     /// answers as it would anywhere.
     Here(Request),
@@ -127,10 +130,16 @@ async fn decide(
             };
             let (parts, body) = request.into_parts();
             let Ok(bytes) = axum::body::to_bytes(body, crate::MAX_API_BODY_BYTES).await else {
-                return Ok(Decision::Here(Request::from_parts(
-                    parts,
-                    Body::from(Vec::new()),
-                )));
+                let mut refused = berth_api::ApiError::PayloadTooLarge {
+                    limit: crate::MAX_API_BODY_BYTES,
+                }
+                .into_response();
+                // The rest of the body is still in flight: this connection cannot be reused.
+                refused.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+                return Ok(Decision::Answer(refused));
             };
             let node = match &destination {
                 Destination::NewSandbox => Some(place_sandbox(state, &caller.team, &bytes)?),
