@@ -49,6 +49,13 @@ def test_sandboxes_spread_over_every_node_and_work_through_either_api(cluster: C
             again.files.write("/home/user/through.txt", f"through api {api}")
             assert again.commands.run("cat /home/user/through.txt").stdout == f"through api {api}"
             assert again.commands.run("hostname").stdout.strip() == sandbox.sandbox_id
+        # A retried create (same Idempotency-Key) through the other API instance finds
+        # the sandbox its first try made, on whichever node that was.
+        cluster.use(0)
+        first = Sandbox.create(timeout=900, idempotency_key="cluster-retry-1")
+        created.append(first)
+        cluster.use(1)
+        assert Sandbox.create(timeout=900, idempotency_key="cluster-retry-1").sandbox_id == first.sandbox_id
         listed = {s.sandbox_id for s in Sandbox.list(limit=100).next_items()}
         assert {s.sandbox_id for s in created} <= listed
         # Sandboxes of different nodes cannot reach each other (nor those of one node).

@@ -142,7 +142,14 @@ async fn decide(
                 return Ok(Decision::Answer(refused));
             };
             let node = match &destination {
-                Destination::NewSandbox => Some(place_sandbox(state, &caller.team, &bytes)?),
+                Destination::NewSandbox => {
+                    match retried_create(state, &caller.team, &parts.headers)? {
+                        // A retry goes where its first try made the sandbox: that node answers
+                        // with it.
+                        Some(node) => Some(node),
+                        None => Some(place_sandbox(state, &caller.team, &bytes)?),
+                    }
+                }
                 Destination::NewBuild => Some(place_build(state, &caller.team, &bytes)?),
                 Destination::TemplateOrSnapshot(reference) => {
                     owner_of(state, &caller.team, reference)?
@@ -240,6 +247,24 @@ pub(crate) fn choose(
     berth_cluster::place(&facts, &request)
         .map(|node| node.id.clone())
         .map_err(ServiceError::NoNodeFits)
+}
+
+/// The node of the sandbox an earlier create with the same `Idempotency-Key` made.
+fn retried_create(
+    state: &AppState,
+    team: &berth_store::Team,
+    headers: &http::HeaderMap,
+) -> Result<Option<String>, ServiceError> {
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|value| value.to_str().ok())
+    else {
+        return Ok(None);
+    };
+    match state.store.idempotent_sandbox(&team.id, key)? {
+        Some(sandbox) => Ok(state.store.placement(PlacedKind::Sandbox, &sandbox)?),
+        None => Ok(None),
+    }
 }
 
 /// What a create names that placement cares about.
