@@ -137,14 +137,19 @@ impl Proxy {
     ) {
         let _ = client.set_nodelay(true);
         let sandbox = peer.ip().to_canonical();
-        let Some(_slot) = self.take_slot(sandbox) else {
+        let Some(slot) = self.take_slot(sandbox) else {
             return self
                 .refuse(client, protocol, RefuseReason::TooManyConnections)
                 .await;
         };
         let admitted = match self.admit(&mut client, sandbox, protocol).await {
             Ok(admitted) => admitted,
-            Err(reason) => return self.refuse(client, protocol, reason).await,
+            Err(reason) => {
+                // Freed before the refusal closes the connection: a sandbox that sees
+                // it end may open the next one at once.
+                drop(slot);
+                return self.refuse(client, protocol, reason).await;
+            }
         };
         if let (Route::Name(name), Some(intercept)) = (&admitted.route, &self.intercept) {
             if admitted.policy.header_rule(name).is_some() {
@@ -156,9 +161,13 @@ impl Proxy {
         }
         let mut upstream = match self.dial(&admitted).await {
             Ok(upstream) => upstream,
-            Err(reason) => return self.refuse(client, protocol, reason).await,
+            Err(reason) => {
+                drop(slot);
+                return self.refuse(client, protocol, reason).await;
+            }
         };
         if upstream.write_all(&admitted.first_bytes).await.is_err() {
+            drop(slot);
             return self
                 .refuse(client, protocol, RefuseReason::UpstreamUnreachable)
                 .await;
@@ -184,6 +193,7 @@ impl Proxy {
             || self.still_allowed(&admitted),
         )
         .await;
+        drop(slot);
         if end == End::Revoked {
             self.metrics.refused(RefuseReason::PolicyChanged);
             tracing::info!(%sandbox, original = %admitted.original, "egress connection cut: policy changed");
