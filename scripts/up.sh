@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs berth on this machine (Debian/Ubuntu, as root): installs the system packages the
-# runtime needs, builds the release binaries (berth, berth-launch, a static berth-envd),
+# runtime needs, builds the release binaries (berth, berth-launch, and the static
+# berth-envd, berth-interpreter and mcp-gateway that go into sandboxes),
 # then execs `berth up` with the arguments given. On first run `berth up` builds the
 # `base` template (debootstrap, a few minutes, with progress) and creates an API key.
 #
@@ -52,6 +53,15 @@ cargo build --release -p berth -p berth-runtime --bins >&2
 step "building berth-envd (static)"
 envd="$(bash crates/envd/build-static.sh)"
 install -m 0755 "$envd" "$target_dir/release/berth-envd"
+# The servers of the installed templates code-interpreter-v1 (port 49999) and
+# mcp-gateway (port 50005), static like envd: berth copies them into those templates
+# when it builds them on first use.
+step "building berth-interpreter (static, for code-interpreter-v1)"
+interpreter="$(bash crates/interpreter/build-static.sh)"
+install -m 0755 "$interpreter" "$target_dir/release/berth-interpreter"
+step "building mcp-gateway (static, for the mcp-gateway template)"
+gateway="$(bash crates/mcp-gateway/build-static.sh)"
+install -m 0755 "$gateway" "$target_dir/release/mcp-gateway"
 
 step "starting berth up"
 exec "$target_dir/release/berth" up "$@"
