@@ -11,13 +11,15 @@
 //!
 //! Refilling runs in the background one sandbox at a time (a CPU budget: a create is
 //! CPU-bound on small hosts and must not starve live sandboxes), only while the host has
-//! memory to spare. A template's pool is emptied when the template goes, every pool when
+//! memory to spare, and not in the moments right after a claim while the pool still
+//! holds a sandbox for the next one: a claimant's first calls come then, and a
+//! preparation beside them would take half of a 2-CPU host from them. A template's pool is emptied when the template goes, every pool when
 //! the server stops; a pooled sandbox left by a crash has no row and is removed by
 //! recovery at the next start.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use berth_runtime::{SandboxInfo, SandboxSpec};
 use parking_lot::Mutex;
@@ -31,6 +33,8 @@ use crate::{envd, AppState, SharedState};
 const MIN_AVAILABLE_BYTES: u64 = 1 << 30;
 /// Pause between two refills, so a burst of claims does not become a burst of creates.
 const REFILL_SPACING: Duration = Duration::from_millis(20);
+/// How long after a claim a pool that still holds a sandbox waits before refilling.
+const AFTER_CLAIM_QUIET: Duration = Duration::from_millis(250);
 
 /// What pooled sandboxes are made of; a create can take one only on an exact match.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -83,6 +87,8 @@ pub struct WarmPools {
     /// pooled or, its pool drained meanwhile, killed; [`drain`] waits for it, so no
     /// sandbox of a drained pool outlives the drain.
     preparing: tokio::sync::Mutex<()>,
+    /// When a sandbox was last claimed.
+    last_claim: Mutex<Option<Instant>>,
 }
 
 impl WarmPools {
@@ -94,6 +100,7 @@ impl WarmPools {
             wakeup: Notify::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             preparing: tokio::sync::Mutex::new(()),
+            last_claim: Mutex::new(None),
         }
     }
 
@@ -109,6 +116,9 @@ impl WarmPools {
             .entry(key.clone())
             .or_default()
             .pop_front();
+        if claimed.is_some() {
+            *self.last_claim.lock() = Some(Instant::now());
+        }
         self.wakeup.notify_one();
         claimed
     }
@@ -139,14 +149,24 @@ impl WarmPools {
         waiting
     }
 
-    /// The key most short of sandboxes, if any is.
-    fn most_needed(&self) -> Option<PoolKey> {
-        self.pools
+    /// The key most short of sandboxes, if any is, with how long to hold off before
+    /// refilling it: the rest of the quiet time after the last claim when its pool still
+    /// has a sandbox to hand out, else nothing (a claim meanwhile would start cold).
+    fn most_needed(&self, now: Instant) -> Option<(PoolKey, Duration)> {
+        let (key, waiting) = self
+            .pools
             .lock()
             .iter()
             .filter(|(_, waiting)| waiting.len() < self.size)
             .min_by_key(|(_, waiting)| waiting.len())
-            .map(|(key, _)| key.clone())
+            .map(|(key, waiting)| (key.clone(), waiting.len()))?;
+        let hold_off = match *self.last_claim.lock() {
+            Some(claimed) if waiting > 0 => {
+                AFTER_CLAIM_QUIET.saturating_sub(now.saturating_duration_since(claimed))
+            }
+            _ => Duration::ZERO,
+        };
+        Some((key, hold_off))
     }
 
     /// Removes and returns every pooled sandbox of `template` (all when `None`).
@@ -185,10 +205,14 @@ pub async fn refill(state: SharedState) {
         if state.pools.is_stopping() {
             return;
         }
-        let Some(key) = state.pools.most_needed() else {
+        let Some((key, hold_off)) = state.pools.most_needed(Instant::now()) else {
             state.pools.wakeup.notified().await;
             continue;
         };
+        if !hold_off.is_zero() {
+            pause(&state, hold_off).await;
+            continue;
+        }
         if !memory_to_spare(key.memory_mb) {
             pause(&state, Duration::from_secs(5)).await;
             continue;
@@ -227,11 +251,11 @@ pub async fn refill(state: SharedState) {
     }
 }
 
-/// Waits `delay`, or less when the server stops meanwhile.
+/// Waits `delay`, or less when a claim or the stop comes meanwhile. The wakeup is not
+/// passed on: the loop looks at the pools and the stop flag again right after, and a
+/// wakeup stored for the next wait would end that wait at once, again and again.
 async fn pause(state: &AppState, delay: Duration) {
     let _ = tokio::time::timeout(delay, state.pools.wakeup.notified()).await;
-    // A wakeup meant for the loop's own wait (a claim, or the stop) is passed on.
-    state.pools.wakeup.notify_one();
 }
 
 /// One sandbox of `key`, started and answering `/health`.
@@ -341,10 +365,39 @@ mod tests {
             .get_mut(&key("a"))
             .unwrap()
             .push_back(prepared("i1"));
-        assert_eq!(pools.most_needed().unwrap().template, "b");
+        let now = Instant::now();
+        assert_eq!(pools.most_needed(now).unwrap().0.template, "b");
         let none = WarmPools::new(0);
         assert!(none.claim(&key("a")).is_none());
-        assert!(none.most_needed().is_none());
+        assert!(none.most_needed(now).is_none());
+    }
+
+    #[test]
+    fn a_pool_that_still_holds_a_sandbox_is_refilled_only_once_claims_are_quiet() {
+        let pools = WarmPools::new(2);
+        pools.claim(&key("a"));
+        for id in ["i1", "i2"] {
+            pools
+                .pools
+                .lock()
+                .get_mut(&key("a"))
+                .unwrap()
+                .push_back(prepared(id));
+        }
+        assert!(pools.most_needed(Instant::now()).is_none(), "full");
+        pools.claim(&key("a")).unwrap();
+        let claimed = Instant::now();
+        let (_, hold_off) = pools.most_needed(claimed).unwrap();
+        assert!(hold_off > Duration::ZERO && hold_off <= AFTER_CLAIM_QUIET);
+        let (_, hold_off) = pools.most_needed(claimed + AFTER_CLAIM_QUIET).unwrap();
+        assert_eq!(hold_off, Duration::ZERO, "quiet long enough");
+        pools.claim(&key("a")).unwrap();
+        let (_, hold_off) = pools.most_needed(Instant::now()).unwrap();
+        assert_eq!(
+            hold_off,
+            Duration::ZERO,
+            "an empty pool is refilled at once"
+        );
     }
 
     #[test]
