@@ -991,6 +991,10 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         if let Some(egress) = egress {
             egress.shutdown(Duration::from_secs(1)).await;
         }
+        // Pauses answered in the last moments reach the disk before berth goes, so a
+        // host restarted right after finds them whole.
+        let settling = network_owner.clone();
+        let _ = tokio::task::spawn_blocking(move || settling.settle_pauses()).await;
         match network_owner.release_network_if_idle() {
             Ok(true) => eprintln!("no sandboxes left: the sandbox network is removed"),
             Ok(false) => {}

@@ -115,6 +115,7 @@
 mod blkio;
 mod cgroup;
 mod disk;
+mod durability;
 mod envd_fs;
 mod host;
 pub mod launch;

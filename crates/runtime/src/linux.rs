@@ -178,6 +178,8 @@ pub struct LinuxRuntime {
     egress_ca: Mutex<Option<String>>,
     /// The LXCFS serving sandboxes their memory and CPU views (see `views`).
     views: Views,
+    /// Makes memory pauses durable after they are answered (see `durability`).
+    pause_flusher: crate::durability::PauseFlusher,
 }
 
 /// Directory of a paused sandbox's CRIU images, inside its sandbox directory.
@@ -267,6 +269,8 @@ impl LinuxRuntime {
             slots: Mutex::new(BTreeSet::new()),
             uid_claims,
             criu: Mutex::new(None),
+            pause_flusher: crate::durability::PauseFlusher::new()
+                .map_err(io_err("start the pause flusher"))?,
         })
     }
 
@@ -1042,6 +1046,12 @@ impl Runtime for LinuxRuntime {
                 continue;
             }
             let dir = entry.path();
+            if Self::paused_slot(&dir).is_some() && !pause::settle_unsynced_pause(&dir) {
+                tracing::warn!(sandbox = %id, "paused in an earlier boot of this host and not yet on disk when it went down: its checkpoint may be torn, so it is removed");
+                self.teardown(&id, None, None)?;
+                report.cleaned.push(id);
+                continue;
+            }
             if let Some(slot) = Self::paused_slot(&dir) {
                 self.keep_slot(slot, &id);
                 report.paused.push(id);

@@ -6,7 +6,9 @@
 //! go away with the dead mount namespace. The sandbox keeps its directory (disk image,
 //! record), its cgroups and its uid slot; a `paused.json` marker next to the record, written
 //! last (temp file + rename), is what makes it paused: a crash before that leaves a dead
-//! sandbox that recovery cleans, a crash after it a paused one.
+//! sandbox that recovery cleans, a crash after it a paused one. The pause is answered
+//! before its images are on disk; `durability` makes them durable right after and says
+//! what a crash in between does.
 //!
 //! **Resume** rebuilds the root the way `create` did, but in the host's mount namespace,
 //! because CRIU restores the tree's mount namespace on top of a root it is given
@@ -36,6 +38,7 @@ use super::{
 };
 use crate::cgroup::CgroupLimits;
 use crate::disk;
+use crate::durability::{self, DurableMarker};
 use crate::record::{self, Record};
 use crate::restorable;
 use crate::sys::{self, cpath, FsContext, MOUNT_ATTR_NODEV};
@@ -51,9 +54,14 @@ struct PausedMarker {
     /// CRIU images; None when only the disk was kept.
     images: Option<PathBuf>,
     paused_at: SystemTime,
+    /// The host boot this marker was written in, set when it was written before its
+    /// images were durable (see `durability`); absent: synced before the marker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    written_in_boot: Option<String>,
 }
 
 impl PausedMarker {
+    /// Writes the marker after what it points to is durable, durably.
     fn write(&self, dir: &Path) -> io::Result<()> {
         let tmp = dir.join(".paused.json.tmp");
         let file = crate::perms::write_private(
@@ -68,10 +76,48 @@ impl PausedMarker {
         fs::File::open(dir)?.sync_all()
     }
 
+    /// Writes the marker without syncing anything: the pause flusher makes it and what
+    /// it points to durable together.
+    fn write_unsynced(&self, dir: &Path) -> io::Result<()> {
+        let tmp = dir.join(".paused.json.tmp");
+        crate::perms::write_private(
+            &tmp,
+            &serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
+        )?;
+        fs::rename(&tmp, dir.join(PAUSED_FILE))
+    }
+
     fn read(dir: &Path) -> Option<Self> {
         let bytes = fs::read(dir.join(PAUSED_FILE)).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
+}
+
+/// Whether the pause recorded in sandbox directory `dir` can be trusted at a daemon
+/// start, finishing its write-back if it was answered before being durable: true for a
+/// pause synced before its marker, one the flusher made durable, and one written in
+/// this very boot (nothing of the page cache was lost: it is made durable here); false
+/// for one written in an earlier boot and never made durable (its images and disk may
+/// be torn).
+pub(super) fn settle_unsynced_pause(dir: &Path) -> bool {
+    let Some(marker) = PausedMarker::read(dir) else {
+        return true;
+    };
+    let (Some(boot), Some(images)) = (&marker.written_in_boot, &marker.images) else {
+        return true;
+    };
+    if DurableMarker::read(dir).is_some_and(|durable| durable.paused_at == marker.paused_at) {
+        return true;
+    }
+    if durability::host_boot_id().as_deref() != Some(boot.as_str()) {
+        return false;
+    }
+    if let Err(err) = durability::make_durable(dir, images, marker.paused_at) {
+        // Still whole in the page cache: it restores, it just is not safe from a host
+        // crash yet.
+        tracing::warn!(dir = %dir.display(), %err, "making an earlier pause durable");
+    }
+    true
 }
 
 fn criu_err(
@@ -150,16 +196,37 @@ impl LinuxRuntime {
             tracing::warn!(sandbox = %id, %err, "flushing a paused sandbox's disk");
         }
         // CRIU does not fsync its images; one syncfs of the state filesystem does (it
-        // also flushes the disk image file the sandbox's filesystem wrote to).
-        let images_dir = fs::File::open(images).map_err(io_err("open images dir"))?;
-        sys::syncfs_mount(images_dir.as_fd()).map_err(io_err("sync checkpoint"))?;
+        // also flushes the disk image file the sandbox's filesystem wrote to). It runs
+        // on the pause flusher, after the answer, unless the boot cannot be named.
+        let paused_at = SystemTime::now();
+        DurableMarker::remove(&dir);
+        let Some(boot) = durability::host_boot_id() else {
+            let images_dir = fs::File::open(images).map_err(io_err("open images dir"))?;
+            sys::syncfs_mount(images_dir.as_fd()).map_err(io_err("sync checkpoint"))?;
+            let marker = PausedMarker {
+                images: Some(images.to_path_buf()),
+                paused_at,
+                written_in_boot: None,
+            };
+            return marker.write(&dir).map_err(io_err("write paused marker"));
+        };
         let marker = PausedMarker {
             images: Some(images.to_path_buf()),
-            paused_at: SystemTime::now(),
+            paused_at,
+            written_in_boot: Some(boot),
         };
         marker
-            .write(&self.sandbox_dir(id))
-            .map_err(io_err("write paused marker"))
+            .write_unsynced(&dir)
+            .map_err(io_err("write paused marker"))?;
+        self.pause_flusher
+            .queue(dir, images.to_path_buf(), paused_at);
+        Ok(())
+    }
+
+    /// Waits until every memory pause answered so far is on disk (a clean stop calls
+    /// this, so a host restarted right after finds them whole).
+    pub fn settle_pauses(&self) {
+        self.pause_flusher.settle();
     }
 
     /// Stops sandbox `id` keeping only its disk: every process is killed, the disk
@@ -180,6 +247,7 @@ impl LinuxRuntime {
         let marker = PausedMarker {
             images: None,
             paused_at: SystemTime::now(),
+            written_in_boot: None,
         };
         marker
             .write(&self.sandbox_dir(id))
@@ -231,6 +299,7 @@ impl LinuxRuntime {
         record.init_start_ticks = record::process_start_ticks(pid);
         record.write(&dir).map_err(io_err("write record"))?;
         fs::remove_file(dir.join(PAUSED_FILE)).map_err(io_err("remove paused marker"))?;
+        DurableMarker::remove(&dir);
         let _ = fs::remove_dir_all(&images);
         let _ = fs::remove_dir_all(&work);
         let info = SandboxInfo {
@@ -273,15 +342,20 @@ impl LinuxRuntime {
         let Some(PausedMarker {
             images: Some(images),
             paused_at,
+            ..
         }) = self.paused_marker(id)
         else {
             return;
         };
+        // The kept disk becomes the whole state: on disk before the marker says so (the
+        // pause may not have been made durable yet).
+        let synced = fs::File::open(&images).and_then(|dir| sys::syncfs_mount(dir.as_fd()));
         let marker = PausedMarker {
             images: None,
             paused_at,
+            written_in_boot: None,
         };
-        if marker.write(&self.sandbox_dir(id)).is_ok() {
+        if synced.is_ok() && marker.write(&self.sandbox_dir(id)).is_ok() {
             let _ = fs::remove_dir_all(images);
         }
     }

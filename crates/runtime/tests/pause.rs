@@ -204,6 +204,95 @@ fn paused_sandbox_survives_a_daemon_restart() {
     assert_clean(&t, &id, &[&images]);
 }
 
+/// `paused.json` of sandbox `id`, and where its pause's durable marker goes.
+fn markers(t: &TestRuntime, id: &str) -> (PathBuf, PathBuf) {
+    let dir = t.state.join("sandboxes").join(id);
+    (dir.join("paused.json"), dir.join("paused.durable.json"))
+}
+
+#[test]
+fn a_pause_is_made_durable_after_its_answer_and_a_restart_in_the_same_boot_finishes_it() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let info = t.rt.create(&t.spec("pause-durable")).unwrap();
+    let id = info.id.clone();
+    let early_guard = KillGuard {
+        rt: &t.rt,
+        id: id.clone(),
+    };
+    start_holder(&t, &id, 1);
+    let before = ask(&t.rt, &id);
+    let images = t.state.join("sandboxes").join(&id).join("checkpoint");
+    t.rt.pause_with_memory(&criu, &id, &images).unwrap();
+    t.rt.settle_pauses();
+    let (paused, durable) = markers(&t, &id);
+    let marker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&paused).unwrap()).unwrap();
+    let vouched: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&durable).unwrap()).unwrap();
+    assert_eq!(vouched["paused_at"], marker["paused_at"]);
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(marker["written_in_boot"], boot_id.trim());
+
+    // The daemon died after answering, before its flusher ran: same boot, nothing of the
+    // page cache lost, so the next daemon finishes the write-back and keeps the pause.
+    std::fs::remove_file(&durable).unwrap();
+    std::mem::forget(early_guard);
+    let restarted = t.reopen();
+    let guard = KillGuard {
+        rt: &restarted,
+        id: id.clone(),
+    };
+    let report = restarted.recover().unwrap();
+    assert_eq!(report.paused, std::slice::from_ref(&id));
+    assert!(durable.exists(), "the restart made the pause durable");
+    restarted.resume_paused(&criu, &id).unwrap();
+    assert_eq!(ask(&restarted, &id), before, "the in-memory secret changed");
+    assert!(
+        !paused.exists() && !durable.exists(),
+        "markers left after resume"
+    );
+    drop(guard);
+    assert_clean(&t, &id, &[&images]);
+}
+
+#[test]
+fn a_pause_not_on_disk_when_the_host_went_down_is_removed_not_restored() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let info = t.rt.create(&t.spec("pause-torn")).unwrap();
+    let id = info.id.clone();
+    let early_guard = KillGuard {
+        rt: &t.rt,
+        id: id.clone(),
+    };
+    start_holder(&t, &id, 1);
+    let images = t.state.join("sandboxes").join(&id).join("checkpoint");
+    t.rt.pause_with_memory(&criu, &id, &images).unwrap();
+    t.rt.settle_pauses();
+    // As a host crash right after the answer leaves it: a marker written in another
+    // boot, never vouched for.
+    let (paused, durable) = markers(&t, &id);
+    std::fs::remove_file(&durable).unwrap();
+    let mut marker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&paused).unwrap()).unwrap();
+    marker["written_in_boot"] = "00000000-0000-0000-0000-000000000000".into();
+    std::fs::write(&paused, serde_json::to_vec(&marker).unwrap()).unwrap();
+    std::mem::forget(early_guard);
+
+    let restarted = t.reopen();
+    let guard = KillGuard {
+        rt: &restarted,
+        id: id.clone(),
+    };
+    let report = restarted.recover().unwrap();
+    assert!(report.paused.is_empty(), "{:?}", report.paused);
+    assert_eq!(report.cleaned, std::slice::from_ref(&id));
+    assert!(!restarted.is_paused(&id));
+    drop(guard);
+    assert_clean(&t, &id, &[&images]);
+}
+
 #[test]
 fn envd_answers_again_after_resume() {
     let criu = criu();
