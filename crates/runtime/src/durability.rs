@@ -16,19 +16,28 @@
 //! boot: a berth crash loses no page cache, and recovery finishes the write-back itself
 //! (see [`LinuxRuntime::recover`]). After a host restart, such a pause may have reached
 //! the disk only in part, so recovery removes the sandbox rather than restore torn
-//! images; the server then reports it killed. The window is about [`FLUSH_DELAY`] after a
-//! pause answered. A clean shutdown of berth waits for the flusher
-//! ([`PauseFlusher::settle`]), and a clean host reboot syncs filesystems before it
-//! restarts.
+//! images; the server then reports it killed. While berth runs, the window is about
+//! [`FLUSH_DELAY`] after a pause answered (longer while write-back fails: a failed
+//! `syncfs` vouches for nothing in its batch, logs a warning, and is tried again every
+//! few seconds). A clean stop of berth waits for the flusher ([`PauseFlusher::settle`])
+//! and makes pauses answered after that durable before answering them.
+//!
+//! **What this trusts.** The boot id stands for "the page cache survived". Two cases
+//! break that and are not covered: berth killed (not stopped) within that second and
+//! not started again before the host reboots, even cleanly, loses those pauses (the
+//! reboot wrote them, but nothing vouches for them); and a state filesystem whose
+//! device went away and came back without a reboot (the page cache is gone, the boot id
+//! is not) has its unsynced pauses trusted.
 //!
 //! [`LinuxRuntime::recover`]: crate::Runtime::recover
 
 use std::fs;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -100,74 +109,88 @@ enum Job {
     Settle(mpsc::Sender<()>),
 }
 
+/// How long a pause whose write-back failed waits before the flusher tries again.
+const RETRY_DELAY: Duration = Duration::from_secs(5);
+
 /// The thread that makes answered pauses durable, in batches.
 pub(crate) struct PauseFlusher {
     sender: Mutex<Option<mpsc::Sender<Job>>>,
     thread: Option<JoinHandle<()>>,
+    /// Set by [`PauseFlusher::settle`]: pauses answered after it (a stop is under way)
+    /// are made durable before they are answered.
+    inline: AtomicBool,
+    state: Arc<StateFs>,
+}
+
+/// The state filesystem, through one descriptor held for the daemon's life: `syncfs`
+/// on it reports every write-back error since its previous call on it, even one some
+/// other `syncfs` already saw (a new descriptor would only see errors from its open on).
+struct StateFs {
+    dir: fs::File,
+    device: u64,
+}
+
+impl StateFs {
+    /// Syncs the filesystem holding `images` (the state filesystem, or, for images
+    /// elsewhere, theirs).
+    fn sync_for(&self, images: &fs::File) -> io::Result<()> {
+        if images.metadata()?.dev() == self.device {
+            // SAFETY: syncfs on a descriptor this struct owns.
+            sys::check(unsafe { libc::syncfs(self.dir.as_raw_fd()) }.into()).map(drop)
+        } else {
+            sys::syncfs_mount(images.as_fd())
+        }
+    }
 }
 
 impl PauseFlusher {
-    pub(crate) fn new() -> io::Result<Self> {
+    /// A flusher for pauses under `state_dir`.
+    pub(crate) fn new(state_dir: &Path) -> io::Result<Self> {
+        let dir = fs::File::open(state_dir)?;
+        let device = dir.metadata()?.dev();
+        let state = Arc::new(StateFs { dir, device });
         let (sender, receiver) = mpsc::channel::<Job>();
+        let thread_state = state.clone();
         let thread = std::thread::Builder::new()
             .name("berth-pause-flush".into())
-            .spawn(move || {
-                while let Ok(first) = receiver.recv() {
-                    if let Job::Flush(pending) = &first {
-                        std::thread::sleep(FLUSH_DELAY.saturating_sub(pending.queued.elapsed()));
-                    }
-                    // Everything queued by now shares one syncfs.
-                    let mut batch = vec![first];
-                    batch.extend(receiver.try_iter());
-                    let mut synced = false;
-                    let mut settled = Vec::new();
-                    for job in batch {
-                        match job {
-                            Job::Settle(done) => settled.push(done),
-                            Job::Flush(pending) => {
-                                if let Err(err) = flush(&pending, &mut synced) {
-                                    // The sandbox was resumed or killed meanwhile (its
-                                    // images are gone), or the disk failed: recovery
-                                    // judges a marker left without its durable file.
-                                    tracing::debug!(dir = %pending.dir.display(), %err, "making a pause durable");
-                                }
-                            }
-                        }
-                    }
-                    for done in settled {
-                        let _ = done.send(());
-                    }
-                }
-            })?;
+            .spawn(move || run(&receiver, &thread_state))?;
         Ok(PauseFlusher {
             sender: Mutex::new(Some(sender)),
             thread: Some(thread),
+            inline: AtomicBool::new(false),
+            state,
         })
     }
 
     /// Queues the pause of the sandbox in `dir` (images in `images`, marker written
-    /// with `paused_at`) to be made durable.
+    /// with `paused_at`) to be made durable; once a stop is settling, makes it durable
+    /// now instead.
     pub(crate) fn queue(&self, dir: PathBuf, images: PathBuf, paused_at: SystemTime) {
-        let job = Job::Flush(Pending {
+        let pending = Pending {
             dir,
             images,
             paused_at,
             queued: Instant::now(),
-        });
+        };
+        if self.inline.load(Ordering::SeqCst) {
+            return flush_alone(&self.state, &pending);
+        }
         let sent = self
             .sender
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .map(|sender| sender.send(job));
+            .map(|sender| sender.send(Job::Flush(pending)));
         if let Some(Err(mpsc::SendError(Job::Flush(pending)))) = sent {
             // The thread is gone: do it here rather than leave it undone.
-            let _ = flush(&pending, &mut false);
+            flush_alone(&self.state, &pending);
         }
     }
 
-    /// Waits until every pause queued so far is durable.
+    /// Waits until every pause queued so far is durable; pauses answered from now on
+    /// are made durable before their answer.
     pub(crate) fn settle(&self) {
+        self.inline.store(true, Ordering::SeqCst);
         let (done, wait) = mpsc::channel();
         let sent = self
             .sender
@@ -190,21 +213,105 @@ impl Drop for PauseFlusher {
     }
 }
 
-/// Syncs once per batch (`synced`), then writes the pause's durable marker, unless the
-/// pause is no longer the sandbox's current one.
-fn flush(pending: &Pending, synced: &mut bool) -> io::Result<()> {
-    // Resumed (the images are gone) or killed meanwhile: nothing to sync or vouch for.
-    let Ok(images_dir) = fs::File::open(&pending.images) else {
-        return Ok(());
+/// The flusher thread: waits [`FLUSH_DELAY`] after the first pause of a batch, makes the
+/// batch durable with one `syncfs`, and keeps what failed for another try.
+fn run(receiver: &mpsc::Receiver<Job>, state: &StateFs) {
+    let mut retry: Vec<Pending> = Vec::new();
+    loop {
+        let first = if retry.is_empty() {
+            receiver.recv().ok()
+        } else {
+            match receiver.recv_timeout(RETRY_DELAY) {
+                Ok(job) => Some(job),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                // Closing: one last try for what failed.
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    flush_batch(state, std::mem::take(&mut retry));
+                    return;
+                }
+            }
+        };
+        let mut batch = Vec::new();
+        let mut settled = Vec::new();
+        match first {
+            Some(Job::Flush(pending)) => {
+                std::thread::sleep(FLUSH_DELAY.saturating_sub(pending.queued.elapsed()));
+                batch.push(pending);
+            }
+            Some(Job::Settle(done)) => settled.push(done),
+            None if retry.is_empty() => return,
+            None => {}
+        }
+        // Everything queued by now shares one syncfs.
+        for job in receiver.try_iter() {
+            match job {
+                Job::Flush(pending) => batch.push(pending),
+                Job::Settle(done) => settled.push(done),
+            }
+        }
+        batch.append(&mut retry);
+        retry = flush_batch(state, batch);
+        for done in settled {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Makes `batch` durable: one `syncfs`, then each pause's durable marker. Returns the
+/// pauses to try again (all of them when the sync failed: a failed write-back may be
+/// any of theirs); pauses whose images are gone (resumed or killed) are dropped.
+fn flush_batch(state: &StateFs, batch: Vec<Pending>) -> Vec<Pending> {
+    let mut open = Vec::new();
+    for pending in batch {
+        // Resumed or killed meanwhile: nothing to sync or vouch for.
+        if let Ok(images) = fs::File::open(&pending.images) {
+            open.push((pending, images));
+        }
+    }
+    let Some((_, first_images)) = open.first() else {
+        return Vec::new();
     };
-    if !*synced {
-        sys::syncfs_mount(images_dir.as_fd())?;
-        *synced = true;
+    let mut synced = state.sync_for(first_images);
+    // Images on another filesystem than the first's are synced there too.
+    for (_, images) in &open[1..] {
+        if synced.is_ok() && images.metadata().map(|m| m.dev()).ok() != Some(state.device) {
+            synced = sys::syncfs_mount(images.as_fd());
+        }
     }
-    DurableMarker {
-        paused_at: pending.paused_at,
+    if let Err(err) = synced {
+        tracing::warn!(%err, pauses = open.len(), "writing paused sandboxes' images to disk failed; trying again");
+        return open.into_iter().map(|(pending, _)| pending).collect();
     }
-    .write(&pending.dir)
+    let mut failed = Vec::new();
+    for (pending, _) in open {
+        let marker = DurableMarker {
+            paused_at: pending.paused_at,
+        };
+        if let Err(err) = marker.write(&pending.dir) {
+            if pending.dir.is_dir() {
+                tracing::warn!(dir = %pending.dir.display(), %err, "recording a pause as durable failed; trying again");
+                failed.push(pending);
+            }
+        }
+    }
+    failed
+}
+
+/// One pause made durable on the caller's thread (a stop is settling, or the flusher is
+/// gone).
+fn flush_alone(state: &StateFs, pending: &Pending) {
+    let left = flush_batch(
+        state,
+        vec![Pending {
+            dir: pending.dir.clone(),
+            images: pending.images.clone(),
+            paused_at: pending.paused_at,
+            queued: pending.queued,
+        }],
+    );
+    if !left.is_empty() {
+        tracing::warn!(dir = %pending.dir.display(), "a pause answered while berth stops is not on disk yet; a start in this boot finishes it");
+    }
 }
 
 #[cfg(test)]
@@ -218,7 +325,7 @@ mod tests {
         let images = dir.join("checkpoint");
         fs::create_dir_all(&images).unwrap();
         let paused_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let flusher = PauseFlusher::new().unwrap();
+        let flusher = PauseFlusher::new(root.path()).unwrap();
         flusher.queue(dir.clone(), images, paused_at);
         flusher.settle();
         assert_eq!(DurableMarker::read(&dir), Some(DurableMarker { paused_at }));
@@ -230,7 +337,7 @@ mod tests {
         let dir = root.path().join("sandbox");
         let images = dir.join("checkpoint");
         fs::create_dir_all(&images).unwrap();
-        let flusher = PauseFlusher::new().unwrap();
+        let flusher = PauseFlusher::new(root.path()).unwrap();
         // The first job's images exist, so the batch is synced; the second one's images
         // are gone (resumed): no marker vouches for it.
         let other = root.path().join("other");
@@ -241,5 +348,35 @@ mod tests {
         flusher.settle();
         assert!(DurableMarker::read(&other).is_some());
         assert!(DurableMarker::read(&dir).is_none());
+    }
+    #[test]
+    fn a_second_pause_soon_after_the_first_is_the_one_vouched_for() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("sandbox");
+        let images = dir.join("checkpoint");
+        fs::create_dir_all(&images).unwrap();
+        let first = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
+        let second = SystemTime::UNIX_EPOCH + Duration::from_secs(2);
+        let flusher = PauseFlusher::new(root.path()).unwrap();
+        flusher.queue(dir.clone(), images.clone(), first);
+        flusher.queue(dir.clone(), images, second);
+        flusher.settle();
+        assert_eq!(
+            DurableMarker::read(&dir),
+            Some(DurableMarker { paused_at: second })
+        );
+    }
+
+    #[test]
+    fn once_a_stop_settles_a_pause_is_durable_when_queued() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("sandbox");
+        let images = dir.join("checkpoint");
+        fs::create_dir_all(&images).unwrap();
+        let flusher = PauseFlusher::new(root.path()).unwrap();
+        flusher.settle();
+        let paused_at = SystemTime::now();
+        flusher.queue(dir.clone(), images, paused_at);
+        assert_eq!(DurableMarker::read(&dir), Some(DurableMarker { paused_at }));
     }
 }

@@ -253,6 +253,8 @@ impl LinuxRuntime {
             .transpose()?;
         let volumes = VolumeStore::new(&config.state_dir, config.volume_size_mb)
             .map_err(io_err("create volume dir"))?;
+        let pause_flusher = crate::durability::PauseFlusher::new(&config.state_dir)
+            .map_err(io_err("start the pause flusher"))?;
         Ok(Self {
             views: Views::new(&config.state_dir, config.lxcfs_binary.clone()),
             network,
@@ -269,8 +271,7 @@ impl LinuxRuntime {
             slots: Mutex::new(BTreeSet::new()),
             uid_claims,
             criu: Mutex::new(None),
-            pause_flusher: crate::durability::PauseFlusher::new()
-                .map_err(io_err("start the pause flusher"))?,
+            pause_flusher,
         })
     }
 

@@ -109,7 +109,9 @@ pub(super) fn settle_unsynced_pause(dir: &Path) -> bool {
     if DurableMarker::read(dir).is_some_and(|durable| durable.paused_at == marker.paused_at) {
         return true;
     }
-    if durability::host_boot_id().as_deref() != Some(boot.as_str()) {
+    // A boot id that cannot be read now says nothing about a restart: keep the pause
+    // (and sync it), as the pause itself syncs inline when it cannot name the boot.
+    if durability::host_boot_id().is_some_and(|now| now != *boot) {
         return false;
     }
     if let Err(err) = durability::make_durable(dir, images, marker.paused_at) {
@@ -339,23 +341,33 @@ impl LinuxRuntime {
     /// Turns a pause with memory into one without: the checkpoint is deleted (after the
     /// marker stops naming it, so a crash never leaves a marker without its images).
     pub(super) fn drop_checkpoint(&self, id: &str) {
+        let dir = self.sandbox_dir(id);
         let Some(PausedMarker {
             images: Some(images),
             paused_at,
-            ..
+            written_in_boot,
         }) = self.paused_marker(id)
         else {
             return;
         };
-        // The kept disk becomes the whole state: on disk before the marker says so (the
-        // pause may not have been made durable yet).
-        let synced = fs::File::open(&images).and_then(|dir| sys::syncfs_mount(dir.as_fd()));
+        // The kept disk becomes the whole state: on disk before the marker says so, when
+        // the pause is not known to be durable yet.
+        let vouched = written_in_boot.is_none()
+            || DurableMarker::read(&dir).is_some_and(|durable| durable.paused_at == paused_at);
+        let synced = if vouched {
+            Ok(())
+        } else {
+            fs::File::open(&images).and_then(|images| sys::syncfs_mount(images.as_fd()))
+        };
+        if let Err(err) = &synced {
+            tracing::warn!(sandbox = %id, %err, "syncing a pause before dropping its memory; the memory is kept");
+        }
         let marker = PausedMarker {
             images: None,
             paused_at,
             written_in_boot: None,
         };
-        if synced.is_ok() && marker.write(&self.sandbox_dir(id)).is_ok() {
+        if synced.is_ok() && marker.write(&dir).is_ok() {
             let _ = fs::remove_dir_all(images);
         }
     }
