@@ -7,6 +7,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use berth_checkpoint::Criu;
 use berth_runtime::{Runtime, RuntimeError};
 use common::checkpoint::{alive, ask, assert_clean, criu, leftovers, start_holder, KillGuard};
 use common::TestRuntime;
@@ -210,21 +211,32 @@ fn markers(t: &TestRuntime, id: &str) -> (PathBuf, PathBuf) {
     (dir.join("paused.json"), dir.join("paused.durable.json"))
 }
 
+/// A sandbox holding a 1 MiB secret, paused with memory into its own directory (as the
+/// server pauses) and settled: its guard, images and the secret as it answered.
+fn paused_holder<'a>(
+    t: &'a TestRuntime,
+    criu: &Criu,
+    name: &str,
+) -> (KillGuard<'a>, PathBuf, String) {
+    let info = t.rt.create(&t.spec(name)).unwrap();
+    let guard = KillGuard {
+        rt: &t.rt,
+        id: info.id.clone(),
+    };
+    start_holder(t, &info.id, 1);
+    let before = ask(&t.rt, &info.id);
+    let images = t.state.join("sandboxes").join(&info.id).join("checkpoint");
+    t.rt.pause_with_memory(criu, &info.id, &images).unwrap();
+    t.rt.settle_pauses();
+    (guard, images, before)
+}
+
 #[test]
 fn a_pause_is_made_durable_after_its_answer_and_a_restart_in_the_same_boot_finishes_it() {
     let criu = criu();
     let t = TestRuntime::new();
-    let info = t.rt.create(&t.spec("pause-durable")).unwrap();
-    let id = info.id.clone();
-    let early_guard = KillGuard {
-        rt: &t.rt,
-        id: id.clone(),
-    };
-    start_holder(&t, &id, 1);
-    let before = ask(&t.rt, &id);
-    let images = t.state.join("sandboxes").join(&id).join("checkpoint");
-    t.rt.pause_with_memory(&criu, &id, &images).unwrap();
-    t.rt.settle_pauses();
+    let (early_guard, images, before) = paused_holder(&t, &criu, "pause-durable");
+    let id = early_guard.id.clone();
     let (paused, durable) = markers(&t, &id);
     let marker: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&paused).unwrap()).unwrap();
@@ -260,16 +272,8 @@ fn a_pause_is_made_durable_after_its_answer_and_a_restart_in_the_same_boot_finis
 fn a_pause_not_on_disk_when_the_host_went_down_is_removed_not_restored() {
     let criu = criu();
     let t = TestRuntime::new();
-    let info = t.rt.create(&t.spec("pause-torn")).unwrap();
-    let id = info.id.clone();
-    let early_guard = KillGuard {
-        rt: &t.rt,
-        id: id.clone(),
-    };
-    start_holder(&t, &id, 1);
-    let images = t.state.join("sandboxes").join(&id).join("checkpoint");
-    t.rt.pause_with_memory(&criu, &id, &images).unwrap();
-    t.rt.settle_pauses();
+    let (early_guard, images, _) = paused_holder(&t, &criu, "pause-torn");
+    let id = early_guard.id.clone();
     // As a host crash right after the answer leaves it: a marker written in another
     // boot, never vouched for.
     let (paused, durable) = markers(&t, &id);
