@@ -102,7 +102,10 @@
 //! populated group without a record is left alone: it is a live sandbox of another daemon
 //! on the same host (another state dir, same cgroup parent), not a leftover of ours; so
 //! is an empty one whose uid range another daemon claims for a live sandbox (a paused
-//! sandbox keeps its groups with no process in them).
+//! sandbox keeps its groups with no process in them). A memory pause is answered before
+//! its images are on disk and made durable about a second later (see `durability`);
+//! `recover` finishes one left unsynced in the same host boot and removes one from an
+//! earlier boot.
 //!
 //! **For checkpointing (CRIU).** The init is PID 1 and session leader of its own pid
 //! namespace and holds no fd from outside its mount namespace (stdio is `/dev/null` and
