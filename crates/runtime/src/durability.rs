@@ -61,13 +61,8 @@ impl DurableMarker {
     /// Writes the marker into sandbox directory `dir`, durably (the caller has synced
     /// what it vouches for).
     pub(crate) fn write(&self, dir: &Path) -> io::Result<()> {
-        let tmp = dir.join(".paused.durable.json.tmp");
-        let file =
-            perms::write_private(&tmp, &serde_json::to_vec(self).map_err(io::Error::other)?)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, dir.join(DURABLE_FILE))?;
-        fs::File::open(dir)?.sync_all()
+        let bytes = serde_json::to_vec(self).map_err(io::Error::other)?;
+        perms::replace_private(dir, DURABLE_FILE, &bytes, true)
     }
 
     pub(crate) fn read(dir: &Path) -> Option<Self> {
@@ -81,18 +76,10 @@ impl DurableMarker {
 }
 
 /// The host's boot id: it changes with every boot, and only then.
-pub(crate) fn host_boot_id() -> Option<String> {
+fn host_boot_id() -> Option<String> {
     fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .ok()
         .map(|id| id.trim().to_owned())
-}
-
-/// Makes a pause durable now: one `syncfs` of the filesystem holding `images` (the
-/// images, the disk image and the marker), then its durable marker.
-pub(crate) fn make_durable(dir: &Path, images: &Path, paused_at: SystemTime) -> io::Result<()> {
-    let images_dir = fs::File::open(images)?;
-    sys::syncfs_mount(images_dir.as_fd())?;
-    DurableMarker { paused_at }.write(dir)
 }
 
 /// One pause waiting to be made durable.
@@ -120,6 +107,8 @@ pub(crate) struct PauseFlusher {
     /// are made durable before they are answered.
     inline: AtomicBool,
     state: Arc<StateFs>,
+    /// This host boot's id, read once: it cannot change while the daemon runs.
+    boot_id: Option<String>,
 }
 
 /// The state filesystem, through one descriptor held for the daemon's life: `syncfs`
@@ -159,7 +148,26 @@ impl PauseFlusher {
             thread: Some(thread),
             inline: AtomicBool::new(false),
             state,
+            boot_id: host_boot_id(),
         })
+    }
+
+    /// The host boot pauses are written in (None when the kernel does not say).
+    pub(crate) fn boot_id(&self) -> Option<&str> {
+        self.boot_id.as_deref()
+    }
+
+    /// Makes the pause of the sandbox in `dir` durable on the caller's thread (a stop
+    /// is settling, the flusher is gone, or a start finishes an earlier pause).
+    pub(crate) fn flush_now(&self, dir: PathBuf, images: PathBuf, paused_at: SystemTime) {
+        let pending = Pending {
+            dir,
+            images,
+            paused_at,
+            queued: Instant::now(),
+        };
+        // What fails is warned of by `flush_batch`; a start in this boot tries again.
+        flush_batch(&self.state, vec![pending]);
     }
 
     /// Queues the pause of the sandbox in `dir` (images in `images`, marker written
@@ -173,7 +181,8 @@ impl PauseFlusher {
             queued: Instant::now(),
         };
         if self.inline.load(Ordering::SeqCst) {
-            return flush_alone(&self.state, &pending);
+            flush_batch(&self.state, vec![pending]);
+            return;
         }
         let sent = self
             .sender
@@ -183,7 +192,7 @@ impl PauseFlusher {
             .map(|sender| sender.send(Job::Flush(pending)));
         if let Some(Err(mpsc::SendError(Job::Flush(pending)))) = sent {
             // The thread is gone: do it here rather than leave it undone.
-            flush_alone(&self.state, &pending);
+            flush_batch(&self.state, vec![pending]);
         }
     }
 
@@ -297,33 +306,22 @@ fn flush_batch(state: &StateFs, batch: Vec<Pending>) -> Vec<Pending> {
     failed
 }
 
-/// One pause made durable on the caller's thread (a stop is settling, or the flusher is
-/// gone).
-fn flush_alone(state: &StateFs, pending: &Pending) {
-    let left = flush_batch(
-        state,
-        vec![Pending {
-            dir: pending.dir.clone(),
-            images: pending.images.clone(),
-            paused_at: pending.paused_at,
-            queued: pending.queued,
-        }],
-    );
-    if !left.is_empty() {
-        tracing::warn!(dir = %pending.dir.display(), "a pause answered while berth stops is not on disk yet; a start in this boot finishes it");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A sandbox directory with an images directory in it, under `root`.
+    fn paused_sandbox(root: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let dir = root.join(name);
+        let images = dir.join("checkpoint");
+        fs::create_dir_all(&images).unwrap();
+        (dir, images)
+    }
+
     #[test]
     fn a_queued_pause_gets_its_durable_marker_by_settle() {
         let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("sandbox");
-        let images = dir.join("checkpoint");
-        fs::create_dir_all(&images).unwrap();
+        let (dir, images) = paused_sandbox(root.path(), "sandbox");
         let paused_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let flusher = PauseFlusher::new(root.path()).unwrap();
         flusher.queue(dir.clone(), images, paused_at);
@@ -334,27 +332,23 @@ mod tests {
     #[test]
     fn a_pause_resumed_before_its_flush_gets_no_marker() {
         let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("sandbox");
-        let images = dir.join("checkpoint");
-        fs::create_dir_all(&images).unwrap();
+        let (dir, images) = paused_sandbox(root.path(), "sandbox");
         let flusher = PauseFlusher::new(root.path()).unwrap();
         // The first job's images exist, so the batch is synced; the second one's images
         // are gone (resumed): no marker vouches for it.
-        let other = root.path().join("other");
-        fs::create_dir_all(other.join("checkpoint")).unwrap();
+        let (other, other_images) = paused_sandbox(root.path(), "other");
         fs::remove_dir_all(&images).unwrap();
-        flusher.queue(other.clone(), other.join("checkpoint"), SystemTime::now());
+        flusher.queue(other.clone(), other_images, SystemTime::now());
         flusher.queue(dir.clone(), images, SystemTime::now());
         flusher.settle();
         assert!(DurableMarker::read(&other).is_some());
         assert!(DurableMarker::read(&dir).is_none());
     }
+
     #[test]
     fn a_second_pause_soon_after_the_first_is_the_one_vouched_for() {
         let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("sandbox");
-        let images = dir.join("checkpoint");
-        fs::create_dir_all(&images).unwrap();
+        let (dir, images) = paused_sandbox(root.path(), "sandbox");
         let first = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
         let second = SystemTime::UNIX_EPOCH + Duration::from_secs(2);
         let flusher = PauseFlusher::new(root.path()).unwrap();
@@ -370,9 +364,7 @@ mod tests {
     #[test]
     fn once_a_stop_settles_a_pause_is_durable_when_queued() {
         let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("sandbox");
-        let images = dir.join("checkpoint");
-        fs::create_dir_all(&images).unwrap();
+        let (dir, images) = paused_sandbox(root.path(), "sandbox");
         let flusher = PauseFlusher::new(root.path()).unwrap();
         flusher.settle();
         let paused_at = SystemTime::now();

@@ -1047,7 +1047,7 @@ impl Runtime for LinuxRuntime {
                 continue;
             }
             let dir = entry.path();
-            if Self::paused_slot(&dir).is_some() && !pause::settle_unsynced_pause(&dir) {
+            if Self::paused_slot(&dir).is_some() && !self.settle_unsynced_pause(&dir) {
                 tracing::warn!(sandbox = %id, "paused in an earlier boot of this host and not yet on disk when it went down: its checkpoint may be torn, so it is removed");
                 self.teardown(&id, None, None)?;
                 report.cleaned.push(id);

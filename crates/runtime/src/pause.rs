@@ -38,7 +38,7 @@ use super::{
 };
 use crate::cgroup::CgroupLimits;
 use crate::disk;
-use crate::durability::{self, DurableMarker};
+use crate::durability::DurableMarker;
 use crate::record::{self, Record};
 use crate::restorable;
 use crate::sys::{self, cpath, FsContext, MOUNT_ATTR_NODEV};
@@ -61,65 +61,28 @@ struct PausedMarker {
 }
 
 impl PausedMarker {
-    /// Writes the marker after what it points to is durable, durably.
+    /// Writes the marker after what it points to is durable, durably: it says the
+    /// checkpoint (or kept disk) is the sandbox's state, so it must not reach the disk
+    /// before what it points to, nor be lost after we answered.
     fn write(&self, dir: &Path) -> io::Result<()> {
-        let tmp = dir.join(".paused.json.tmp");
-        let file = crate::perms::write_private(
-            &tmp,
-            &serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
-        )?;
-        // The marker says the checkpoint (or kept disk) is the sandbox's state: it must
-        // not reach the disk before what it points to, nor be lost after we answered.
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, dir.join(PAUSED_FILE))?;
-        fs::File::open(dir)?.sync_all()
+        self.replace(dir, true)
     }
 
     /// Writes the marker without syncing anything: the pause flusher makes it and what
     /// it points to durable together.
     fn write_unsynced(&self, dir: &Path) -> io::Result<()> {
-        let tmp = dir.join(".paused.json.tmp");
-        crate::perms::write_private(
-            &tmp,
-            &serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
-        )?;
-        fs::rename(&tmp, dir.join(PAUSED_FILE))
+        self.replace(dir, false)
+    }
+
+    fn replace(&self, dir: &Path, durable: bool) -> io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        crate::perms::replace_private(dir, PAUSED_FILE, &bytes, durable)
     }
 
     fn read(dir: &Path) -> Option<Self> {
         let bytes = fs::read(dir.join(PAUSED_FILE)).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
-}
-
-/// Whether the pause recorded in sandbox directory `dir` can be trusted at a daemon
-/// start, finishing its write-back if it was answered before being durable: true for a
-/// pause synced before its marker, one the flusher made durable, and one written in
-/// this very boot (nothing of the page cache was lost: it is made durable here); false
-/// for one written in an earlier boot and never made durable (its images and disk may
-/// be torn).
-pub(super) fn settle_unsynced_pause(dir: &Path) -> bool {
-    let Some(marker) = PausedMarker::read(dir) else {
-        return true;
-    };
-    let (Some(boot), Some(images)) = (&marker.written_in_boot, &marker.images) else {
-        return true;
-    };
-    if DurableMarker::read(dir).is_some_and(|durable| durable.paused_at == marker.paused_at) {
-        return true;
-    }
-    // A boot id that cannot be read now says nothing about a restart: keep the pause
-    // (and sync it), as the pause itself syncs inline when it cannot name the boot.
-    if durability::host_boot_id().is_some_and(|now| now != *boot) {
-        return false;
-    }
-    if let Err(err) = durability::make_durable(dir, images, marker.paused_at) {
-        // Still whole in the page cache: it restores, it just is not safe from a host
-        // crash yet.
-        tracing::warn!(dir = %dir.display(), %err, "making an earlier pause durable");
-    }
-    true
 }
 
 fn criu_err(
@@ -202,7 +165,7 @@ impl LinuxRuntime {
         // on the pause flusher, after the answer, unless the boot cannot be named.
         let paused_at = SystemTime::now();
         DurableMarker::remove(&dir);
-        let Some(boot) = durability::host_boot_id() else {
+        let Some(boot) = self.pause_flusher.boot_id().map(str::to_owned) else {
             let images_dir = fs::File::open(images).map_err(io_err("open images dir"))?;
             sys::syncfs_mount(images_dir.as_fd()).map_err(io_err("sync checkpoint"))?;
             let marker = PausedMarker {
@@ -229,6 +192,33 @@ impl LinuxRuntime {
     /// this, so a host restarted right after finds them whole).
     pub fn settle_pauses(&self) {
         self.pause_flusher.settle();
+    }
+
+    /// Whether the pause recorded in sandbox directory `dir` can be trusted at a daemon
+    /// start, finishing its write-back if it was answered before being durable: true for
+    /// a pause synced before its marker, one the flusher made durable, and one written in
+    /// this very boot (nothing of the page cache was lost: it is made durable here);
+    /// false for one written in an earlier boot and never made durable (its images and
+    /// disk may be torn).
+    pub(super) fn settle_unsynced_pause(&self, dir: &Path) -> bool {
+        let Some(marker) = PausedMarker::read(dir) else {
+            return true;
+        };
+        let (Some(boot), Some(images)) = (marker.written_in_boot, marker.images) else {
+            return true;
+        };
+        if DurableMarker::read(dir).is_some_and(|durable| durable.paused_at == marker.paused_at) {
+            return true;
+        }
+        // A boot id that cannot be read now says nothing about a restart: keep the pause
+        // (and sync it), as the pause itself syncs inline when it cannot name the boot.
+        if self.pause_flusher.boot_id().is_some_and(|now| now != boot) {
+            return false;
+        }
+        // Left unsynced, it still restores from the page cache; the flusher warns.
+        self.pause_flusher
+            .flush_now(dir.to_path_buf(), images, marker.paused_at);
+        true
     }
 
     /// Stops sandbox `id` keeping only its disk: every process is killed, the disk

@@ -61,6 +61,28 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> io::Result<fs::File> {
     Ok(file)
 }
 
+/// Replaces `dir/name` with an owner-only file of `bytes`: written to `.<name>.tmp` and
+/// renamed over it, so a reader sees the old file or the new one, never a part. With
+/// `durable`, the file and the rename are on disk when it returns.
+pub(crate) fn replace_private(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    durable: bool,
+) -> io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let file = write_private(&tmp, bytes)?;
+    if durable {
+        file.sync_all()?;
+    }
+    drop(file);
+    fs::rename(&tmp, dir.join(name))?;
+    if durable {
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// Opens `path` for writing as a new, empty owner-only file (truncating one there and
 /// narrowing its mode).
 pub(crate) fn create_private(path: &Path) -> io::Result<fs::File> {

@@ -30,12 +30,12 @@ pub(crate) struct Record {
 
 impl Record {
     pub(crate) fn write(&self, dir: &Path) -> io::Result<()> {
-        let tmp = dir.join(".record.json.tmp");
-        crate::perms::write_private(
-            &tmp,
+        crate::perms::replace_private(
+            dir,
+            RECORD_FILE,
             &serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
-        )?;
-        fs::rename(&tmp, dir.join(RECORD_FILE))
+            false,
+        )
     }
 
     pub(crate) fn read(dir: &Path) -> io::Result<Self> {

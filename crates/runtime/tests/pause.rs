@@ -4,11 +4,11 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use berth_checkpoint::Criu;
-use berth_runtime::{Runtime, RuntimeError};
+use berth_runtime::{LinuxRuntime, RecoveryReport, Runtime, RuntimeError};
 use common::checkpoint::{alive, ask, assert_clean, criu, leftovers, start_holder, KillGuard};
 use common::TestRuntime;
 
@@ -183,26 +183,40 @@ fn paused_sandbox_survives_a_daemon_restart() {
     let started = Instant::now();
     t.rt.pause_with_memory(&criu, &id, &images).unwrap();
     let paused_in = started.elapsed();
-    // From here the restarted runtime's guard owns the cleanup.
-    std::mem::forget(early_guard);
-
-    let restarted = t.reopen();
-    let guard = KillGuard {
-        rt: &restarted,
-        id: id.clone(),
-    };
-    let report = restarted.recover().unwrap();
-    assert_eq!(report.paused, std::slice::from_ref(&id));
-    assert!(report.cleaned.is_empty() && report.reattached.is_empty());
-    let started = Instant::now();
-    let resumed = restarted.resume_paused(&criu, &id).unwrap();
-    let resumed_in = started.elapsed();
-    eprintln!("pause {paused_in:?}, resume {resumed_in:?} (64 MiB resident holder)");
-    assert_eq!(ask(&restarted, &id), before, "the in-memory secret changed");
-    assert_eq!(before.split(' ').nth(1), Some("67108864"));
-    drop(guard);
+    let resumed = after_restart(&t, early_guard, |restarted, report| {
+        assert_eq!(report.paused, std::slice::from_ref(&id));
+        assert!(report.cleaned.is_empty() && report.reattached.is_empty());
+        let started = Instant::now();
+        let resumed = restarted.resume_paused(&criu, &id).unwrap();
+        let resumed_in = started.elapsed();
+        eprintln!("pause {paused_in:?}, resume {resumed_in:?} (64 MiB resident holder)");
+        assert_eq!(ask(restarted, &id), before, "the in-memory secret changed");
+        assert_eq!(before.split(' ').nth(1), Some("67108864"));
+        resumed
+    });
     assert!(!alive(resumed.init_pid));
     assert_clean(&t, &id, &[&images]);
+}
+
+/// Hands the sandbox `early_guard` guards over to a restarted runtime (from here its
+/// guard owns the cleanup): reopens, recovers and gives both to `then`; the sandbox is
+/// killed after it.
+fn after_restart<R>(
+    t: &TestRuntime,
+    early_guard: KillGuard<'_>,
+    then: impl FnOnce(&LinuxRuntime, RecoveryReport) -> R,
+) -> R {
+    let id = early_guard.id.clone();
+    std::mem::forget(early_guard);
+    let restarted = t.reopen();
+    let _guard = KillGuard { rt: &restarted, id };
+    let report = restarted.recover().unwrap();
+    then(&restarted, report)
+}
+
+/// A JSON file's contents.
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
 /// `paused.json` of sandbox `id`, and where its pause's durable marker goes.
@@ -238,33 +252,24 @@ fn a_pause_is_made_durable_after_its_answer_and_a_restart_in_the_same_boot_finis
     let (early_guard, images, before) = paused_holder(&t, &criu, "pause-durable");
     let id = early_guard.id.clone();
     let (paused, durable) = markers(&t, &id);
-    let marker: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&paused).unwrap()).unwrap();
-    let vouched: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&durable).unwrap()).unwrap();
-    assert_eq!(vouched["paused_at"], marker["paused_at"]);
+    let marker = json(&paused);
+    assert_eq!(json(&durable)["paused_at"], marker["paused_at"]);
     let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     assert_eq!(marker["written_in_boot"], boot_id.trim());
 
     // The daemon died after answering, before its flusher ran: same boot, nothing of the
     // page cache lost, so the next daemon finishes the write-back and keeps the pause.
     std::fs::remove_file(&durable).unwrap();
-    std::mem::forget(early_guard);
-    let restarted = t.reopen();
-    let guard = KillGuard {
-        rt: &restarted,
-        id: id.clone(),
-    };
-    let report = restarted.recover().unwrap();
-    assert_eq!(report.paused, std::slice::from_ref(&id));
-    assert!(durable.exists(), "the restart made the pause durable");
-    restarted.resume_paused(&criu, &id).unwrap();
-    assert_eq!(ask(&restarted, &id), before, "the in-memory secret changed");
-    assert!(
-        !paused.exists() && !durable.exists(),
-        "markers left after resume"
-    );
-    drop(guard);
+    after_restart(&t, early_guard, |restarted, report| {
+        assert_eq!(report.paused, std::slice::from_ref(&id));
+        assert!(durable.exists(), "the restart made the pause durable");
+        restarted.resume_paused(&criu, &id).unwrap();
+        assert_eq!(ask(restarted, &id), before, "the in-memory secret changed");
+        assert!(
+            !paused.exists() && !durable.exists(),
+            "markers left after resume"
+        );
+    });
     assert_clean(&t, &id, &[&images]);
 }
 
@@ -278,22 +283,15 @@ fn a_pause_not_on_disk_when_the_host_went_down_is_removed_not_restored() {
     // boot, never vouched for.
     let (paused, durable) = markers(&t, &id);
     std::fs::remove_file(&durable).unwrap();
-    let mut marker: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&paused).unwrap()).unwrap();
+    let mut marker = json(&paused);
     marker["written_in_boot"] = "00000000-0000-0000-0000-000000000000".into();
     std::fs::write(&paused, serde_json::to_vec(&marker).unwrap()).unwrap();
-    std::mem::forget(early_guard);
 
-    let restarted = t.reopen();
-    let guard = KillGuard {
-        rt: &restarted,
-        id: id.clone(),
-    };
-    let report = restarted.recover().unwrap();
-    assert!(report.paused.is_empty(), "{:?}", report.paused);
-    assert_eq!(report.cleaned, std::slice::from_ref(&id));
-    assert!(!restarted.is_paused(&id));
-    drop(guard);
+    after_restart(&t, early_guard, |restarted, report| {
+        assert!(report.paused.is_empty(), "{:?}", report.paused);
+        assert_eq!(report.cleaned, std::slice::from_ref(&id));
+        assert!(!restarted.is_paused(&id));
+    });
     assert_clean(&t, &id, &[&images]);
 }
 
