@@ -164,7 +164,6 @@ def main() -> None:
     n = len(killed)
     if n == 0:
         raise SystemExit(f"no sandbox was created: {failure[0] if failure else 'unknown'}")
-    slab = lambda m: m["Slab"]  # noqa: E731
     drop = before["MemAvailable"] - after["MemAvailable"]
     back = released["MemAvailable"] - after["MemAvailable"]
     print(
@@ -181,7 +180,7 @@ def main() -> None:
     print("|---|---|")
     print(f"| host `MemAvailable` drop while up | {drop / n / MIB:.2f} |")
     print(f"| host `MemAvailable` back after killing | {back / n / MIB:.2f} |")
-    print(f"| kernel slab growth | {(slab(after) - slab(before)) / n / MIB:.2f} |")
+    print(f"| kernel slab growth | {(after['Slab'] - before['Slab']) / n / MIB:.2f} |")
     print(f"| the sandbox's own memory cgroup | {cgroup_bytes / n / MIB:.2f} |")
     print(f"| `berth up` resident growth | {(berth_rss_after - berth_rss_before) / n / MIB:.3f} |")
     verdict = "ok" if drop / n <= 4 * MIB else "OVER"

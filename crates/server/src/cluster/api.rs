@@ -255,13 +255,10 @@ fn retried_create(
     team: &berth_store::Team,
     headers: &http::HeaderMap,
 ) -> Result<Option<String>, ServiceError> {
-    let Some(key) = headers
-        .get("idempotency-key")
-        .and_then(|value| value.to_str().ok())
-    else {
+    let Some(key) = crate::handlers::sandboxes::idempotency_key(headers) else {
         return Ok(None);
     };
-    match state.store.idempotent_sandbox(&team.id, key)? {
+    match state.store.idempotent_sandbox(&team.id, &key)? {
         Some(sandbox) => Ok(state.store.placement(PlacedKind::Sandbox, &sandbox)?),
         None => Ok(None),
     }

@@ -4,7 +4,7 @@
 
 mod events;
 mod keys;
-mod sandboxes;
+pub(crate) mod sandboxes;
 mod secrets;
 mod snapshots;
 mod teams;

@@ -36,6 +36,15 @@ const DEFAULT_TIMEOUT_V2: i64 = 300;
 const DEFAULT_REFRESH_SECS: i64 = 15;
 const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
+/// The create's `Idempotency-Key`, when it has a usable one.
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
+}
+
 pub(super) fn sandbox_response(state: &SharedState, record: &SandboxRecord) -> Sandbox {
     Sandbox {
         template_id: record.template_id.clone(),
@@ -229,11 +238,7 @@ async fn create(
         state.limits.current().max_lifetime,
         body.timeout.unwrap_or(default_timeout),
     )?;
-    let idempotency_key = headers
-        .get(IDEMPOTENCY_KEY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
-        .map(str::to_string);
+    let idempotency_key = idempotency_key(&headers);
     // Requests sharing a key run one at a time, so a retry sees the first one's sandbox.
     let _key_guard = match &idempotency_key {
         Some(key) => Some(
