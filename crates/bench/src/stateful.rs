@@ -205,7 +205,8 @@ fn measure_size(
         let dest = scratch.join(format!("ckpt-{mib}-{i}"));
         let guard = RemoveDir(dest.clone());
         let t = Instant::now();
-        let info = rt.checkpoint_into(&rt.criu()?, &id, &dest)?;
+        let info =
+            rt.checkpoint_into(&rt.criu()?, &id, &dest, berth_runtime::Durability::Durable)?;
         r.checkpoint.durations.push(t.elapsed());
         r.checkpoint_size.push(info.size_bytes);
         r.checkpoint_images
@@ -281,7 +282,12 @@ fn measure_forks(
         let dest = scratch.join(format!("fork-{count}"));
         let _guard = RemoveDir(dest.clone());
         let t = Instant::now();
-        let info = rt.checkpoint_into(&rt.criu()?, &source, &dest)?;
+        let info = rt.checkpoint_into(
+            &rt.criu()?,
+            &source,
+            &dest,
+            berth_runtime::Durability::Transient,
+        )?;
         let checkpoint = t.elapsed();
         let forks = Mutex::new(Vec::new());
         let t = Instant::now();

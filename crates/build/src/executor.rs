@@ -829,7 +829,12 @@ impl<'a> Executor<'a> {
         );
         // A retried build of the same id replaces its own checkpoint.
         inner.runtime.delete_checkpoint(&checkpoint)?;
-        Runtime::checkpoint(&*inner.runtime, &sandbox.id, &checkpoint)?;
+        Runtime::checkpoint(
+            &*inner.runtime,
+            &sandbox.id,
+            &checkpoint,
+            berth_runtime::Durability::Durable,
+        )?;
         drop(sandbox);
         Ok(checkpoint)
     }

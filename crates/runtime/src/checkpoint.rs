@@ -95,6 +95,17 @@ pub struct PackedCheckpoint {
     pub stream: berth_template::archive::Packed,
 }
 
+/// Whether a checkpoint must survive a host crash once it is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Synced before it is renamed into place: a snapshot's, which outlives the call.
+    Durable,
+    /// Left to the page cache: a fork's, deleted when the fork is done (and by the next
+    /// start if a crash came first, as no snapshot owns it). It saves a sync of the
+    /// whole memory image and disk copy, which a crash would make useless anyway.
+    Transient,
+}
+
 /// What a checkpoint holds, as recorded in its `checkpoint.json`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointInfo {
@@ -155,8 +166,9 @@ impl Metadata {
 
     /// Writes this metadata into the checkpoint being built in `tmp`, makes all of it
     /// durable and renames it to `dest`: a crash leaves the whole checkpoint or only
-    /// the `.tmp` the next build there removes.
-    fn publish(&self, tmp: &Path, dest: &Path) -> Result<(), RuntimeError> {
+    /// the `.tmp` the next build there removes. A transient checkpoint is renamed
+    /// without the syncs.
+    fn publish(&self, tmp: &Path, dest: &Path, durability: Durability) -> Result<(), RuntimeError> {
         perms::write_private(
             &tmp.join(META_FILE),
             &serde_json::to_vec_pretty(self)
@@ -164,6 +176,9 @@ impl Metadata {
                 .map_err(io_err("encode metadata"))?,
         )
         .map_err(io_err("write metadata"))?;
+        if durability == Durability::Transient {
+            return fs::rename(tmp, dest).map_err(io_err(format!("rename to {}", dest.display())));
+        }
         // One syncfs instead of an fsync per file: a dump has dozens of images and each
         // fsync is a journal commit (~16 ms here); syncfs commits once for all of them.
         let dir = File::open(tmp).map_err(io_err("open checkpoint dir"))?;
@@ -206,6 +221,7 @@ impl LinuxRuntime {
         criu: &Criu,
         id: &str,
         dest: &Path,
+        durability: Durability,
     ) -> Result<CheckpointInfo, RuntimeError> {
         let sandbox = self.get(id)?;
         if dest.exists() {
@@ -216,7 +232,7 @@ impl LinuxRuntime {
             // A crashed earlier checkpoint into the same place.
             fs::remove_dir_all(&tmp).map_err(io_err(format!("remove {}", tmp.display())))?;
         }
-        let result = self.build_checkpoint(criu, &sandbox, &tmp, dest);
+        let result = self.build_checkpoint(criu, &sandbox, &tmp, dest, durability);
         if result.is_err() {
             let _ = fs::remove_dir_all(&tmp);
         }
@@ -229,6 +245,7 @@ impl LinuxRuntime {
         sandbox: &Sandbox,
         tmp: &Path,
         dest: &Path,
+        durability: Durability,
     ) -> Result<CheckpointInfo, RuntimeError> {
         let id = sandbox.info.id.as_str();
         let images = tmp.join(IMAGES_DIR);
@@ -284,7 +301,7 @@ impl LinuxRuntime {
             uid_base: self.uid_base_of(sandbox.slot),
         };
         meta.measure(tmp)?;
-        meta.publish(tmp, dest)?;
+        meta.publish(tmp, dest, durability)?;
         Ok(meta.info)
     }
 
@@ -420,7 +437,7 @@ impl LinuxRuntime {
                 uid_base: self.uid_base_of(record.slot),
             };
             meta.measure(&tmp)?;
-            meta.publish(&tmp, dest)?;
+            meta.publish(&tmp, dest, Durability::Durable)?;
             Ok(meta.info)
         })();
         if result.is_err() {
@@ -482,7 +499,7 @@ impl LinuxRuntime {
                 });
             }
             meta.info.layers = layers;
-            meta.publish(&tmp, checkpoint)?;
+            meta.publish(&tmp, checkpoint, Durability::Durable)?;
             Ok(meta.info)
         })();
         if result.is_err() {
@@ -591,8 +608,8 @@ impl LinuxRuntime {
             })?;
         let disk = root.release();
         let pidfd = sys::pidfd_open(pid).map_err(io_err("open restored init"))?;
-        let _ = fs::remove_dir_all(&images);
-        let _ = fs::remove_dir_all(&work);
+        self.discard(&images, &spec.id, "restore-images");
+        self.discard(&work, &spec.id, "restore");
         Ok((pidfd, pid, disk))
     }
 }

@@ -441,7 +441,12 @@ impl Runtime for HostRuntime {
         })
     }
 
-    fn checkpoint(&self, _id: &str, _checkpoint_id: &str) -> Result<CheckpointInfo, RuntimeError> {
+    fn checkpoint(
+        &self,
+        _id: &str,
+        _checkpoint_id: &str,
+        _durability: crate::Durability,
+    ) -> Result<CheckpointInfo, RuntimeError> {
         Err(unsupported("checkpoints"))
     }
 

@@ -78,13 +78,7 @@ const MASKED_FILES: &[&str] = &[
     "/proc/sysrq-trigger",
     "/proc/kallsyms",
 ];
-/// The options of the empty read-only tmpfs mounted over each of [`MASKED_DIRS`]. A
-/// tmpfs of its own, not a bind of a directory inside the sandbox: a bind's source is
-/// a path CRIU resolves again at restore, which root inside could replace (with a
-/// symlink, say) and so make every later restore fail; an empty tmpfs is archived with
-/// the checkpoint and recreated from it.
-const MASK_TMPFS: &str = "mode=0555,size=4k,nr_inodes=1";
-/// Directories hidden behind an empty read-only tmpfs.
+/// Directories hidden behind a read-only bind of [`MASK_DIR`].
 const MASKED_DIRS: &[&str] = &[
     "/proc/acpi",
     "/proc/asound",
@@ -94,10 +88,17 @@ const MASKED_DIRS: &[&str] = &[
 ];
 /// Directories made read-only.
 const READONLY_PATHS: &[&str] = &["/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq"];
-/// A read-only tmpfs of the sandbox's own holding its boot id, bound over [`BOOT_ID`]:
-/// archived with a memory checkpoint (so a resume with memory keeps the id), drawn anew
-/// at every fresh start, a filesystem-only resume included, as a reboot would.
+/// A read-only tmpfs of the sandbox's own holding its boot id, bound over [`BOOT_ID`],
+/// and the empty directory [`MASK_DIR`]: archived with a memory checkpoint (so a resume
+/// with memory keeps the id), drawn anew at every fresh start, a filesystem-only resume
+/// included, as a reboot would. The masks share it because every tmpfs costs each
+/// checkpoint and each restore a `tar` (and `gzip`) run of its own, ~6 ms apiece on a
+/// 2-CPU host. A bind's source is a path CRIU resolves again at restore, so it must be
+/// one the sandbox cannot delete or replace: root inside, without CAP_SYS_ADMIN, can
+/// neither write this read-only tmpfs nor move or unmount it.
 const BOOT_DIR: &str = "/run/berth/boot";
+/// The empty directory of [`BOOT_DIR`] bound over each of [`MASKED_DIRS`].
+const MASK_DIR: &str = "/run/berth/boot/masked";
 /// The host's boot id, per host boot; the sandbox sees its own instead.
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// Host device nodes bound into the sandbox's /dev.
@@ -402,8 +403,9 @@ fn become_init(
     populate_root(config, root, sysfs)?;
     attach_views(config, root, views)?;
     pivot_into(root)?;
-    mask_paths()?;
+    // The masks bind a directory of the boot id's tmpfs.
     ctx("a boot id of the sandbox's own", own_boot_id())?;
+    mask_paths()?;
 
     if let Some(nameserver) = config.nameserver {
         // After pivot_root: a symlinked resolv.conf resolves inside the sandbox.
@@ -586,14 +588,18 @@ fn populate_root(config: &LaunchConfig, root: &Path, sysfs: Option<OwnedFd>) -> 
     make_dir(&run.join("shm"), 0o1777)?;
     fs::create_dir(run.join("berth"))?;
 
+    // /dev is a directory of /run's tmpfs too, bound noexec (nosuid and nodev come with
+    // /run's): one archive fewer per checkpoint and restore (see `BOOT_DIR`). Root inside
+    // cannot delete it, the source of the bind a restore makes again: it holds the
+    // device mountpoints, which no one can remove; a rename is followed by CRIU.
     let dev = root.join("dev");
     ensure_dir(&dev)?;
-    mount(
-        Some(Path::new("tmpfs")),
-        &dev,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NOEXEC,
-        Some("mode=755,size=65536"),
+    let dev_source = run.join("berth").join("dev");
+    make_dir(&dev_source, 0o755)?;
+    bind(&dev_source, &dev)?;
+    ctx(
+        "/dev nosuid, noexec",
+        sys::mount_setattr_flags(&cpath(&dev)?, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, 0),
     )?;
     for name in DEVICES {
         let target = dev.join(name);
@@ -608,8 +614,7 @@ fn populate_root(config: &LaunchConfig, root: &Path, sysfs: Option<OwnedFd>) -> 
         libc::MS_NOSUID | libc::MS_NOEXEC,
         Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
     )?;
-    // /dev/shm is a directory of /run's tmpfs, not a tmpfs of its own: each tmpfs costs
-    // a checkpoint a tar of its contents, and the sizes are shared anyway.
+    // /dev/shm is a directory of /run's tmpfs as well, not a tmpfs of its own.
     fs::create_dir(dev.join("shm"))?;
     bind(&run.join("shm"), &dev.join("shm"))?;
     for (link, target) in [
@@ -709,7 +714,8 @@ fn pivot_into(root: &Path) -> io::Result<()> {
     ctx("chdir /", std::env::set_current_dir("/"))
 }
 
-/// Mounts [`BOOT_DIR`] with a new random id and binds it over [`BOOT_ID`].
+/// Mounts [`BOOT_DIR`] with a new random id and [`MASK_DIR`], and binds the id over
+/// [`BOOT_ID`].
 fn own_boot_id() -> io::Result<()> {
     let dir = Path::new(BOOT_DIR);
     ensure_dir(dir)?;
@@ -719,8 +725,9 @@ fn own_boot_id() -> io::Result<()> {
         dir,
         Some("tmpfs"),
         flags,
-        Some("mode=0755,size=4k,nr_inodes=2"),
+        Some("mode=0755,size=4k,nr_inodes=3"),
     )?;
+    make_dir(Path::new(MASK_DIR), 0o555)?;
     // procfs draws a new random UUID at every read of this file.
     let id = ctx(
         "read a random uuid",
@@ -782,12 +789,14 @@ fn mask_paths() -> io::Result<()> {
         bind(Path::new("/dev/null"), path)?;
     }
     for path in MASKED_DIRS.iter().map(Path::new).filter(|p| p.exists()) {
-        mount(
-            Some(Path::new("tmpfs")),
-            path,
-            Some("tmpfs"),
-            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            Some(MASK_TMPFS),
+        bind(Path::new(MASK_DIR), path)?;
+        ctx(
+            path.display(),
+            sys::mount_setattr_flags(
+                &cpath(path)?,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                0,
+            ),
         )?;
     }
     for path in READONLY_PATHS.iter().map(Path::new).filter(|p| p.exists()) {

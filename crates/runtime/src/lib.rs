@@ -46,12 +46,13 @@
 //! host capability (no CAP_SYS_RESOURCE to dig into reserved blocks, no way to change
 //! project ids). Then a fresh `/proc` (kcore, keys, timer_list, sched_debug, … masked;
 //! sys, bus, fs, irq read-only), read-only `/sys` (firmware, powercap masked), a `/dev`
-//! tmpfs with only null, zero, full, random, urandom, tty bound from the host plus a
-//! private devpts and the usual symlinks (userns mounts are nodev, so no other host
-//! device is reachable), tmpfs `/tmp` and `/run` (sized at half the memory limit, charged
-//! to the sandbox's memory cgroup; `/dev/shm` is a directory of `/run`'s, and masks are
-//! read-only binds of an empty directory there: every tmpfs costs a checkpoint one
-//! archive of its contents), and the init binary bound read-only at
+//! with only null, zero, full, random, urandom, tty bound from the host plus a private
+//! devpts and the usual symlinks (userns mounts are nodev, so no other host device is
+//! reachable), tmpfs `/tmp` and `/run` (sized at half the memory limit, charged to the
+//! sandbox's memory cgroup; `/dev` and `/dev/shm` are directories of `/run`'s, and the masks
+//! are read-only binds of an empty directory of the read-only tmpfs holding the
+//! sandbox's boot id: every tmpfs costs a checkpoint and a restore one `tar` run of its
+//! contents), and the init binary bound read-only at
 //! `/run/berth/<name>`; then `pivot_root` and the old root is detached. The init's stdout
 //! and stderr go to `/run/berth/init.log` inside the sandbox.
 //!
@@ -135,8 +136,8 @@ mod volume;
 pub use blkio::DiskLimits;
 pub use host::HostRuntime;
 pub use linux::{
-    CheckpointInfo, CommitStats, ExecOptions, LinuxRuntime, LinuxRuntimeConfig, PackedCheckpoint,
-    DEFAULT_ENVD_ARGS, DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
+    CheckpointInfo, CommitStats, Durability, ExecOptions, LinuxRuntime, LinuxRuntimeConfig,
+    PackedCheckpoint, DEFAULT_ENVD_ARGS, DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
 };
 pub use perms::tighten_tree as tighten_private_tree;
 pub use views::{find_lxcfs, probe_views, Probe as ViewsProbe};
@@ -386,9 +387,15 @@ pub trait Runtime: Send + Sync + 'static {
     fn resume(&self, id: &str, keep_memory: bool) -> Result<ResumedSandbox, RuntimeError>;
     /// Checkpoint running sandbox `id` as new checkpoint `checkpoint_id` while it keeps
     /// running: every process's memory and a copy of its disk from the same instant.
-    /// The checkpoint is whole or absent, never half-written. Where it lives is the
-    /// runtime's business; callers name it only by id.
-    fn checkpoint(&self, id: &str, checkpoint_id: &str) -> Result<CheckpointInfo, RuntimeError>;
+    /// The checkpoint is whole or absent, never half-written, and (`Durability::Durable`)
+    /// on disk before this returns. Where it lives is the runtime's business; callers
+    /// name it only by id.
+    fn checkpoint(
+        &self,
+        id: &str,
+        checkpoint_id: &str,
+        durability: Durability,
+    ) -> Result<CheckpointInfo, RuntimeError>;
     /// Start new sandbox `id` from checkpoint `checkpoint_id` (only read: several
     /// restores may share it) on its own copy of the disk, with the checkpoint's template
     /// and limits: its processes continue from the checkpoint's memory, or (`memory`

@@ -36,7 +36,7 @@ mod network;
 #[path = "pause.rs"]
 mod pause;
 
-pub use checkpoint::{CheckpointInfo, PackedCheckpoint};
+pub use checkpoint::{CheckpointInfo, Durability, PackedCheckpoint};
 pub use commit::{CommitStats, ExecOptions};
 
 /// Size of each sandbox's uid/gid range (a full 16-bit range, like a normal Linux system).
@@ -890,6 +890,18 @@ impl LinuxRuntime {
             .map_err(io_err("move sandbox dir to trash"))?;
         self.detach_network(id)
     }
+
+    /// Deletes `dir`, a directory of sandbox `id` nothing uses any more (`what` names it
+    /// in the trash), off the caller's path; in place if it cannot be moved to the trash.
+    pub(crate) fn discard(&self, dir: &Path, id: &str, what: &str) {
+        if self
+            .janitor
+            .dispose(dir, &format!("{id}-{what}"), None)
+            .is_err()
+        {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl LinuxRuntime {
@@ -1161,12 +1173,17 @@ impl Runtime for LinuxRuntime {
         })
     }
 
-    fn checkpoint(&self, id: &str, checkpoint_id: &str) -> Result<CheckpointInfo, RuntimeError> {
+    fn checkpoint(
+        &self,
+        id: &str,
+        checkpoint_id: &str,
+        durability: Durability,
+    ) -> Result<CheckpointInfo, RuntimeError> {
         let dest = self.checkpoint_dir(checkpoint_id)?;
         perms::create_dir_all(&self.checkpoint_root(), perms::PRIVATE_DIR)
             .map_err(io_err("create checkpoint dir"))?;
         let criu = self.criu()?;
-        self.checkpoint_into(&criu, id, &dest)
+        self.checkpoint_into(&criu, id, &dest, durability)
     }
 
     fn verify_checkpoint(&self, checkpoint_id: &str) -> Result<(), RuntimeError> {

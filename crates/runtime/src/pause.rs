@@ -292,8 +292,9 @@ impl LinuxRuntime {
         record.write(&dir).map_err(io_err("write record"))?;
         fs::remove_file(dir.join(PAUSED_FILE)).map_err(io_err("remove paused marker"))?;
         DurableMarker::remove(&dir);
-        let _ = fs::remove_dir_all(&images);
-        let _ = fs::remove_dir_all(&work);
+        // Unlinking a memory image takes milliseconds: the janitor does it after the answer.
+        self.discard(&images, id, "images");
+        self.discard(&work, id, "restore");
         let info = SandboxInfo {
             id: id.to_owned(),
             template: spec.template.clone(),

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use berth_runtime::{LinuxRuntime, Runtime, RuntimeError, SandboxInfo};
+use berth_runtime::{Durability, LinuxRuntime, Runtime, RuntimeError, SandboxInfo};
 use common::checkpoint::{alive, ask, assert_clean, criu, start_holder, KillGuard};
 use common::TestRuntime;
 
@@ -57,7 +57,9 @@ fn three_forks_of_a_running_sandbox_share_memory_not_identity() {
     let path = checkpoint_path(&t, "three");
     let _remove = RemoveDir(path.clone());
     let started = Instant::now();
-    let info = t.rt.checkpoint_into(&criu, src, &path).unwrap();
+    let info =
+        t.rt.checkpoint_into(&criu, src, &path, Durability::Durable)
+            .unwrap();
     let checkpointed_in = started.elapsed();
     assert_eq!(info.source, src);
     assert!(info.size_bytes > 1 << 20, "{info:?}");
@@ -191,7 +193,8 @@ fn restored_disk_matches_restored_memory() {
     );
     let path = checkpoint_path(&t, "disk");
     let _remove = RemoveDir(path.clone());
-    t.rt.checkpoint_into(&criu, src, &path).unwrap();
+    t.rt.checkpoint_into(&criu, src, &path, Durability::Durable)
+        .unwrap();
 
     let fork =
         t.rt.restore_checkpoint(&criu, &path, &t.spec("fork-disk"))
@@ -232,7 +235,7 @@ fn a_trial_restore_proves_a_checkpoint_and_leaves_nothing() {
         id: source.id.clone(),
     };
     let checkpoint = checkpoint_path(&t, "trial-checkpoint");
-    t.rt.checkpoint_into(&criu, &source.id, &checkpoint)
+    t.rt.checkpoint_into(&criu, &source.id, &checkpoint, Durability::Durable)
         .unwrap();
 
     let trial = "trial-good";
@@ -271,7 +274,9 @@ fn a_checkpoint_moved_to_another_daemon_restores_there_with_its_memory() {
     start_holder(&here, &source.id, 1);
     let secret = ask(&here.rt, &source.id);
     here.sh_ok(&source.id, 0, "echo moved > /root/who");
-    here.rt.checkpoint(&source.id, "moving").unwrap();
+    here.rt
+        .checkpoint(&source.id, "moving", Durability::Durable)
+        .unwrap();
 
     let mut packed = here.rt.pack_checkpoint("moving").unwrap();
     let layers = packed.info.layers.clone();
@@ -299,7 +304,9 @@ fn a_checkpoint_moved_to_another_daemon_restores_there_with_its_memory() {
     assert_eq!(there.sh_ok(&restored.id, 0, "cat /root/who"), "moved");
 
     // A copy that arrives different is refused and leaves nothing.
-    here.rt.checkpoint(&source.id, "again").unwrap();
+    here.rt
+        .checkpoint(&source.id, "again", Durability::Durable)
+        .unwrap();
     let mut packed = here.rt.pack_checkpoint("again").unwrap();
     let wrong = "0".repeat(64);
     let refused = there

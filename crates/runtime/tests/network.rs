@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use berth_net::testing::FakeInternet;
 use berth_net::{E2bNetworkConfig, NetworkPolicy};
-use berth_runtime::{LinuxRuntime, Runtime};
+use berth_runtime::{Durability, LinuxRuntime, Runtime};
 use common::checkpoint::{criu, KillGuard};
 use common::TestRuntime;
 
@@ -277,7 +277,8 @@ fn pause_resume_keeps_connectivity_and_policy_and_forks_get_their_own_address() 
     // Fork: a new sandbox from a checkpoint, with its own namespace and address, and
     // the source's policy.
     let path = checkpoint_dir(&t, "net-fork-checkpoint");
-    t.rt.checkpoint_into(&criu, &id, &path).unwrap();
+    t.rt.checkpoint_into(&criu, &id, &path, Durability::Durable)
+        .unwrap();
     assert_eq!(
         LinuxRuntime::read_checkpoint(&path).unwrap().network,
         Some(denied_b.clone())

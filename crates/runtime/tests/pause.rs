@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use berth_checkpoint::Criu;
-use berth_runtime::{LinuxRuntime, RecoveryReport, Runtime, RuntimeError};
+use berth_runtime::{Durability, LinuxRuntime, RecoveryReport, Runtime, RuntimeError};
 use common::checkpoint::{alive, ask, assert_clean, criu, leftovers, start_holder, KillGuard};
 use common::TestRuntime;
 
@@ -323,9 +323,9 @@ fn envd_answers_again_after_resume() {
 }
 
 /// Root inside replaces what the masks of `/proc/acpi` & co. once were bound from
-/// (`/run/berth/empty`) with a symlink, and tampers with `/run/berth`: pause, resume and
-/// a sandbox restored from a checkpoint still come back, masks in place, since each
-/// mask is an empty read-only tmpfs archived with the checkpoint.
+/// (`/run/berth/empty`) with a symlink, and tampers with `/run/berth` (the masks' and
+/// `/dev`'s sources): pause, resume and a sandbox restored from a checkpoint still come
+/// back, masks and `/dev` in place, since neither source can be deleted or replaced.
 #[test]
 fn a_sandbox_cannot_poison_its_masks_for_later_restores() {
     let criu = criu();
@@ -336,7 +336,8 @@ fn a_sandbox_cannot_poison_its_masks_for_later_restores() {
         id: info.id.clone(),
     };
     let id = info.id.as_str();
-    let masked = "ls -A /proc/acpi /sys/firmware 2>&1 | wc -l; touch /sys/firmware/x 2>&1 | grep -c 'Read-only'";
+    let masked = "ls -A /proc/acpi /sys/firmware 2>&1 | wc -l; touch /sys/firmware/x 2>&1 | grep -c 'Read-only'; \
+                  echo x > /dev/null && head -c1 /dev/zero | wc -c; test -d /dev/pts && test -d /dev/shm && echo dev";
     let before = t.sh_ok(id, 0, masked);
     let (boot_id, _) = boot(&t, id);
     t.sh_ok(
@@ -344,12 +345,16 @@ fn a_sandbox_cannot_poison_its_masks_for_later_restores() {
         0,
         "rm -rf /run/berth/empty; ln -s /etc /run/berth/empty; mkdir -p /run/berth/x",
     );
-    // The boot id's tmpfs is read-only and a mountpoint: neither emptied nor moved.
+    // The boot id's tmpfs (with the masks' source) is read-only and a mountpoint: neither
+    // emptied nor moved. /dev's source holds mountpoints: it cannot be deleted, only moved.
     t.sh_ok(
         id,
         0,
         "rm -rf /run/berth/boot 2>/dev/null; mv /run/berth/boot /run/berth/moved 2>/dev/null; \
-         ln -sf /etc/hostname /run/berth/boot/boot_id 2>/dev/null; true",
+         ln -sf /etc/hostname /run/berth/boot/boot_id 2>/dev/null; \
+         rmdir /run/berth/boot/masked 2>/dev/null; \
+         rm -rf /run/berth/dev 2>/dev/null; mv /run/berth/dev /run/berth/dev-moved; \
+         ln -s /etc /run/berth/dev; true",
     );
     let images = images_dir(&t, id);
     t.rt.pause_with_memory(&criu, id, &images).unwrap();
@@ -359,7 +364,8 @@ fn a_sandbox_cannot_poison_its_masks_for_later_restores() {
     assert_eq!(boot(&t, id).0, boot_id, "boot id after resume");
 
     let checkpoint = images_dir(&t, "poison-snapshot");
-    t.rt.checkpoint_into(&criu, id, &checkpoint).unwrap();
+    t.rt.checkpoint_into(&criu, id, &checkpoint, Durability::Durable)
+        .unwrap();
     let restored =
         t.rt.restore_checkpoint(&criu, &checkpoint, &t.spec("poison-fork"))
             .expect("a restore after the sandbox tampered with /run/berth");

@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use berth_runtime::{LinuxRuntime, Runtime};
+use berth_runtime::{Durability, LinuxRuntime, Runtime};
 use common::checkpoint::{alive, criu, KillGuard};
 use common::TestRuntime;
 
@@ -232,7 +232,8 @@ fn views_follow_a_sandbox_through_pause_checkpoint_and_restore() {
     // A restored copy sees its own groups: memory its workload takes shows there and
     // not in the source.
     let checkpoint = t.state.join("checkpoints").join("views-fork");
-    t.rt.checkpoint_into(&criu, id, &checkpoint).unwrap();
+    t.rt.checkpoint_into(&criu, id, &checkpoint, Durability::Durable)
+        .unwrap();
     let fork_spec = LinuxRuntime::read_checkpoint(&checkpoint)
         .unwrap()
         .spec_for(&common::unique("fork"));
@@ -321,7 +322,8 @@ fn a_process_holding_the_views_open_is_paused_and_forked_with_them() {
     assert_eq!(moving(&t, id), "262144", "the watcher after a resume");
 
     let checkpoint = t.state.join("checkpoints").join("watch-fork");
-    t.rt.checkpoint_into(&criu, id, &checkpoint).unwrap();
+    t.rt.checkpoint_into(&criu, id, &checkpoint, Durability::Durable)
+        .unwrap();
     let spec = LinuxRuntime::read_checkpoint(&checkpoint)
         .unwrap()
         .spec_for(&common::unique("watch-fork"));
@@ -397,7 +399,7 @@ fn without_lxcfs_sandboxes_start_and_restore_with_the_hosts_files() {
     assert_sized(&t, &source.id, 1, 256);
     let checkpoint = t.state.join("checkpoints").join("viewed");
     std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
-    t.rt.checkpoint_into(&criu, &source.id, &checkpoint)
+    t.rt.checkpoint_into(&criu, &source.id, &checkpoint, Durability::Durable)
         .unwrap();
     let lxcfs = lxcfs_pid(&t).expect("LXCFS runs");
 

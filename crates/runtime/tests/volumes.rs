@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use berth_runtime::{Runtime, RuntimeError, SandboxSpec, VolumeMount};
+use berth_runtime::{Durability, Runtime, RuntimeError, SandboxSpec, VolumeMount};
 use common::checkpoint::{ask, criu, start_holder, KillGuard};
 use common::{unique, TestRuntime};
 
@@ -216,7 +216,8 @@ fn a_volume_is_external_to_pause_and_fork() {
 
     // A fork mounts the same volume, not a copy: its writes show in the source.
     let checkpoint = unique("volckpt");
-    t.rt.checkpoint(&source.id, &checkpoint).unwrap();
+    t.rt.checkpoint(&source.id, &checkpoint, Durability::Durable)
+        .unwrap();
     let fork =
         t.rt.restore(&checkpoint, &unique("vol-fork"), true)
             .unwrap();

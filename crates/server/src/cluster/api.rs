@@ -561,7 +561,12 @@ impl Runtime for NodesRunSandboxes {
     fn resume(&self, _: &str, _: bool) -> Result<ResumedSandbox, RuntimeError> {
         Err(on_nodes("resuming sandboxes"))
     }
-    fn checkpoint(&self, _: &str, _: &str) -> Result<CheckpointInfo, RuntimeError> {
+    fn checkpoint(
+        &self,
+        _: &str,
+        _: &str,
+        _: berth_runtime::Durability,
+    ) -> Result<CheckpointInfo, RuntimeError> {
         Err(on_nodes("checkpoints"))
     }
     fn restore(&self, _: &str, _: &str, _: bool) -> Result<SandboxInfo, RuntimeError> {

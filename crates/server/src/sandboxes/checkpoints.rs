@@ -130,6 +130,7 @@ async fn checkpoint_running(
     state: &AppState,
     id: &str,
     checkpoint_id: &str,
+    durability: berth_runtime::Durability,
 ) -> Result<(SandboxRecord, berth_runtime::CheckpointInfo), ServiceError> {
     let _guard = state.sandbox_locks.lock(id.to_string()).await;
     let record = live(state, id)?;
@@ -139,7 +140,7 @@ async fn checkpoint_running(
     let runtime = state.runtime.clone();
     let (owned, checkpoint) = (id.to_string(), checkpoint_id.to_string());
     let info = blocking(id, Stage::Checkpoint, move || {
-        runtime.checkpoint(&owned, &checkpoint)
+        runtime.checkpoint(&owned, &checkpoint, durability)
     })
     .await?;
     events::record(
@@ -183,7 +184,9 @@ async fn fork_untimed(
         )?;
     }
     let checkpoint = format!("fork-{}", uuid::Uuid::new_v4());
-    let (source, _) = checkpoint_running(state, id, &checkpoint).await?;
+    // Only this fork reads it, and it is deleted when the fork ends.
+    let (source, _) =
+        checkpoint_running(state, id, &checkpoint, berth_runtime::Durability::Transient).await?;
     let origin = Arc::new(Origin {
         team_id: source.team_id.clone(),
         template_id: source.template_id.clone(),
@@ -287,7 +290,8 @@ async fn snapshot_untimed(
     }
     let snapshot_id = format!("s{}", &new_sandbox_id()[1..]);
     let name = name.unwrap_or_else(|| snapshot_id.clone());
-    let (source, info) = checkpoint_running(state, id, &snapshot_id).await?;
+    let (source, info) =
+        checkpoint_running(state, id, &snapshot_id, berth_runtime::Durability::Durable).await?;
     if let Err(err) = check_snapshot_storage(state, &source.team_id, Some(&name), info.size_bytes) {
         delete_checkpoint(state, &snapshot_id).await;
         return Err(err);
