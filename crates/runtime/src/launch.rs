@@ -627,14 +627,12 @@ fn populate_root(config: &LaunchConfig, root: &Path, sysfs: Option<OwnedFd>) -> 
         std::os::unix::fs::symlink(target, dev.join(link))?;
     }
 
-    ensure_dir(&root.join("tmp"))?;
-    mount(
-        Some(Path::new("tmpfs")),
-        &root.join("tmp"),
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(&format!("mode=1777,size={size}")),
-    )?;
+    // /tmp is the image's directory on the sandbox's disk, as in an E2B sandbox (and a
+    // Docker build): sized by the disk, not the memory limit, and a pause archives
+    // nothing of it (a tmpfs costs every checkpoint a gzipped tar of its contents).
+    if !root.join("tmp").is_dir() {
+        make_dir(&root.join("tmp"), 0o1777)?;
+    }
     let berth_dir = run.join("berth");
     let exe_name = config.init_binary.file_name().unwrap_or(OsStr::new("init"));
     let exe = berth_dir.join(exe_name);

@@ -48,13 +48,13 @@
 //! sys, bus, fs, irq read-only), read-only `/sys` (firmware, powercap masked), a `/dev`
 //! with only null, zero, full, random, urandom, tty bound from the host plus a private
 //! devpts and the usual symlinks (userns mounts are nodev, so no other host device is
-//! reachable), tmpfs `/tmp` and `/run` (sized at half the memory limit, charged to the
-//! sandbox's memory cgroup; `/dev` and `/dev/shm` are directories of `/run`'s, and the masks
-//! are read-only binds of an empty directory of the read-only tmpfs holding the
-//! sandbox's boot id: every tmpfs costs a checkpoint and a restore one `tar` run of its
-//! contents), and the init binary bound read-only at
-//! `/run/berth/<name>`; then `pivot_root` and the old root is detached. The init's stdout
-//! and stderr go to `/run/berth/init.log` inside the sandbox.
+//! reachable), a tmpfs `/run` (sized at half the memory limit, charged to the sandbox's
+//! memory cgroup; `/dev` and `/dev/shm` are directories of it), `/tmp` on the disk, masks
+//! that are read-only binds of an empty directory of the read-only tmpfs holding the
+//! sandbox's boot id (every tmpfs costs each checkpoint and restore a `tar` run of its
+//! contents), and the init binary bound read-only at `/run/berth/<name>`; then
+//! `pivot_root` and the old root is detached. The init's stdout and stderr go to
+//! `/run/berth/init.log` inside the sandbox.
 //!
 //! **Disk.** The upper and work dirs live on a per-sandbox ext4 image on a loop device
 //! (see `disk`): a full disk is a real ENOSPC, and host disk use is bounded by

@@ -50,7 +50,7 @@ fn three_forks_of_a_running_sandbox_share_memory_not_identity() {
     t.sh_ok(
         src,
         0,
-        "echo source > /root/who; echo in-tmpfs > /tmp/file; chmod u+s /root/who",
+        "echo source > /root/who; echo in-tmp > /tmp/file; chmod u+s /root/who",
     );
     t.sh_ok(src, 1000, "echo user > /tmp/user-file");
 
@@ -110,7 +110,7 @@ fn three_forks_of_a_running_sandbox_share_memory_not_identity() {
         assert_eq!(t.sh_ok(id, 0, "hostname"), id);
         assert_eq!(
             t.sh_ok(id, 0, "cat /root/who /tmp/file /tmp/user-file"),
-            "source\nin-tmpfs\nuser"
+            "source\nin-tmp\nuser"
         );
         // Files keep their owners and modes inside the new uid range.
         assert_eq!(

@@ -74,7 +74,7 @@ fn freeze_stops_every_process_until_thaw() {
         0,
         "(while :; do date +%s%N > /tmp/tick.new && mv /tmp/tick.new /tmp/tick; sleep 0.01; done) >/dev/null 2>&1 & sleep 0.1",
     );
-    // The host reads the sandbox's tmpfs through its init's root.
+    // The host reads the sandbox's /tmp through its init's root.
     let tick = std::path::PathBuf::from(format!("/proc/{}/root/tmp/tick", info.init_pid));
     let read = || std::fs::read_to_string(&tick).unwrap();
     t.rt.freeze(&info.id).unwrap();

@@ -31,11 +31,7 @@ fn memory_survives_pause_and_resume_and_kill_cleans_up() {
     start_holder(&t, id, 1);
     let before = ask(&t.rt, id);
     assert_eq!(before.split(' ').nth(1), Some("1048576"), "{before}");
-    t.sh_ok(
-        id,
-        0,
-        "echo on-disk > /root/file; echo in-tmpfs > /tmp/file",
-    );
+    t.sh_ok(id, 0, "echo on-disk > /root/file; echo in-tmp > /tmp/file");
 
     let images = images_dir(&t, id);
     let started = Instant::now();
@@ -67,7 +63,7 @@ fn memory_survives_pause_and_resume_and_kill_cleans_up() {
     assert_eq!(ask(&t.rt, id), before, "the in-memory secret changed");
     assert_eq!(
         t.sh_ok(id, 0, "cat /root/file /tmp/file"),
-        "on-disk\nin-tmpfs"
+        "on-disk\nin-tmp"
     );
     // Same uid range as before: files created now are owned by the sandbox's root.
     assert_eq!(t.sh_ok(id, 0, "touch /root/new; stat -c %u /root/new"), "0");
