@@ -127,7 +127,10 @@ async fn exec_streams_output_and_reports_exit_codes() {
         command: "echo \"$GREETING\"; pwd; echo oops >&2; exit 3".into(),
         cwd: Some(dir.path().to_string_lossy().into_owned()),
         envs: HashMap::from([("GREETING".into(), "hello".into())]),
-        timeout_ms: Some(60_000),
+        // Generous: a host login shell can wait 60 s for a lock of the host's own
+        // profile (pyenv's rehash lock, left behind when the deadline test beside this
+        // one kills its shell mid-rehash on a loaded CI host).
+        timeout_ms: Some(180_000),
     };
     let output = client.exec(&request, &mut sink).await.unwrap();
     assert_eq!(output.exit_code, Some(3));
