@@ -611,21 +611,10 @@ fn kdat_run_dir(state_dir: &Path) -> Option<PathBuf> {
     let dir = state_dir.join("criu").join("run");
     fs::create_dir_all(&dir).ok()?;
     if !is_tmpfs(&dir) {
-        let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
-        // SAFETY: mount(2) with valid NUL-terminated strings.
-        let mounted = unsafe {
-            libc::mount(
-                c"tmpfs".as_ptr(),
-                target.as_ptr(),
-                c"tmpfs".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                c"size=1m,mode=0700".as_ptr().cast(),
-            )
-        };
-        if mounted != 0 {
+        if let Err(err) = mount_fs(&dir, c"tmpfs", c"tmpfs", c"size=1m,mode=0700") {
             tracing::debug!(
                 dir = %dir.display(),
-                err = %io::Error::last_os_error(),
+                %err,
                 "no tmpfs for CRIU's kernel-probe cache"
             );
             return None;
@@ -724,25 +713,20 @@ fn mount_fs(
 }
 
 fn is_cgroupfs(path: &Path) -> bool {
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs into a zeroed struct with a valid path.
-    unsafe {
-        let mut stat: libc::statfs = std::mem::zeroed();
-        libc::statfs(c_path.as_ptr(), &mut stat) == 0
-            && (stat.f_type == libc::CGROUP_SUPER_MAGIC || stat.f_type == libc::CGROUP2_SUPER_MAGIC)
-    }
+    fs_type(path).is_some_and(|t| t == libc::CGROUP_SUPER_MAGIC || t == libc::CGROUP2_SUPER_MAGIC)
 }
 
 fn is_tmpfs(path: &Path) -> bool {
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
+    fs_type(path) == Some(libc::TMPFS_MAGIC)
+}
+
+/// The filesystem type (`statfs`'s `f_type`) of the filesystem holding `path`.
+fn fs_type(path: &Path) -> Option<libc::c_long> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     // SAFETY: statfs into a zeroed struct with a valid path.
     unsafe {
         let mut stat: libc::statfs = std::mem::zeroed();
-        libc::statfs(c_path.as_ptr(), &mut stat) == 0 && stat.f_type == libc::TMPFS_MAGIC
+        (libc::statfs(c_path.as_ptr(), &mut stat) == 0).then_some(stat.f_type)
     }
 }
 
