@@ -88,14 +88,16 @@ const MASKED_DIRS: &[&str] = &[
 ];
 /// Directories made read-only.
 const READONLY_PATHS: &[&str] = &["/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq"];
-/// A read-only tmpfs of the sandbox's own holding its boot id, bound over [`BOOT_ID`],
-/// and the empty directory [`MASK_DIR`]: archived with a memory checkpoint (so a resume
-/// with memory keeps the id), drawn anew at every fresh start, a filesystem-only resume
-/// included, as a reboot would. The masks share it because every tmpfs costs each
-/// checkpoint and each restore a `tar` (and `gzip`) run of its own, ~6 ms apiece on a
-/// 2-CPU host. A bind's source is a path CRIU resolves again at restore, so it must be
-/// one the sandbox cannot delete or replace: root inside, without CAP_SYS_ADMIN, can
-/// neither write this read-only tmpfs nor move or unmount it.
+/// A directory of `/run`'s tmpfs holding the sandbox's boot id, bound over [`BOOT_ID`],
+/// and the empty directory [`MASK_DIR`], covered by a read-only bind of itself: archived
+/// with `/run` in a memory checkpoint (so a resume with memory keeps the id), drawn anew
+/// at every fresh start, a filesystem-only resume included, as a reboot would. It is not
+/// a tmpfs of its own because every tmpfs costs each checkpoint and each restore a `tar`
+/// (and `gzip`) run, ~5 ms apiece on a 2-CPU host. A bind's source is a path CRIU
+/// resolves again at restore, so it must be one the sandbox cannot delete or replace:
+/// root inside, without CAP_SYS_ADMIN, can neither write through the read-only bind,
+/// nor unmount it to reach the directory beneath, nor delete or move that mountpoint (a
+/// rename of `/run/berth` is followed by CRIU, as for `/dev`'s source).
 const BOOT_DIR: &str = "/run/berth/boot";
 /// The empty directory of [`BOOT_DIR`] bound over each of [`MASKED_DIRS`].
 const MASK_DIR: &str = "/run/berth/boot/masked";
@@ -403,7 +405,7 @@ fn become_init(
     populate_root(config, root, sysfs)?;
     attach_views(config, root, views)?;
     pivot_into(root)?;
-    // The masks bind a directory of the boot id's tmpfs.
+    // The masks bind a directory of the boot id's read-only directory.
     ctx("a boot id of the sandbox's own", own_boot_id())?;
     mask_paths()?;
 
@@ -712,19 +714,11 @@ fn pivot_into(root: &Path) -> io::Result<()> {
     ctx("chdir /", std::env::set_current_dir("/"))
 }
 
-/// Mounts [`BOOT_DIR`] with a new random id and [`MASK_DIR`], and binds the id over
-/// [`BOOT_ID`].
+/// Makes [`BOOT_DIR`] in `/run`'s tmpfs with a new random id and [`MASK_DIR`], binds
+/// it read-only over itself, and binds the id over [`BOOT_ID`].
 fn own_boot_id() -> io::Result<()> {
     let dir = Path::new(BOOT_DIR);
-    ensure_dir(dir)?;
-    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-    mount(
-        Some(Path::new("tmpfs")),
-        dir,
-        Some("tmpfs"),
-        flags,
-        Some("mode=0755,size=4k,nr_inodes=3"),
-    )?;
+    make_dir(dir, 0o755)?;
     make_dir(Path::new(MASK_DIR), 0o555)?;
     // procfs draws a new random UUID at every read of this file.
     let id = ctx(
@@ -737,14 +731,18 @@ fn own_boot_id() -> io::Result<()> {
         file.display(),
         fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o444)),
     )?;
-    mount(
-        None,
-        dir,
-        None,
-        libc::MS_REMOUNT | libc::MS_RDONLY | flags,
-        None,
+    // The read-only bind covers the directory: no path inside reaches it writable.
+    let read_only = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+    bind(dir, dir)?;
+    ctx(
+        "boot directory read-only",
+        sys::mount_setattr_flags(&cpath(dir)?, read_only, 0),
     )?;
-    bind(&file, Path::new(BOOT_ID))
+    bind(&file, Path::new(BOOT_ID))?;
+    ctx(
+        "boot id read-only",
+        sys::mount_setattr_flags(&cpath(Path::new(BOOT_ID))?, read_only, 0),
+    )
 }
 
 /// Enters a new time namespace (at exec: the kernel moves a process into the namespace

@@ -50,9 +50,10 @@
 //! devpts and the usual symlinks (userns mounts are nodev, so no other host device is
 //! reachable), a tmpfs `/run` (sized at half the memory limit, charged to the sandbox's
 //! memory cgroup; `/dev` and `/dev/shm` are directories of it), `/tmp` on the disk, masks
-//! that are read-only binds of an empty directory of the read-only tmpfs holding the
-//! sandbox's boot id (every tmpfs costs each checkpoint and restore a `tar` run of its
-//! contents), and the init binary bound read-only at `/run/berth/<name>`; then
+//! that are read-only binds of an empty directory of `/run/berth/boot` (a directory of
+//! `/run` holding the sandbox's boot id, under a read-only bind of itself; every tmpfs
+//! costs each checkpoint and restore a `tar` run of its contents, so `/run` is the only
+//! one), and the init binary bound read-only at `/run/berth/<name>`; then
 //! `pivot_root` and the old root is detached. The init's stdout and stderr go to
 //! `/run/berth/init.log` inside the sandbox.
 //!

@@ -341,14 +341,15 @@ fn a_sandbox_cannot_poison_its_masks_for_later_restores() {
         0,
         "rm -rf /run/berth/empty; ln -s /etc /run/berth/empty; mkdir -p /run/berth/x",
     );
-    // The boot id's tmpfs (with the masks' source) is read-only and a mountpoint: neither
-    // emptied nor moved. /dev's source holds mountpoints: it cannot be deleted, only moved.
+    // The boot id's directory (with the masks' source) is under a read-only bind of
+    // itself, a mountpoint: neither emptied nor moved. /dev's source holds mountpoints: it cannot be deleted, only moved.
     t.sh_ok(
         id,
         0,
         "rm -rf /run/berth/boot 2>/dev/null; mv /run/berth/boot /run/berth/moved 2>/dev/null; \
          ln -sf /etc/hostname /run/berth/boot/boot_id 2>/dev/null; \
-         rmdir /run/berth/boot/masked 2>/dev/null; \
+         rmdir /run/berth/boot/masked 2>/dev/null; touch /run/berth/boot/masked/x 2>/dev/null; \
+         umount /run/berth/boot 2>/dev/null; \
          rm -rf /run/berth/dev 2>/dev/null; mv /run/berth/dev /run/berth/dev-moved; \
          ln -s /etc /run/berth/dev; true",
     );
