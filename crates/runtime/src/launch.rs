@@ -351,6 +351,18 @@ fn bind(source: &Path, target: &Path) -> io::Result<()> {
     mount(Some(source), target, None, libc::MS_BIND, None)
 }
 
+/// Makes the mount at `path` read-only, nosuid, nodev and noexec.
+fn seal_read_only(path: &Path) -> io::Result<()> {
+    ctx(
+        path.display(),
+        sys::mount_setattr_flags(
+            &cpath(path)?,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+            0,
+        ),
+    )
+}
+
 fn touch(path: &Path) -> io::Result<()> {
     ctx(
         path.display(),
@@ -732,17 +744,10 @@ fn own_boot_id() -> io::Result<()> {
         fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o444)),
     )?;
     // The read-only bind covers the directory: no path inside reaches it writable.
-    let read_only = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
     bind(dir, dir)?;
-    ctx(
-        "boot directory read-only",
-        sys::mount_setattr_flags(&cpath(dir)?, read_only, 0),
-    )?;
+    seal_read_only(dir)?;
     bind(&file, Path::new(BOOT_ID))?;
-    ctx(
-        "boot id read-only",
-        sys::mount_setattr_flags(&cpath(Path::new(BOOT_ID))?, read_only, 0),
-    )
+    seal_read_only(Path::new(BOOT_ID))
 }
 
 /// Enters a new time namespace (at exec: the kernel moves a process into the namespace
@@ -786,25 +791,11 @@ fn mask_paths() -> io::Result<()> {
     }
     for path in MASKED_DIRS.iter().map(Path::new).filter(|p| p.exists()) {
         bind(Path::new(MASK_DIR), path)?;
-        ctx(
-            path.display(),
-            sys::mount_setattr_flags(
-                &cpath(path)?,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-                0,
-            ),
-        )?;
+        seal_read_only(path)?;
     }
     for path in READONLY_PATHS.iter().map(Path::new).filter(|p| p.exists()) {
         mount(Some(path), path, None, libc::MS_BIND | libc::MS_REC, None)?;
-        ctx(
-            path.display(),
-            sys::mount_setattr_flags(
-                &cpath(path)?,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-                0,
-            ),
-        )?;
+        seal_read_only(path)?;
     }
     Ok(())
 }

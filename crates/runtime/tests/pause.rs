@@ -342,7 +342,8 @@ fn a_sandbox_cannot_poison_its_masks_for_later_restores() {
         "rm -rf /run/berth/empty; ln -s /etc /run/berth/empty; mkdir -p /run/berth/x",
     );
     // The boot id's directory (with the masks' source) is under a read-only bind of
-    // itself, a mountpoint: neither emptied nor moved. /dev's source holds mountpoints: it cannot be deleted, only moved.
+    // itself, a mountpoint: neither emptied nor moved. /dev's source holds mountpoints:
+    // it cannot be deleted, only moved.
     t.sh_ok(
         id,
         0,
