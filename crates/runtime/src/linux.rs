@@ -902,6 +902,18 @@ impl LinuxRuntime {
             let _ = fs::remove_dir_all(dir);
         }
     }
+
+    /// The record in `dir` and its init, when that init still runs: a pidfd to it and
+    /// its pid (checked by start time, so a reused pid is not taken for it).
+    pub(crate) fn live_init(dir: &Path) -> Option<(Record, OwnedFd, i32)> {
+        let record = Record::read(dir).ok()?;
+        let pid = record.init_pid?;
+        let ticks = record::process_start_ticks(pid)?;
+        (Some(ticks) == record.init_start_ticks).then_some(())?;
+        let pidfd = sys::pidfd_open(pid).ok()?;
+        // The pid could have been reused between the check and the open.
+        (record::process_start_ticks(pid) == Some(ticks)).then_some((record, pidfd, pid))
+    }
 }
 
 impl LinuxRuntime {
@@ -1059,6 +1071,7 @@ impl Runtime for LinuxRuntime {
                 continue;
             }
             let dir = entry.path();
+            self.finish_interrupted_resume(&dir, &id);
             if Self::paused_slot(&dir).is_some() && !self.settle_unsynced_pause(&dir) {
                 tracing::warn!(sandbox = %id, "paused in an earlier boot of this host and not yet on disk when it went down: its checkpoint may be torn, so it is removed");
                 self.teardown(&id, None, None)?;
@@ -1070,15 +1083,7 @@ impl Runtime for LinuxRuntime {
                 report.paused.push(id);
                 continue;
             }
-            let alive = Record::read(&dir).ok().and_then(|record| {
-                let pid = record.init_pid?;
-                let ticks = record::process_start_ticks(pid)?;
-                (Some(ticks) == record.init_start_ticks).then_some(())?;
-                let pidfd = sys::pidfd_open(pid).ok()?;
-                // The pid could have been reused between the check and the open.
-                (record::process_start_ticks(pid) == Some(ticks)).then_some((record, pidfd, pid))
-            });
-            match alive {
+            match Self::live_init(&dir) {
                 Some((record, pidfd, pid)) => {
                     self.keep_slot(record.slot, &id);
                     let info = SandboxInfo {

@@ -17,7 +17,10 @@
 //! mounted again, and an overlay over them with `userxattr`, as the launcher mounts it.
 //! After the restore the host mounts are detached at once (the restored namespace holds
 //! its own copies), so the host mount table does not grow. Unlike at create, the overlay
-//! is mounted by host root rather than by the sandbox's namespaced root.
+//! is mounted by host root rather than by the sandbox's namespaced root. The record
+//! naming the restored init is written before the marker goes: a crash in between leaves
+//! a marker beside a running init, and the next start finishes the resume
+//! ([`LinuxRuntime::finish_interrupted_resume`]) rather than listing it paused.
 //!
 //! The restored init is not the daemon's child (CRIU detaches it), so it is tracked like a
 //! sandbox reattached after a restart: by pidfd, never reaped by us.
@@ -221,6 +224,34 @@ impl LinuxRuntime {
         true
     }
 
+    /// Finishes a resume of the sandbox in `dir` that stopped (a crash, or a failed
+    /// removal) after the record named the new init and before `paused.json` went: that
+    /// init runs, so the sandbox is running, and the marker, its durable twin and the
+    /// checkpoint it names go, as the resume would have removed them. Without this the
+    /// sandbox would be listed paused while it runs, and a second resume would start a
+    /// second copy of it.
+    pub(super) fn finish_interrupted_resume(&self, dir: &Path, id: &str) {
+        let Some(marker) = PausedMarker::read(dir) else {
+            return;
+        };
+        if Self::live_init(dir).is_none() {
+            return;
+        }
+        tracing::warn!(sandbox = %id, "a resume was interrupted after its sandbox ran again: finishing it");
+        if let Err(err) = fs::remove_file(dir.join(PAUSED_FILE)) {
+            tracing::warn!(sandbox = %id, %err, "removing the paused marker of a resumed sandbox");
+            return;
+        }
+        DurableMarker::remove(dir);
+        if let Some(images) = marker.images {
+            self.discard(&images, id, "images");
+        }
+        let work = dir.join("restore");
+        if work.exists() {
+            self.discard(&work, id, "restore");
+        }
+    }
+
     /// Stops sandbox `id` keeping only its disk: every process is killed, the disk
     /// unmounted; cgroups and uid slot are kept. [`LinuxRuntime::resume_paused`] starts a
     /// fresh init on the same disk.
@@ -289,8 +320,16 @@ impl LinuxRuntime {
         let pidfd = sys::pidfd_open(pid).map_err(io_err("open restored init"))?;
         record.init_pid = Some(pid);
         record.init_start_ticks = record::process_start_ticks(pid);
-        record.write(&dir).map_err(io_err("write record"))?;
-        fs::remove_file(dir.join(PAUSED_FILE)).map_err(io_err("remove paused marker"))?;
+        let written = record
+            .write(&dir)
+            .and_then(|()| fs::remove_file(dir.join(PAUSED_FILE)));
+        if let Err(e) = written {
+            // Still paused on disk, its images intact: end the restored tree (not our
+            // child) so the two never disagree. A crash here instead is finished by
+            // `finish_interrupted_resume` at the next start.
+            let _ = kill_init(&pidfd).and_then(|()| self.end_processes(id, &pidfd, false));
+            return Err(io_err("write record")(e));
+        }
         DurableMarker::remove(&dir);
         // Unlinking a memory image takes milliseconds: the janitor does it after the answer.
         self.discard(&images, id, "images");

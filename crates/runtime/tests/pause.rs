@@ -292,6 +292,43 @@ fn a_pause_not_on_disk_when_the_host_went_down_is_removed_not_restored() {
 }
 
 #[test]
+fn a_resume_cut_off_before_its_marker_went_is_finished_on_restart() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let (early_guard, images, before) = paused_holder(&t, &criu, "resume-cut");
+    let id = early_guard.id.clone();
+    let (paused, durable) = markers(&t, &id);
+    let (paused_bytes, durable_bytes) = (
+        std::fs::read(&paused).unwrap(),
+        std::fs::read(&durable).unwrap(),
+    );
+    // A daemon resumes it and dies between writing the record of the restored init and
+    // removing the markers: the sandbox runs, its markers still say paused.
+    let dying = t.reopen();
+    dying.recover().unwrap();
+    let resumed = dying.resume_paused(&criu, &id).unwrap();
+    drop(dying);
+    std::fs::write(&paused, paused_bytes).unwrap();
+    std::fs::write(&durable, durable_bytes).unwrap();
+
+    after_restart(&t, early_guard, |restarted, report| {
+        assert!(report.paused.is_empty(), "{:?}", report.paused);
+        let reattached: Vec<_> = report.reattached.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(reattached, [id.as_str()]);
+        assert_eq!(report.reattached[0].init_pid, resumed.init_pid);
+        assert!(!restarted.is_paused(&id));
+        assert!(!paused.exists() && !durable.exists(), "markers left");
+        assert_eq!(ask(restarted, &id), before, "the in-memory secret changed");
+        assert!(matches!(
+            restarted.resume_paused(&criu, &id),
+            Err(RuntimeError::NotPaused(_))
+        ));
+    });
+    assert!(!alive(resumed.init_pid));
+    assert_clean(&t, &id, &[&images]);
+}
+
+#[test]
 fn envd_answers_again_after_resume() {
     let criu = criu();
     let t = TestRuntime::with_envd();
