@@ -46,6 +46,15 @@ const HOP_BY_HOP_HEADERS: [HeaderName; 8] = [
     header::EXPECT,
 ];
 
+/// Why [`SandboxConnections::send_and_keep`] got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectRequestError {
+    #[error("{0:?} is not a sandbox id")]
+    InvalidSandboxId(String),
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+}
+
 /// Why a request could not be forwarded; each maps to one HTTP answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -191,6 +200,29 @@ impl SandboxConnections {
     /// ends) that must end with the others. None for an invalid id.
     pub fn closing(&self, sandbox_id: &str) -> Option<CancellationToken> {
         SandboxId::parse(sandbox_id).ok().map(|id| self.closer(&id))
+    }
+
+    /// Sends `request` over `stream`, a connection the caller opened to `port` of
+    /// sandbox `sandbox_id`, and keeps the connection for the proxy once the answer's
+    /// body has been read to its end: the server's own last call into a sandbox it
+    /// brings up (envd's `/init`) leaves the connection that the client's first call
+    /// through the proxy then takes, instead of connecting into the sandbox again.
+    pub async fn send_and_keep(
+        &self,
+        sandbox_id: &str,
+        port: u16,
+        stream: tokio::net::TcpStream,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, DirectRequestError> {
+        let id = SandboxId::parse(sandbox_id)
+            .map_err(|_| DirectRequestError::InvalidSandboxId(sandbox_id.to_owned()))?;
+        let mut sender = attach(stream, &id, false, self).await?;
+        let response = sender.send_request(request).await?;
+        Ok(response.map(|body| {
+            PooledBody::new(body, self.pool.clone(), id, port, sender)
+                .map_err(BoxError::from)
+                .boxed_unsync()
+        }))
     }
 
     fn closer(&self, sandbox_id: &SandboxId) -> CancellationToken {
@@ -474,15 +506,28 @@ async fn open_connection(
         .connect(target.port)
         .await
         .map_err(|source| connect_error(target, source))?;
+    attach(stream, &target.sandbox_id, with_upgrades, connections)
+        .await
+        .map_err(|source| upstream_error(target, source))
+}
+
+/// Makes `stream`, connected to a port of sandbox `sandbox_id`, one of the proxy's
+/// HTTP/1.1 connections: counted, driven by a task of its own, closed with the
+/// sandbox's others.
+async fn attach(
+    stream: tokio::net::TcpStream,
+    sandbox_id: &SandboxId,
+    with_upgrades: bool,
+    connections: &SandboxConnections,
+) -> Result<Sender, hyper::Error> {
     // Nagle would hold back the small frames of Connect streams.
     stream.set_nodelay(true).ok();
     let stream = crate::stats::Counted::new(stream, connections.counters.clone());
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
-        .await
-        .map_err(|source| upstream_error(target, source))?;
-    let sandbox_id = target.sandbox_id.clone();
-    let closer = connections.closer(&target.sandbox_id);
+        .await?;
+    let closer = connections.closer(sandbox_id);
+    let sandbox_id = sandbox_id.clone();
     tokio::spawn(async move {
         let run = async {
             if with_upgrades {

@@ -29,7 +29,8 @@ mod stats;
 mod target;
 
 pub use forward::{
-    BoxError, Proxy, ProxyBody, ProxyError, SandboxConnections, TRAFFIC_ACCESS_TOKEN_HEADER,
+    BoxError, DirectRequestError, Proxy, ProxyBody, ProxyError, SandboxConnections,
+    TRAFFIC_ACCESS_TOKEN_HEADER,
 };
 pub use resolver::{
     connect_blocking, BoxFuture, PortConnector, ResolveError, Route, SandboxResolver,

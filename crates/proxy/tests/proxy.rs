@@ -435,6 +435,65 @@ async fn sequential_requests_reuse_one_sandbox_connection() {
 }
 
 #[tokio::test]
+async fn a_connection_the_server_kept_serves_the_first_proxied_request() {
+    let harness = common::start().await;
+    // The server's own call into a sandbox it brings up (as envd's `/init`).
+    let stream = tokio::net::TcpStream::connect(harness.upstream_address)
+        .await
+        .unwrap();
+    let request = Request::post("/echo")
+        .header("host", "localhost")
+        .body(full_body("from the server"))
+        .unwrap();
+    let response = harness
+        .connections
+        .send_and_keep(OPEN_SANDBOX.id, ENVD_PORT, stream, request)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let echoed: serde_json::Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(echoed["body"], "from the server");
+    assert_eq!(harness.connections.stats().connections_open, 1);
+
+    // The client's first call through the proxy finds that connection open.
+    let mut client = http1_client(harness.front).await;
+    for index in 0..3 {
+        let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::POST, "/echo")
+            .body(full_body(format!("request {index}")))
+            .unwrap();
+        let (status, echoed) = json_of(client.send_request(request).await.unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(echoed["body"], format!("request {index}"));
+    }
+    assert_eq!(harness.connects.load(Ordering::SeqCst), 0);
+    assert_eq!(harness.connections.stats().connections_opened, 1);
+
+    // Closing the sandbox's connections closes the kept one too.
+    harness.connections.close_all(OPEN_SANDBOX.id);
+    let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::GET, "/echo")
+        .body(full_body(""))
+        .unwrap();
+    assert_eq!(
+        client.send_request(request).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(harness.connects.load(Ordering::SeqCst), 1);
+
+    let stream = tokio::net::TcpStream::connect(harness.upstream_address)
+        .await
+        .unwrap();
+    let request = Request::get("/echo").body(full_body("")).unwrap();
+    assert!(matches!(
+        harness
+            .connections
+            .send_and_keep("not/an id", ENVD_PORT, stream, request)
+            .await,
+        Err(berth_proxy::DirectRequestError::InvalidSandboxId(_))
+    ));
+}
+
+#[tokio::test]
 async fn connections_the_sandbox_closes_are_not_reused() {
     let harness = common::start().await;
     let mut client = http1_client(harness.front).await;

@@ -1,5 +1,8 @@
 //! Talking to a sandbox's envd from the host, over a connection the runtime opens in the
-//! sandbox's network namespace: wait for `/health`, then `POST /init`.
+//! sandbox's network namespace: wait for `/health`, then `POST /init`. Each connection
+//! that answered is left to the proxy's pool ([`SandboxConnections::send_and_keep`]), so
+//! the client's first call after a create, resume or fork does not connect into the
+//! sandbox again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,11 +10,11 @@ use std::time::Duration;
 use berth_envd_proto::headers::ACCESS_TOKEN;
 pub use berth_envd_proto::http::InitRequest;
 use berth_envd_proto::ENVD_PORT;
+use berth_proxy::{DirectRequestError, SandboxConnections};
 use berth_runtime::{Runtime, RuntimeError};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
-use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 /// How long a new sandbox's envd may take to answer `/health`.
@@ -30,6 +33,8 @@ pub enum EnvdError {
     Io(#[from] std::io::Error),
     #[error("talking to envd: {0}")]
     Http(#[from] hyper::Error),
+    #[error("talking to envd: {0}")]
+    Direct(#[from] DirectRequestError),
     #[error("building a request to envd: {0}")]
     Request(#[from] hyper::http::Error),
     #[error("encoding the /init body: {0}")]
@@ -48,6 +53,7 @@ pub enum EnvdError {
 
 async fn request(
     runtime: &Arc<dyn Runtime>,
+    connections: &SandboxConnections,
     sandbox_id: &str,
     request: Request<Full<Bytes>>,
 ) -> Result<(u16, Bytes), EnvdError> {
@@ -56,23 +62,24 @@ async fn request(
     let stream = tokio::task::spawn_blocking(move || runtime.connect(&id, ENVD_PORT)).await??;
     stream.set_nonblocking(true)?;
     let stream = tokio::net::TcpStream::from_std(stream)?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    let driver = tokio::spawn(connection);
-    let result = async {
-        let response = sender.send_request(request).await?;
-        let status = response.status().as_u16();
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok((status, body))
-    }
-    .await;
-    driver.abort();
-    result
+    let request = request.map(|body| body.map_err(|never| match never {}).boxed_unsync());
+    let response = connections
+        .send_and_keep(sandbox_id, ENVD_PORT, stream, request)
+        .await?;
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|err| std::io::Error::other(err.to_string()))?
+        .to_bytes();
+    Ok((status, body))
 }
 
 /// Poll envd's `/health` until it answers 204, or give up after `limit`.
 pub async fn wait_healthy(
     runtime: &Arc<dyn Runtime>,
+    connections: &SandboxConnections,
     sandbox_id: &str,
     limit: Duration,
 ) -> Result<(), EnvdError> {
@@ -85,7 +92,9 @@ pub async fn wait_healthy(
             .body(Full::new(Bytes::new()))?;
         // Each attempt is bounded too: a connection that is accepted but never answered
         // must not stall the create past its limit.
-        let attempt = tokio::time::timeout_at(deadline, request(runtime, sandbox_id, health)).await;
+        let attempt =
+            tokio::time::timeout_at(deadline, request(runtime, connections, sandbox_id, health))
+                .await;
         let last = match attempt {
             Ok(Ok((204, _))) => return Ok(()),
             // The sandbox itself is gone: no point waiting.
@@ -107,6 +116,7 @@ pub async fn wait_healthy(
 /// Hand envd its access token, environment and default user/workdir.
 pub async fn init(
     runtime: &Arc<dyn Runtime>,
+    connections: &SandboxConnections,
     sandbox_id: &str,
     body: &InitRequest,
     presented_token: Option<&str>,
@@ -121,9 +131,10 @@ pub async fn init(
         builder = builder.header(ACCESS_TOKEN, token);
     }
     let init = builder.body(Full::new(Bytes::from(json)))?;
-    let (status, reply) = tokio::time::timeout(INIT_LIMIT, request(runtime, sandbox_id, init))
-        .await
-        .map_err(|_| EnvdError::InitTimeout(INIT_LIMIT))??;
+    let (status, reply) =
+        tokio::time::timeout(INIT_LIMIT, request(runtime, connections, sandbox_id, init))
+            .await
+            .map_err(|_| EnvdError::InitTimeout(INIT_LIMIT))??;
     if !(200..300).contains(&status) {
         return Err(EnvdError::Status {
             route: "/init",

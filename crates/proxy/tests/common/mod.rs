@@ -18,7 +18,8 @@ use axum::routing::{any, get, post};
 use axum::Router;
 use berth_envd_proto::ENVD_PORT;
 use berth_proxy::{
-    BoxFuture, PortConnector, Proxy, ResolveError, Route, RoutingConfig, SandboxId, SandboxResolver,
+    BoxFuture, PortConnector, Proxy, ResolveError, Route, RoutingConfig, SandboxConnections,
+    SandboxId, SandboxResolver,
 };
 use bytes::Bytes;
 use futures::StreamExt;
@@ -48,6 +49,10 @@ pub struct Harness {
     pub upstream: Arc<UpstreamState>,
     /// Connections the proxy opened into the "sandbox".
     pub connects: Arc<AtomicUsize>,
+    /// The proxy's connections, as the server holds them.
+    pub connections: SandboxConnections,
+    /// Where the process standing in for the sandbox's ports listens.
+    pub upstream_address: SocketAddr,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -169,11 +174,13 @@ pub async fn start() -> Harness {
         sandboxes: vec![OPEN_SANDBOX, SECURE_SANDBOX],
         dialer,
     };
-    let proxy = Proxy::new(
+    let connections = SandboxConnections::default();
+    let proxy = Proxy::with_connections(
         Arc::new(resolver),
         RoutingConfig {
             domain: Some("berth.test".to_owned()),
         },
+        connections.clone(),
     );
 
     let front_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -199,6 +206,8 @@ pub async fn start() -> Harness {
         front,
         upstream: upstream_state,
         connects,
+        connections,
+        upstream_address,
         tasks: vec![upstream_task, front_task],
     }
 }

@@ -385,9 +385,13 @@ pub async fn update_network(
 /// Remove sandbox `id` from the runtime; one already gone is fine.
 pub(crate) async fn kill_in_runtime(state: &AppState, id: &str) -> Result<(), RuntimeError> {
     let runtime = state.runtime.clone();
-    let id = id.to_string();
-    match tokio::task::spawn_blocking(move || runtime.kill(&id)).await {
-        Ok(Ok(())) | Ok(Err(RuntimeError::NotFound(_))) => Ok(()),
+    let owned = id.to_string();
+    match tokio::task::spawn_blocking(move || runtime.kill(&owned)).await {
+        Ok(Ok(())) | Ok(Err(RuntimeError::NotFound(_))) => {
+            // Connections the proxy (or a bring-up) left into it are dead now.
+            state.connections.close_all(id);
+            Ok(())
+        }
         Ok(Err(err)) => Err(err),
         Err(_) => Err(RuntimeError::WorkerPanicked("kill")),
     }
@@ -418,7 +422,6 @@ async fn kill_locked(
             stage: Stage::Kill,
             source,
         })?;
-    state.connections.close_all(&sandbox.id);
     let was_running = state.store.mark_killed(&sandbox.id)?;
     crate::cluster::node::forget_placement(state, berth_store::PlacedKind::Sandbox, &sandbox.id)?;
     if was_running {
@@ -478,7 +481,6 @@ pub async fn reap_exited(state: &AppState, id: &str) -> Result<(), ServiceError>
             stage: Stage::Kill,
             source,
         })?;
-    state.connections.close_all(id);
     if state.store.mark_killed(id)? {
         log(
             state,

@@ -237,7 +237,7 @@ async fn initialise(
         source,
     };
     if !envd_answered {
-        envd::wait_healthy(&state.runtime, id, envd::READY_LIMIT)
+        envd::wait_healthy(&state.runtime, &state.connections, id, envd::READY_LIMIT)
             .await
             .map_err(envd_failed)?;
     }
@@ -253,7 +253,7 @@ async fn initialise(
     };
     let request = init_request(&template, &init.env_vars, id, init.access_token.clone());
     let presented = init.presented_token.as_deref().filter(|_| memory_restored);
-    envd::init(&state.runtime, id, &request, presented)
+    envd::init(&state.runtime, &state.connections, id, &request, presented)
         .await
         .map_err(envd_failed)
 }

@@ -264,7 +264,9 @@ async fn prepare(state: &AppState, key: &PoolKey) -> Result<Prepared, crate::Ser
     let spec = key.spec(id.clone());
     let runtime = state.runtime.clone();
     let info = blocking(&id, Stage::Create, move || runtime.create(&spec)).await?;
-    if let Err(source) = envd::wait_healthy(&state.runtime, &id, envd::READY_LIMIT).await {
+    if let Err(source) =
+        envd::wait_healthy(&state.runtime, &state.connections, &id, envd::READY_LIMIT).await
+    {
         let _ = kill_in_runtime(state, &id).await;
         return Err(crate::ServiceError::Envd {
             sandbox: id,
