@@ -413,14 +413,7 @@ async fn h2c_clients_are_forwarded_over_http1() {
 async fn sequential_requests_reuse_one_sandbox_connection() {
     let harness = common::start().await;
     let mut client = http1_client(harness.front).await;
-    for index in 0..10 {
-        let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::POST, "/echo")
-            .body(full_body(format!("request {index}")))
-            .unwrap();
-        let (status, echoed) = json_of(client.send_request(request).await.unwrap()).await;
-        assert_eq!(status, StatusCode::OK);
-        assert_eq!(echoed["body"], format!("request {index}"));
-    }
+    echo_through_envd(&mut client, 10).await;
     assert_eq!(harness.connects.load(Ordering::SeqCst), 1);
 
     // Another port is another connection.
@@ -438,16 +431,11 @@ async fn sequential_requests_reuse_one_sandbox_connection() {
 async fn a_connection_the_server_kept_serves_the_first_proxied_request() {
     let harness = common::start().await;
     // The server's own call into a sandbox it brings up (as envd's `/init`).
-    let stream = tokio::net::TcpStream::connect(harness.upstream_address)
-        .await
-        .unwrap();
     let request = Request::post("/echo")
         .header("host", "localhost")
         .body(full_body("from the server"))
         .unwrap();
-    let response = harness
-        .connections
-        .send_and_keep(OPEN_SANDBOX.id, ENVD_PORT, stream, request)
+    let response = send_and_keep(&harness, OPEN_SANDBOX.id, request)
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -458,14 +446,7 @@ async fn a_connection_the_server_kept_serves_the_first_proxied_request() {
 
     // The client's first call through the proxy finds that connection open.
     let mut client = http1_client(harness.front).await;
-    for index in 0..3 {
-        let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::POST, "/echo")
-            .body(full_body(format!("request {index}")))
-            .unwrap();
-        let (status, echoed) = json_of(client.send_request(request).await.unwrap()).await;
-        assert_eq!(status, StatusCode::OK);
-        assert_eq!(echoed["body"], format!("request {index}"));
-    }
+    echo_through_envd(&mut client, 3).await;
     assert_eq!(harness.connects.load(Ordering::SeqCst), 0);
     assert_eq!(harness.connections.stats().connections_opened, 1);
 
@@ -480,17 +461,39 @@ async fn a_connection_the_server_kept_serves_the_first_proxied_request() {
     );
     assert_eq!(harness.connects.load(Ordering::SeqCst), 1);
 
+    let request = Request::get("/echo").body(full_body("")).unwrap();
+    assert!(matches!(
+        send_and_keep(&harness, "not/an id", request).await,
+        Err(berth_proxy::DirectRequestError::InvalidSandboxId(_))
+    ));
+}
+
+/// `count` POSTs to envd's port of the open sandbox through the proxy, each echoed back.
+async fn echo_through_envd(client: &mut common::Http1Client, count: usize) {
+    for index in 0..count {
+        let request = to_sandbox(OPEN_SANDBOX.id, ENVD_PORT, Method::POST, "/echo")
+            .body(full_body(format!("request {index}")))
+            .unwrap();
+        let (status, echoed) = json_of(client.send_request(request).await.unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(echoed["body"], format!("request {index}"));
+    }
+}
+
+/// `request` to envd's port of `sandbox` over a connection opened as the server opens
+/// one, kept for the proxy.
+async fn send_and_keep(
+    harness: &common::Harness,
+    sandbox: &str,
+    request: Request<berth_proxy::ProxyBody>,
+) -> Result<http::Response<berth_proxy::ProxyBody>, berth_proxy::DirectRequestError> {
     let stream = tokio::net::TcpStream::connect(harness.upstream_address)
         .await
         .unwrap();
-    let request = Request::get("/echo").body(full_body("")).unwrap();
-    assert!(matches!(
-        harness
-            .connections
-            .send_and_keep("not/an id", ENVD_PORT, stream, request)
-            .await,
-        Err(berth_proxy::DirectRequestError::InvalidSandboxId(_))
-    ));
+    harness
+        .connections
+        .send_and_keep(sandbox, ENVD_PORT, stream, request)
+        .await
 }
 
 #[tokio::test]

@@ -318,18 +318,8 @@ impl LinuxRuntime {
         let pid = restored.map_err(criu_err(id, "restore"))?;
         let disk = root.release();
         let pidfd = sys::pidfd_open(pid).map_err(io_err("open restored init"))?;
-        record.init_pid = Some(pid);
-        record.init_start_ticks = record::process_start_ticks(pid);
-        let written = record
-            .write(&dir)
-            .and_then(|()| fs::remove_file(dir.join(PAUSED_FILE)));
-        if let Err(e) = written {
-            // Still paused on disk, its images intact: end the restored tree (not our
-            // child) so the two never disagree. A crash here instead is finished by
-            // `finish_interrupted_resume` at the next start.
-            let _ = kill_init(&pidfd).and_then(|()| self.end_processes(id, &pidfd, false));
-            return Err(io_err("write record")(e));
-        }
+        // Not our child: CRIU detaches the restored tree. On failure its images are intact.
+        self.record_resumed(id, &dir, &mut record, pid, &pidfd, false)?;
         DurableMarker::remove(&dir);
         // Unlinking a memory image takes milliseconds: the janitor does it after the answer.
         self.discard(&images, id, "images");
@@ -409,16 +399,7 @@ impl LinuxRuntime {
         let mut record = Record::read(&dir).map_err(io_err("read record"))?;
         let spec = record.spec.clone();
         let (pidfd, pid, disk) = self.start(&spec, record.slot, &dir, DiskOrigin::Kept(None))?;
-        record.init_pid = Some(pid);
-        record.init_start_ticks = record::process_start_ticks(pid);
-        let written = record
-            .write(&dir)
-            .and_then(|()| fs::remove_file(dir.join(PAUSED_FILE)));
-        if let Err(e) = written {
-            // Still paused on disk: stop the new init so the two never disagree.
-            let _ = kill_init(&pidfd).and_then(|()| self.end_processes(id, &pidfd, true));
-            return Err(io_err("write record")(e));
-        }
+        self.record_resumed(id, &dir, &mut record, pid, &pidfd, true)?;
         let info = SandboxInfo {
             id: id.to_owned(),
             template: spec.template.clone(),
@@ -427,6 +408,32 @@ impl LinuxRuntime {
             spec,
         };
         Ok(self.register(info, record.slot, pidfd, true, Some(disk)))
+    }
+
+    /// Makes the resume of sandbox `id` (in `dir`) its state on disk: the record names
+    /// the new init `pid`, then `paused.json` goes. When either fails the sandbox is
+    /// still paused on disk, so the new init is ended (reaped when `own_child`) and the
+    /// two never disagree; a crash between the two steps is finished at the next start
+    /// by [`LinuxRuntime::finish_interrupted_resume`].
+    fn record_resumed(
+        &self,
+        id: &str,
+        dir: &Path,
+        record: &mut Record,
+        pid: i32,
+        pidfd: &OwnedFd,
+        own_child: bool,
+    ) -> Result<(), RuntimeError> {
+        record.init_pid = Some(pid);
+        record.init_start_ticks = record::process_start_ticks(pid);
+        let written = record
+            .write(dir)
+            .and_then(|()| fs::remove_file(dir.join(PAUSED_FILE)));
+        if let Err(e) = written {
+            let _ = kill_init(pidfd).and_then(|()| self.end_processes(id, pidfd, own_child));
+            return Err(io_err("write record")(e));
+        }
+        Ok(())
     }
 
     /// The marker of paused sandbox `id`: an error when it runs or does not exist.

@@ -71,7 +71,7 @@ async fn request(
         .into_body()
         .collect()
         .await
-        .map_err(|err| std::io::Error::other(err.to_string()))?
+        .map_err(std::io::Error::other)?
         .to_bytes();
     Ok((status, body))
 }
