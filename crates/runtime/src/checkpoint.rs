@@ -33,11 +33,12 @@
 //!   images directory gets rewritten copies pointing at the new slot's range, and hard
 //!   links to every other image (copies if the checkpoint is on another filesystem than
 //!   the state dir) (`berth_checkpoint::images`; all other ids in the images are
-//!   namespace-relative). The disk's files are owned by host ids of the source's range
-//!   (the ext4 disk is mounted by the host), so the new copy's files in that range are
-//!   chowned into the new range before the root is built (the upper layer only: what the
-//!   sandbox changed). POSIX ACLs and namespaced file capabilities on the disk keep the
-//!   source's ids.
+//!   namespace-relative). The disk's files are owned by host ids of the source's disk
+//!   range (`checkpoint.json`'s `uid_base`) and the copy keeps them: its mount is
+//!   idmapped from that range into the new one (`pause::idmap_disk`), so nothing is
+//!   re-owned and a fork costs the same however many files the source wrote. The
+//!   sandbox's record keeps that range (`disk_uid_base`) for its later pauses, resumes
+//!   and checkpoints, so a fork of a fork maps from the first source's range.
 //! - *Hostname.* The uts namespace image gets the new id as nodename.
 //! - *Cgroups.* CRIU's `--cgroup-root` per berth-managed controller puts the tree (and
 //!   its cgroup namespace root) in the new sandbox's groups, created with the new spec's
@@ -64,15 +65,15 @@
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use std::time::SystemTime;
 
 use berth_checkpoint::{prepare_restore_images, Criu, Dump, ImageRewrite, Restore};
 
-use super::pause::HostRoot;
-use super::{dump_externals, io_err, valid_id, DiskOrigin, LinuxRuntime, Sandbox, UID_RANGE_SIZE};
+use super::pause::{self, HostRoot};
+use super::{dump_externals, io_err, valid_id, DiskOrigin, LinuxRuntime, Sandbox};
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::perms;
@@ -298,7 +299,7 @@ impl LinuxRuntime {
                 network: self.network_policy(id),
                 volumes: spec.volumes.clone(),
             },
-            uid_base: self.uid_base_of(sandbox.slot),
+            uid_base: sandbox.disk_uid_base,
         };
         meta.measure(tmp)?;
         meta.publish(tmp, dest, durability)?;
@@ -373,7 +374,8 @@ impl LinuxRuntime {
         }
         // CRIU detaches the restored tree: tracked by pidfd, never reaped by us. A fresh
         // boot's init is our child.
-        let info = self.bring_up(spec, matches!(how, Revival::Disk), |slot, dir| {
+        let own_child = matches!(how, Revival::Disk);
+        let info = self.bring_up(spec, own_child, Some(meta.uid_base), |slot, dir| {
             self.attach_network(&spec.id, meta.info.network.as_ref())?;
             self.restore_into(how, checkpoint, &meta, spec, slot, dir)
         })?;
@@ -434,7 +436,9 @@ impl LinuxRuntime {
                     network: self.network_policy(id),
                     volumes: spec.volumes.clone(),
                 },
-                uid_base: self.uid_base_of(record.slot),
+                uid_base: record
+                    .disk_uid_base
+                    .unwrap_or(self.uid_base_of(record.slot)),
             };
             meta.measure(&tmp)?;
             meta.publish(&tmp, dest, Durability::Durable)?;
@@ -537,23 +541,15 @@ impl LinuxRuntime {
             .map_err(io_err("create cgroups"))?;
         let image = dir.join(DISK_FILE);
         disk::copy_sparse(&checkpoint.join(DISK_FILE), &image).map_err(io_err("copy disk"))?;
-        // The copy is mounted once, here, and the ownership shift and the sandbox's root
-        // share that mount. Unmounting and mounting it again raced concurrent restores:
-        // a child another restore forked meanwhile held a copy of the first mount's
-        // descriptor, so the second filesystem read inodes the shift had not written
-        // back, and the fork's files kept the source's owners.
+        // The copy keeps the source's owners; this mount shows them in the sandbox's range.
         let disk = disk::mount_image(&image).map_err(io_err("mount disk copy"))?;
-        if meta.uid_base != uid_base {
-            let root = PathBuf::from(format!("/proc/self/fd/{}", disk.as_raw_fd()));
-            shift_owners(&root, meta.uid_base, uid_base)
-                .map_err(io_err("move disk files into the sandbox's uid range"))?;
-        }
+        pause::idmap_disk(&disk, meta.uid_base, uid_base)
+            .map_err(io_err("idmap the disk copy into the sandbox's uid range"))?;
         let (criu, trial) = match how {
             Revival::Memory(criu) => (criu, false),
             Revival::Trial(criu) => (criu, true),
             Revival::Disk => {
-                let (pidfd, pid, disk) =
-                    self.start(spec, slot, dir, DiskOrigin::Kept(Some(disk)))?;
+                let (pidfd, pid, disk) = self.start(spec, slot, dir, DiskOrigin::Kept(disk))?;
                 return Ok((pidfd, pid, Some(disk)));
             }
         };
@@ -575,7 +571,7 @@ impl LinuxRuntime {
         let netns = self.netns_for_start(&spec.id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
         self.ensure_init_binary()?;
-        let root = HostRoot::mount(self, dir, spec, uid_base, Some(disk))?;
+        let root = HostRoot::mount(self, dir, spec, uid_base, disk)?;
         let work = dir.join("restore");
         perms::create_dir(&work, perms::PRIVATE_DIR).map_err(io_err("create restore work dir"))?;
         let roots = self.cgroups.criu_roots(&spec.id);
@@ -650,36 +646,4 @@ fn allocated_bytes(dir: &Path) -> io::Result<u64> {
         }
     }
     Ok(total)
-}
-
-/// Re-owns every file below `dir` (not `dir` itself, which may be a `/proc/self/fd` link)
-/// owned by an id in `[from, from + 65536)` to the same offset from `to` (uid and gid
-/// separately), keeping setuid/setgid bits (chown clears them).
-fn shift_owners(dir: &Path, from: u32, to: u32) -> io::Result<()> {
-    let shift = |id: u32| {
-        id.checked_sub(from)
-            .filter(|offset| *offset < UID_RANGE_SIZE)
-            .map(|offset| to + offset)
-    };
-    let mut stack = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        stack.push(entry?.path());
-    }
-    while let Some(path) = stack.pop() {
-        let meta = fs::symlink_metadata(&path)?;
-        let (uid, gid) = (shift(meta.uid()), shift(meta.gid()));
-        if uid.is_some() || gid.is_some() {
-            std::os::unix::fs::lchown(&path, uid, gid)?;
-            let mode = meta.mode();
-            if !meta.file_type().is_symlink() && mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
-                fs::set_permissions(&path, fs::Permissions::from_mode(mode & 0o7777))?;
-            }
-        }
-        if meta.is_dir() {
-            for entry in fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-    }
-    Ok(())
 }

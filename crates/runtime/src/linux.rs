@@ -127,9 +127,13 @@ impl LinuxRuntimeConfig {
 enum DiskOrigin {
     /// A fresh disk (create).
     New,
-    /// `disk.img` already in the sandbox directory (resume after a pause without memory,
-    /// a filesystem-only snapshot's copy), and its mount if the caller already has one.
-    Kept(Option<OwnedFd>),
+    /// The mount the caller made of `disk.img` in the sandbox directory (a
+    /// filesystem-only snapshot's copy).
+    Kept(OwnedFd),
+    /// `disk.img` in the sandbox directory, mounted again (resume after a pause without
+    /// memory); its files are owned in the range at `disk_uid_base` (None: the
+    /// sandbox's own).
+    Remount { disk_uid_base: Option<u32> },
 }
 
 /// The mounts a start sends the launcher besides the layers and volumes.
@@ -152,6 +156,10 @@ struct Sandbox {
     /// shutdown out of the dying init's exit path; the janitor drops it after a kill.
     /// None for sandboxes reattached after a restart.
     disk: Mutex<Option<OwnedFd>>,
+    /// First id of the range owning the files on its disk: its own range's, except for
+    /// a fork (or a moved sandbox), whose disk keeps its source's owners and is
+    /// idmapped into this sandbox's range.
+    disk_uid_base: u32,
 }
 
 /// The Linux-namespace backend of [`Runtime`].
@@ -530,10 +538,13 @@ impl LinuxRuntime {
     /// the prepared directory with the given slot): its directory, a slot, its record
     /// before and after the start, and registration. On failure everything of it goes.
     /// `own_child`: the init is our child (reaped on kill), not a CRIU-restored tree.
+    /// `disk_uid_base`: the range owning the files of the disk `start` brings (None: a
+    /// new disk, in the sandbox's own range).
     pub(super) fn bring_up(
         &self,
         spec: &SandboxSpec,
         own_child: bool,
+        disk_uid_base: Option<u32>,
         start: impl FnOnce(u32, &Path) -> Result<(OwnedFd, i32, Option<OwnedFd>), RuntimeError>,
     ) -> Result<SandboxInfo, RuntimeError> {
         let dir = self.sandbox_dir(&spec.id);
@@ -554,6 +565,7 @@ impl LinuxRuntime {
             created_at: SystemTime::now(),
             init_pid: None,
             init_start_ticks: None,
+            disk_uid_base,
         };
         let started = record
             .write(&dir)
@@ -581,7 +593,8 @@ impl LinuxRuntime {
             created_at: record.created_at,
             spec: spec.clone(),
         };
-        Ok(self.register(info, slot, pidfd, own_child, disk))
+        let disk_uid_base = record.disk_uid_base.unwrap_or(self.uid_base_of(slot));
+        Ok(self.register(info, slot, pidfd, own_child, disk, disk_uid_base))
     }
 
     /// Makes a started sandbox known (list, connect, kill, …) and returns its info.
@@ -592,6 +605,7 @@ impl LinuxRuntime {
         pidfd: OwnedFd,
         own_child: bool,
         disk: Option<OwnedFd>,
+        disk_uid_base: u32,
     ) -> SandboxInfo {
         if let Some(disk) = &disk {
             if let Err(err) = self.throttle.apply(disk.as_fd()) {
@@ -604,6 +618,7 @@ impl LinuxRuntime {
             pidfd,
             own_child,
             disk: Mutex::new(disk),
+            disk_uid_base,
         });
         self.sandboxes
             .lock()
@@ -671,9 +686,10 @@ impl LinuxRuntime {
                 .disks
                 .create(spec.disk_size_mb.max(16), &dir.join("disk.img"), uid_base)
                 .map_err(io_err("create sandbox disk"))?,
-            DiskOrigin::Kept(Some(mount)) => mount,
-            DiskOrigin::Kept(None) => {
-                disk::mount_image_again(&dir.join("disk.img")).map_err(io_err("mount kept disk"))?
+            DiskOrigin::Kept(mount) => mount,
+            DiskOrigin::Remount { disk_uid_base } => {
+                pause::mount_kept_disk(dir, disk_uid_base.unwrap_or(uid_base), uid_base)
+                    .map_err(io_err("mount kept disk"))?
             }
         };
         let limits = CgroupLimits {
@@ -947,7 +963,7 @@ impl LinuxRuntime {
         }
         check_volume_mounts(spec)?;
         let spec = &spec.with_distinct_layers();
-        self.bring_up(spec, true, |slot, dir| {
+        self.bring_up(spec, true, None, |slot, dir| {
             self.attach_network(&spec.id, policy)?;
             self.start(spec, slot, dir, DiskOrigin::New)
                 .map(|(pidfd, pid, disk)| (pidfd, pid, Some(disk)))
@@ -1093,7 +1109,10 @@ impl Runtime for LinuxRuntime {
                         created_at: record.created_at,
                         spec: record.spec,
                     };
-                    let info = self.register(info, record.slot, pidfd, false, None);
+                    let disk_uid_base = record
+                        .disk_uid_base
+                        .unwrap_or(self.uid_base_of(record.slot));
+                    let info = self.register(info, record.slot, pidfd, false, None, disk_uid_base);
                     report.reattached.push(info);
                 }
                 None => {

@@ -26,6 +26,12 @@ pub(crate) struct Record {
     /// The init's start time in clock ticks since boot (/proc/<pid>/stat field 22), which
     /// tells a live init from an unrelated process that reused its pid.
     pub init_start_ticks: Option<u64>,
+    /// First host id of the range owning the files on its disk, when that is not its
+    /// slot's range: a fork's disk copy keeps its source's owners and is idmapped into
+    /// this sandbox's range (see `pause::idmap_disk`). Absent in records of an older
+    /// berth, whose disks were always re-owned into the slot's range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_uid_base: Option<u32>,
 }
 
 impl Record {
@@ -87,6 +93,7 @@ mod tests {
             created_at: SystemTime::now(),
             init_pid: Some(42),
             init_start_ticks: Some(99),
+            disk_uid_base: Some(300_000),
         };
         record.write(&dir).unwrap();
         let back = Record::read(&dir).unwrap();
@@ -94,5 +101,19 @@ mod tests {
         assert_eq!(back.slot, 7);
         assert_eq!(back.init_pid, Some(42));
         assert_eq!(back.spec.id, "itest");
+        assert_eq!(back.disk_uid_base, Some(300_000));
+    }
+
+    #[test]
+    fn a_record_without_a_disk_range_reads_as_the_slots_own() {
+        let json = r#"{"spec":{"id":"old","template":"base","layers":[],"cpu_count":1,
+            "memory_mb":256,"disk_size_mb":512,"volumes":[]},"slot":3,
+            "created_at":{"secs_since_epoch":1,"nanos_since_epoch":0},
+            "init_pid":null,"init_start_ticks":null}"#;
+        let record: Record = serde_json::from_str(json).unwrap();
+        assert_eq!(record.disk_uid_base, None);
+        assert!(!serde_json::to_string(&record)
+            .unwrap()
+            .contains("disk_uid_base"));
     }
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -150,6 +151,114 @@ fn three_forks_of_a_running_sandbox_share_memory_not_identity() {
     t.rt.kill(src).unwrap();
     for id in forks.iter().map(|f| f.id.as_str()).chain([src]) {
         assert_clean(&t, id, &[]);
+    }
+}
+
+/// A fork's disk copy keeps its source's owners on disk and is idmapped into the fork's
+/// range, never re-owned file by file: the files' ctimes are the source's (a chown would
+/// have set them), and owners, modes and new files are right inside the fork through a
+/// pause with memory, a pause without, and a fork of the fork.
+#[test]
+fn a_forks_disk_is_idmapped_not_reowned_through_pauses_and_a_second_fork() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let source = t.rt.create(&t.spec("idmap-src")).unwrap();
+    let _source_guard = KillGuard {
+        rt: &t.rt,
+        id: source.id.clone(),
+    };
+    let src = source.id.as_str();
+    t.sh_ok(
+        src,
+        0,
+        "echo root > /root/r; chmod u+s /root/r; echo user > /tmp/u; chown 1000:1000 /tmp/u",
+    );
+    let owners = "stat -c '%u %g %a' /root/r /tmp/u";
+    let expected = "0 0 4644\n1000 1000 644";
+    assert_eq!(t.sh_ok(src, 0, owners), expected);
+    let ctimes = "stat -c %Z.%z /root/r /tmp/u";
+    let source_ctimes = t.sh_ok(src, 0, ctimes);
+
+    let first = checkpoint_path(&t, "idmap-first");
+    let _remove_first = RemoveDir(first.clone());
+    t.rt.checkpoint_into(&criu, src, &first, Durability::Durable)
+        .unwrap();
+    let fork =
+        t.rt.restore_checkpoint(&criu, &first, &t.spec("idmap-fork"))
+            .unwrap();
+    let _fork_guard = KillGuard {
+        rt: &t.rt,
+        id: fork.id.clone(),
+    };
+    let id = fork.id.as_str();
+    assert_ne!(uid_map(fork.init_pid), uid_map(source.init_pid));
+    assert_eq!(t.sh_ok(id, 0, owners), expected);
+    assert_eq!(t.sh_ok(id, 0, ctimes), source_ctimes);
+    t.sh_ok(id, 1000, "echo mine > /tmp/new");
+    let all = "stat -c '%u %g %a' /root/r /tmp/u /tmp/new";
+    let all_expected = "0 0 4644\n1000 1000 644\n1000 1000 644";
+
+    let images = checkpoint_path(&t, "idmap-paused");
+    let _remove_images = RemoveDir(images.clone());
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
+    t.rt.resume_paused(&criu, id).unwrap();
+    assert_eq!(
+        t.sh_ok(id, 0, all),
+        all_expected,
+        "after a pause with memory"
+    );
+    t.rt.pause_filesystem(id).unwrap();
+    t.rt.resume_paused_filesystem(id).unwrap();
+    assert_eq!(
+        t.sh_ok(id, 0, all),
+        all_expected,
+        "after a pause without memory"
+    );
+    assert_eq!(
+        t.sh_ok(id, 1000, "touch /tmp/later; stat -c %u /tmp/later"),
+        "1000"
+    );
+
+    let second = checkpoint_path(&t, "idmap-second");
+    let _remove_second = RemoveDir(second.clone());
+    t.rt.checkpoint_into(&criu, id, &second, Durability::Durable)
+        .unwrap();
+    let grandchild =
+        t.rt.restore_checkpoint(&criu, &second, &t.spec("idmap-fork2"))
+            .unwrap();
+    let _grandchild_guard = KillGuard {
+        rt: &t.rt,
+        id: grandchild.id.clone(),
+    };
+    let gid = grandchild.id.as_str();
+    assert_eq!(t.sh_ok(gid, 0, all), all_expected, "in a fork of the fork");
+    assert_eq!(t.sh_ok(gid, 0, ctimes), source_ctimes);
+    assert_eq!(
+        t.sh_ok(gid, 1000, "touch /tmp/g; stat -c '%u %g' /tmp/g"),
+        "1000 1000"
+    );
+    // Writes stay in their own sandbox.
+    t.sh_ok(gid, 0, "echo grandchild > /root/r");
+    assert_eq!(t.sh_ok(id, 0, "cat /root/r"), "root");
+    assert_eq!(t.sh_ok(src, 0, "cat /root/r"), "root");
+
+    // A commit reads the disk through the daemon's idmapped mount: owners come out
+    // 0-based as for any sandbox.
+    t.sh_ok(gid, 0, "echo k > /root/k; chown 1000:1000 /root/k");
+    let layer = tempfile::tempdir_in(&t.state).unwrap();
+    t.rt.commit_upper(gid, layer.path()).unwrap();
+    let owner = |name: &str| {
+        let meta = std::fs::metadata(layer.path().join(name)).unwrap();
+        (meta.uid(), meta.gid())
+    };
+    assert_eq!((owner("root/r"), owner("root/k")), ((0, 0), (1000, 1000)));
+
+    let ids = [gid.to_owned(), id.to_owned(), src.to_owned()];
+    for sandbox in &ids[1..] {
+        t.rt.kill(sandbox).unwrap();
+    }
+    for sandbox in &ids {
+        assert_clean(&t, sandbox, &[]);
     }
 }
 
