@@ -218,7 +218,18 @@ fn a_forks_disk_is_idmapped_not_reowned_through_pauses_and_a_second_fork() {
         t.sh_ok(id, 1000, "touch /tmp/later; stat -c %u /tmp/later"),
         "1000"
     );
+    // A copy-up and a new file through the overlay the sandbox mounted itself.
+    assert_eq!(
+        t.sh_ok(
+            id,
+            0,
+            "echo again >> /root/r; touch /root/later; stat -c %u /root/later"
+        ),
+        "0"
+    );
+    t.sh_ok(id, 0, "printf 'root\\n' > /root/r; chmod u+s /root/r");
 
+    let fork_ctimes = t.sh_ok(id, 0, ctimes);
     let second = checkpoint_path(&t, "idmap-second");
     let _remove_second = RemoveDir(second.clone());
     t.rt.checkpoint_into(&criu, id, &second, Durability::Durable)
@@ -232,7 +243,7 @@ fn a_forks_disk_is_idmapped_not_reowned_through_pauses_and_a_second_fork() {
     };
     let gid = grandchild.id.as_str();
     assert_eq!(t.sh_ok(gid, 0, all), all_expected, "in a fork of the fork");
-    assert_eq!(t.sh_ok(gid, 0, ctimes), source_ctimes);
+    assert_eq!(t.sh_ok(gid, 0, ctimes), fork_ctimes);
     assert_eq!(
         t.sh_ok(gid, 1000, "touch /tmp/g; stat -c '%u %g' /tmp/g"),
         "1000 1000"
