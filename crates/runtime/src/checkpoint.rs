@@ -153,7 +153,9 @@ struct Metadata {
     format: u32,
     #[serde(flatten)]
     info: CheckpointInfo,
-    /// First host id of the source's uid/gid range: the owner range of `disk.img`'s files.
+    /// First host id of the range owning `disk.img`'s files: the source's own range, or,
+    /// when the source was itself restored from a checkpoint (a fork of a fork), the
+    /// range of the first sandbox that wrote that disk. A restore idmaps it into its own.
     uid_base: u32,
 }
 

@@ -565,7 +565,8 @@ impl LinuxRuntime {
             created_at: SystemTime::now(),
             init_pid: None,
             init_start_ticks: None,
-            disk_uid_base,
+            // Named only when it is not the slot's own, as the field's readers expect.
+            disk_uid_base: disk_uid_base.filter(|base| *base != self.uid_base_of(slot)),
         };
         let started = record
             .write(&dir)

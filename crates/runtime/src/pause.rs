@@ -695,8 +695,11 @@ fn userns_with_map(map: &str) -> io::Result<OwnedFd> {
         .and_then(|()| fs::write(format!("/proc/{pid}/gid_map"), map))
         .and_then(|()| fs::File::open(format!("/proc/{pid}/ns/user")))
         .map(OwnedFd::from);
-    sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL)?;
-    sys::pidfd_wait_exit(pidfd.as_fd(), 10_000)?;
-    sys::pidfd_reap(pidfd.as_fd())?;
+    // Ended and reaped whatever happened above: it holds a copy of every descriptor of
+    // the daemon, other sandboxes' disk mounts among them.
+    let killed = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+    let reaped =
+        sys::pidfd_wait_exit(pidfd.as_fd(), 10_000).and_then(|_| sys::pidfd_reap(pidfd.as_fd()));
+    killed.and(reaped)?;
     userns
 }

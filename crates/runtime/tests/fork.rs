@@ -497,3 +497,66 @@ fn a_paused_sandbox_moves_to_another_daemon_and_stays_paused_there() {
     there.rt.resume(&id, true).unwrap();
     assert_eq!(ask(&there.rt, &id), secret, "the memory moved with it");
 }
+
+/// A fork paused with memory and moved to another daemon: the export names the range
+/// owning the fork's disk (its source's), and the other daemon idmaps it into its own.
+#[test]
+fn a_paused_fork_moves_to_another_daemon_with_its_owners() {
+    let here = TestRuntime::new();
+    let there = TestRuntime::new();
+    let source = here.rt.create(&here.spec("move-fork-src")).unwrap();
+    let _source_guard = KillGuard {
+        rt: &here.rt,
+        id: source.id.clone(),
+    };
+    here.sh_ok(
+        &source.id,
+        0,
+        "echo u > /root/u; chown 1000:1000 /root/u; echo r > /root/r",
+    );
+    here.rt
+        .checkpoint(&source.id, "move-fork-src", Durability::Durable)
+        .unwrap();
+    let fork = here
+        .rt
+        .restore("move-fork-src", &unique_id(), true)
+        .unwrap();
+    here.rt.delete_checkpoint("move-fork-src").unwrap();
+    let id = fork.id.clone();
+    let _here_guard = KillGuard {
+        rt: &here.rt,
+        id: id.clone(),
+    };
+    here.sh_ok(&id, 1000, "echo f > /tmp/f");
+    here.rt.pause(&id, true).unwrap();
+
+    here.rt.export_paused(&id, "move-fork").unwrap();
+    let mut packed = here.rt.pack_checkpoint("move-fork").unwrap();
+    let layers = packed.info.layers.clone();
+    there
+        .rt
+        .import_checkpoint("move-fork", &packed.tree_hash, layers, &mut packed.stream)
+        .unwrap();
+    drop(packed);
+    here.rt.delete_checkpoint("move-fork").unwrap();
+    there.rt.restore("move-fork", &id, true).unwrap();
+    let _there_guard = KillGuard {
+        rt: &there.rt,
+        id: id.clone(),
+    };
+    there.rt.delete_checkpoint("move-fork").unwrap();
+    assert_ne!(
+        there.rt.sandbox_uid_base(&id).unwrap(),
+        here.rt.sandbox_uid_base(&source.id).unwrap(),
+        "the disk's owners are mapped, not the same range"
+    );
+    assert_eq!(
+        there.sh_ok(&id, 0, "stat -c '%u %g' /root/r /root/u /tmp/f"),
+        "0 0\n1000 1000\n1000 1000"
+    );
+    assert_eq!(
+        there.sh_ok(&id, 1000, "touch /tmp/t; stat -c %u /tmp/t"),
+        "1000"
+    );
+    here.rt.kill(&id).unwrap();
+}

@@ -20,8 +20,8 @@ use crate::error::{ServiceError, Stage};
 use crate::limits::{check_snapshot_storage, check_team_quota, Need};
 use crate::{events, AppState};
 
-/// Most forks started at once: each restore is CPU-bound (CRIU, a disk copy, a chown
-/// walk), so more than a few at a time only makes each one slower.
+/// Most forks started at once: each restore is CPU-bound (CRIU filling memory, a disk
+/// copy), so more than a few at a time only makes each one slower.
 const PARALLEL_RESTORES: usize = 4;
 
 /// The checkpoint id a snapshot row names. Rows written before checkpoints were named
