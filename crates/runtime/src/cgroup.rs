@@ -432,6 +432,30 @@ impl Cgroups {
 
     /// Removes the groups (workload groups first), waiting briefly for exiting tasks to
     /// leave them.
+    /// Removes sandbox `id`'s groups if they hold no process, in one attempt and without
+    /// killing anything: a group a process entered meanwhile (EBUSY) is left, with the
+    /// groups above it, and so is one already gone. True when all of them are gone.
+    pub(crate) fn remove_if_empty(&self, id: &str) -> io::Result<bool> {
+        let dirs = self
+            .dirs(id)
+            .into_iter()
+            .flat_map(|dir| [dir.join(WORKLOAD_GROUP), dir]);
+        for dir in dirs {
+            match fs::remove_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(false),
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("rmdir {}: {e}", dir.display()),
+                    ))
+                }
+            }
+        }
+        Ok(true)
+    }
+
     pub(crate) fn remove(&self, id: &str) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let dirs = self

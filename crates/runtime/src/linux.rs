@@ -1133,6 +1133,10 @@ impl Runtime for LinuxRuntime {
         // of ours has a directory until its processes are dead): killing it would take
         // that daemon's sandbox down under its clients. So is an empty one whose range
         // another daemon claims for a live sandbox: a paused sandbox keeps its groups.
+        // Those checks can be wrong: from inside another pid namespace (a containerised
+        // systemd) `cgroup.procs` lists none of a neighbour's processes, and a group can
+        // fill between a check and the rmdir. So a group is only removed if it is still
+        // empty at the rmdir: nothing is killed, and a busy group is left to its owner.
         for id in self.cgroups.list_ids() {
             if !seen.contains(&id)
                 && !self.cgroups.has_processes(&id)
@@ -1143,8 +1147,13 @@ impl Runtime for LinuxRuntime {
                     .unwrap_or_else(|e| e.into_inner())
                     .contains_key(&id)
             {
-                self.teardown(&id, None, None)?;
-                report.cleaned.push(id);
+                match self.cgroups.remove_if_empty(&id) {
+                    Ok(true) => report.cleaned.push(id),
+                    Ok(false) => {}
+                    Err(err) => {
+                        tracing::warn!(sandbox = %id, %err, "removing the empty groups of a sandbox with no directory")
+                    }
+                }
             }
         }
         let mut known: BTreeSet<String> = report.paused.iter().cloned().collect();
