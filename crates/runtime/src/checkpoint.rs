@@ -438,9 +438,7 @@ impl LinuxRuntime {
                     network: self.network_policy(id),
                     volumes: spec.volumes.clone(),
                 },
-                uid_base: record
-                    .disk_uid_base
-                    .unwrap_or(self.uid_base_of(record.slot)),
+                uid_base: self.disk_uid_base(&record),
             };
             meta.measure(&tmp)?;
             meta.publish(&tmp, dest, Durability::Durable)?;

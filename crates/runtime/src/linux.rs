@@ -131,9 +131,8 @@ enum DiskOrigin {
     /// filesystem-only snapshot's copy).
     Kept(OwnedFd),
     /// `disk.img` in the sandbox directory, mounted again (resume after a pause without
-    /// memory); its files are owned in the range at `disk_uid_base` (None: the
-    /// sandbox's own).
-    Remount { disk_uid_base: Option<u32> },
+    /// memory); its files are owned in the range at `disk_uid_base`.
+    Remount { disk_uid_base: u32 },
 }
 
 /// The mounts a start sends the launcher besides the layers and volumes.
@@ -482,6 +481,13 @@ impl LinuxRuntime {
             .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))
     }
 
+    /// First id of the range owning the files on the disk of the sandbox `record` is of.
+    pub(super) fn disk_uid_base(&self, record: &Record) -> u32 {
+        record
+            .disk_uid_base
+            .unwrap_or(self.uid_base_of(record.slot))
+    }
+
     fn uid_base_of(&self, slot: u32) -> u32 {
         self.config.uid_base + slot * UID_RANGE_SIZE
     }
@@ -594,7 +600,7 @@ impl LinuxRuntime {
             created_at: record.created_at,
             spec: spec.clone(),
         };
-        let disk_uid_base = record.disk_uid_base.unwrap_or(self.uid_base_of(slot));
+        let disk_uid_base = self.disk_uid_base(&record);
         Ok(self.register(info, slot, pidfd, own_child, disk, disk_uid_base))
     }
 
@@ -689,7 +695,7 @@ impl LinuxRuntime {
                 .map_err(io_err("create sandbox disk"))?,
             DiskOrigin::Kept(mount) => mount,
             DiskOrigin::Remount { disk_uid_base } => {
-                pause::mount_kept_disk(dir, disk_uid_base.unwrap_or(uid_base), uid_base)
+                pause::mount_kept_disk(dir, disk_uid_base, uid_base)
                     .map_err(io_err("mount kept disk"))?
             }
         };
@@ -1103,6 +1109,7 @@ impl Runtime for LinuxRuntime {
             match Self::live_init(&dir) {
                 Some((record, pidfd, pid)) => {
                     self.keep_slot(record.slot, &id);
+                    let disk_uid_base = self.disk_uid_base(&record);
                     let info = SandboxInfo {
                         id: id.clone(),
                         template: record.spec.template.clone(),
@@ -1110,9 +1117,6 @@ impl Runtime for LinuxRuntime {
                         created_at: record.created_at,
                         spec: record.spec,
                     };
-                    let disk_uid_base = record
-                        .disk_uid_base
-                        .unwrap_or(self.uid_base_of(record.slot));
                     let info = self.register(info, record.slot, pidfd, false, None, disk_uid_base);
                     report.reattached.push(info);
                 }

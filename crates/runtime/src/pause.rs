@@ -303,8 +303,8 @@ impl LinuxRuntime {
         Self::check_restore_netns(&images, netns.as_ref())?;
         self.ensure_init_binary()?;
         let uid_base = self.uid_base_of(record.slot);
-        let disk = mount_kept_disk(&dir, record.disk_uid_base.unwrap_or(uid_base), uid_base)
-            .map_err(io_err("mount disk"))?;
+        let disk_uid_base = self.disk_uid_base(&record);
+        let disk = mount_kept_disk(&dir, disk_uid_base, uid_base).map_err(io_err("mount disk"))?;
         let root = HostRoot::mount(self, &dir, &spec, uid_base, disk)?;
         let work = dir.join("restore");
         crate::perms::create_dir_all(&work, crate::perms::PRIVATE_DIR)
@@ -334,7 +334,6 @@ impl LinuxRuntime {
             created_at: record.created_at,
             spec,
         };
-        let disk_uid_base = record.disk_uid_base.unwrap_or(uid_base);
         let info = self.register(info, record.slot, pidfd, false, disk, disk_uid_base);
         self.complete_views(id, pid);
         Ok(info)
@@ -407,7 +406,7 @@ impl LinuxRuntime {
             record.slot,
             &dir,
             DiskOrigin::Remount {
-                disk_uid_base: record.disk_uid_base,
+                disk_uid_base: self.disk_uid_base(&record),
             },
         )?;
         self.record_resumed(id, &dir, &mut record, pid, &pidfd, true)?;
@@ -418,9 +417,7 @@ impl LinuxRuntime {
             created_at: record.created_at,
             spec,
         };
-        let disk_uid_base = record
-            .disk_uid_base
-            .unwrap_or(self.uid_base_of(record.slot));
+        let disk_uid_base = self.disk_uid_base(&record);
         Ok(self.register(info, record.slot, pidfd, true, Some(disk), disk_uid_base))
     }
 

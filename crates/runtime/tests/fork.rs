@@ -448,6 +448,20 @@ fn a_checkpoint_moved_to_another_daemon_restores_there_with_its_memory() {
     assert!(!there.state.join("checkpoints/again.tmp").exists());
 }
 
+/// Moves paused sandbox `id` of `here` to `there` as checkpoint `name`: exported, packed,
+/// imported, and `here`'s copy of the checkpoint deleted (the sandbox stays paused here).
+fn export_paused_to(here: &TestRuntime, there: &TestRuntime, id: &str, name: &str) {
+    here.rt.export_paused(id, name).unwrap();
+    let mut packed = here.rt.pack_checkpoint(name).unwrap();
+    let layers = packed.info.layers.clone();
+    there
+        .rt
+        .import_checkpoint(name, &packed.tree_hash, layers, &mut packed.stream)
+        .unwrap();
+    drop(packed);
+    here.rt.delete_checkpoint(name).unwrap();
+}
+
 fn unique_id() -> String {
     common::unique("moved")
 }
@@ -468,16 +482,8 @@ fn a_paused_sandbox_moves_to_another_daemon_and_stays_paused_there() {
     here.rt.pause(&id, true).unwrap();
 
     // Exported, packed, received: the source stays paused meanwhile.
-    here.rt.export_paused(&id, "move-paused").unwrap();
+    export_paused_to(&here, &there, &id, "move-paused");
     assert!(here.rt.is_paused(&id));
-    let mut packed = here.rt.pack_checkpoint("move-paused").unwrap();
-    let layers = packed.info.layers.clone();
-    there
-        .rt
-        .import_checkpoint("move-paused", &packed.tree_hash, layers, &mut packed.stream)
-        .unwrap();
-    drop(packed);
-    here.rt.delete_checkpoint("move-paused").unwrap();
 
     // Restored under the same id with its memory, then paused again there.
     there.rt.restore("move-paused", &id, true).unwrap();
@@ -530,15 +536,7 @@ fn a_paused_fork_moves_to_another_daemon_with_its_owners() {
     here.sh_ok(&id, 1000, "echo f > /tmp/f");
     here.rt.pause(&id, true).unwrap();
 
-    here.rt.export_paused(&id, "move-fork").unwrap();
-    let mut packed = here.rt.pack_checkpoint("move-fork").unwrap();
-    let layers = packed.info.layers.clone();
-    there
-        .rt
-        .import_checkpoint("move-fork", &packed.tree_hash, layers, &mut packed.stream)
-        .unwrap();
-    drop(packed);
-    here.rt.delete_checkpoint("move-fork").unwrap();
+    export_paused_to(&here, &there, &id, "move-fork");
     there.rt.restore("move-fork", &id, true).unwrap();
     let _there_guard = KillGuard {
         rt: &there.rt,
