@@ -375,12 +375,33 @@ impl Proxy {
 
         let client_upgrade = is_upgrade_request(&req).then(|| hyper::upgrade::on(&mut req));
         let upstream_request = upstream_request(req, &target, &route, client_upgrade.is_some());
-        match client_upgrade {
+        let forwarded = match client_upgrade {
             Some(client_upgrade) => {
                 self.forward_upgrade(upstream_request, client_upgrade, &route, &target)
                     .await
             }
             None => self.forward_pooled(upstream_request, &route, &target).await,
+        };
+        match forwarded {
+            Err(
+                error @ (ProxyError::Connect { .. }
+                | ProxyError::Upstream { .. }
+                | ProxyError::PortNotOpen { .. }),
+            ) => Err(self.gone_or(error, &target.sandbox_id).await),
+            other => other,
+        }
+    }
+
+    /// A request that failed inside the sandbox may have met its end: for a sandbox
+    /// killed meanwhile "not found" says so, where the failed connection would leave
+    /// its state unknown.
+    async fn gone_or(&self, error: ProxyError, sandbox_id: &SandboxId) -> ProxyError {
+        if !self.resolver.is_gone(sandbox_id).await {
+            return error;
+        }
+        self.pool.forget(sandbox_id);
+        ProxyError::SandboxNotFound {
+            sandbox_id: sandbox_id.clone(),
         }
     }
 

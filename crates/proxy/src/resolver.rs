@@ -26,6 +26,11 @@ pub trait SandboxResolver: Send + Sync + 'static {
     /// sandboxes created with `secure`, each with its envd access token. The proxy
     /// finds the one whose token signed a URL that names no sandbox.
     fn file_signers(&self) -> BoxFuture<'_, Result<Vec<(SandboxId, String)>, ResolveError>>;
+
+    /// Whether the sandbox is gone for good (killed, being killed, or unknown), asked
+    /// after a request into it failed. Must not change the sandbox: a paused one is not
+    /// gone, and asking never wakes it.
+    fn is_gone<'a>(&'a self, sandbox_id: &'a SandboxId) -> BoxFuture<'a, bool>;
 }
 
 /// Opens TCP connections to ports inside one sandbox's network.

@@ -148,6 +148,8 @@ pub(crate) struct AppState {
     /// One lock per sandbox: pause, resume, kill, snapshot and fork of the same sandbox
     /// run one at a time, each seeing the state the previous one left.
     pub sandbox_locks: KeyedLocks<String>,
+    /// Sandboxes being killed, gone to the proxy already (see `EndingSandboxes`).
+    pub ending: sandboxes::EndingSandboxes,
     /// The proxy's connections into sandboxes, closed when a sandbox pauses or dies.
     pub connections: berth_proxy::SandboxConnections,
     /// Template builds; None when the runtime cannot run them (build routes answer 501).
@@ -290,6 +292,7 @@ impl Server {
             cpu_readings: Mutex::new(HashMap::new()),
             idempotency_locks: KeyedLocks::default(),
             sandbox_locks: KeyedLocks::default(),
+            ending: sandboxes::EndingSandboxes::default(),
             connections: berth_proxy::SandboxConnections::default(),
             builds: builds.map(templates::Builds::new),
             volume_mounting: tokio::sync::RwLock::new(()),

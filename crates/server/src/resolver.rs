@@ -59,6 +59,9 @@ impl SandboxResolver for StoreResolver {
                 .live_sandbox_any_team(sandbox_id.as_str())
                 .map_err(|err| ResolveError::Lookup(err.to_string()))?
                 .ok_or(ResolveError::NotFound)?;
+            if self.state.ending.contains(&sandbox.id) {
+                return Err(ResolveError::NotFound);
+            }
             if let SandboxStatus::Paused { memory } = sandbox.status {
                 // Only a pause with memory may be undone by traffic: a cold boot would
                 // surprise whoever paused it on purpose.
@@ -105,6 +108,15 @@ impl SandboxResolver for StoreResolver {
                 allow_public_traffic: network.allow_public_traffic,
                 mask_request_host: network.mask_request_host,
             })
+        })
+    }
+
+    fn is_gone<'a>(&'a self, sandbox_id: &'a SandboxId) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            let id = sandbox_id.as_str();
+            // A lookup that fails leaves the question open: not gone.
+            self.state.ending.contains(id)
+                || matches!(self.state.store.live_sandbox_any_team(id), Ok(None))
         })
     }
 

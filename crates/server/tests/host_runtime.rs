@@ -210,6 +210,67 @@ async fn create_run_files_and_kill() {
     assert_eq!(body["message"], "The sandbox was not found");
 }
 
+/// From the moment a kill begins the proxy answers for the sandbox as before or with
+/// "not found", never with a failed connection into the dying sandbox: after a kill
+/// cuts its stream, the SDKs' health probe tells "killed" from "unreachable, state
+/// unknown" by that answer. Probes run back to back through the whole kill.
+#[tokio::test]
+async fn a_sandbox_being_killed_is_not_found_never_unreachable() {
+    let api = std::sync::Arc::new(start(None).await);
+    for _ in 0..5 {
+        let sandbox = api.create(&api.key_a).await;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let prober = {
+            let (api, sandbox, done) = (api.clone(), sandbox.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                // One more probe after the kill returned, so the last answer is the
+                // settled one.
+                loop {
+                    let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+                    let response = api
+                        .envd(&sandbox, reqwest::Method::GET, "/health")
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = response.status().as_u16();
+                    answers.push((status, response.text().await.unwrap()));
+                    if finished {
+                        return answers;
+                    }
+                }
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let (status, _) = api
+            .call(
+                &api.key_a,
+                reqwest::Method::DELETE,
+                &format!("/sandboxes/{}", id(&sandbox)),
+                None,
+            )
+            .await;
+        assert_eq!(status, 204);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let answers = prober.await.unwrap();
+        let first_gone = answers
+            .iter()
+            .position(|(status, _)| *status == 502)
+            .expect("a probe after the kill");
+        for (status, body) in &answers[..first_gone] {
+            assert_eq!(*status, 204, "{body}");
+        }
+        for (status, body) in &answers[first_gone..] {
+            let body: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(
+                (*status, body["message"].as_str().unwrap()),
+                (502, "The sandbox was not found"),
+                "after {first_gone} answers from the running sandbox"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn pause_resume_and_their_errors() {
     let api = start(None).await;

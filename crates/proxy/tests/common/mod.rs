@@ -128,6 +128,15 @@ impl SandboxResolver for Resolver {
         })
     }
 
+    fn is_gone<'a>(&'a self, sandbox_id: &'a SandboxId) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            !self
+                .sandboxes
+                .iter()
+                .any(|known| known.id == sandbox_id.as_str())
+        })
+    }
+
     fn file_signers(&self) -> BoxFuture<'_, Result<Vec<(SandboxId, String)>, ResolveError>> {
         Box::pin(async move {
             Ok(self

@@ -17,6 +17,7 @@ mod pipeline;
 pub(crate) mod pool;
 mod recovery;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use berth_api::{LogLevel, StringMap};
@@ -24,6 +25,7 @@ use berth_net::{E2bNetworkConfig, NetworkPolicy};
 use berth_runtime::RuntimeError;
 use berth_store::{Lifecycle, SandboxRecord, SandboxStatus};
 use berth_template::TemplateError;
+use parking_lot::Mutex;
 
 use crate::error::{ServiceError, Stage};
 use crate::limits::{check_team_quota, Need};
@@ -382,6 +384,43 @@ pub async fn update_network(
     Ok(())
 }
 
+/// The sandboxes whose kill has begun and not yet reached the store. The proxy's
+/// resolver treats them as gone: a kill ends a client's stream before the row says
+/// `killed`, and the SDK's follow-up health probe must hear "not found" (the sandbox
+/// was killed), not a failed connection to its dying envd (state unknown).
+#[derive(Default)]
+pub(crate) struct EndingSandboxes {
+    ids: Mutex<HashSet<String>>,
+}
+
+impl EndingSandboxes {
+    /// Marks `id` as ending until the guard drops.
+    pub(crate) fn begin<'a>(&'a self, id: &str) -> EndingGuard<'a> {
+        self.ids.lock().insert(id.to_owned());
+        EndingGuard {
+            ending: self,
+            id: id.to_owned(),
+        }
+    }
+
+    pub(crate) fn contains(&self, id: &str) -> bool {
+        self.ids.lock().contains(id)
+    }
+}
+
+/// Ends an [`EndingSandboxes`] mark: after the store says `killed`, or when the kill
+/// failed and the sandbox lives on.
+pub(crate) struct EndingGuard<'a> {
+    ending: &'a EndingSandboxes,
+    id: String,
+}
+
+impl Drop for EndingGuard<'_> {
+    fn drop(&mut self) {
+        self.ending.ids.lock().remove(&self.id);
+    }
+}
+
 /// Remove sandbox `id` from the runtime; one already gone is fine.
 pub(crate) async fn kill_in_runtime(state: &AppState, id: &str) -> Result<(), RuntimeError> {
     let runtime = state.runtime.clone();
@@ -415,6 +454,7 @@ async fn kill_locked(
     reason: &str,
     event_data: Option<serde_json::Value>,
 ) -> Result<bool, ServiceError> {
+    let _ending = state.ending.begin(&sandbox.id);
     kill_in_runtime(state, &sandbox.id)
         .await
         .map_err(|source| ServiceError::Runtime {
