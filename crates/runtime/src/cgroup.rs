@@ -394,8 +394,17 @@ impl Cgroups {
     }
 
     /// True when any of the sandbox's groups (on any v1 hierarchy, workload groups
-    /// included) holds a process.
+    /// included) holds a process. `pids.current` counts the group's whole subtree
+    /// whatever pid namespace reads it, where `cgroup.procs` lists only the processes
+    /// the reader's namespace can see (a containerised daemon sees none of its
+    /// neighbours'); the lists are the fallback where there is no count.
     pub(crate) fn has_processes(&self, id: &str) -> bool {
+        let counted = fs::read_to_string(self.dir("pids", id).join("pids.current"))
+            .ok()
+            .and_then(|count| count.trim().parse::<u64>().ok());
+        if counted.is_some_and(|count| count > 0) {
+            return true;
+        }
         self.dirs(id)
             .iter()
             .flat_map(|dir| [dir.join(WORKLOAD_GROUP), dir.clone()])
@@ -664,7 +673,38 @@ fn stat_field(text: &str, key: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{format_cpu_list, in_group, parse_cpu_list, pick_cpus, stat_field, CgroupLimits};
+    use super::{
+        format_cpu_list, in_group, parse_cpu_list, pick_cpus, stat_field, CgroupLimits, Cgroups,
+        V1_CONTROLLERS_WITHOUT_CPUSET,
+    };
+
+    /// A sandbox's v1 groups as files in a temp dir: every `cgroup.procs` empty (as a
+    /// reader in another pid namespace sees a neighbour's), `pids.current` as given.
+    fn groups_seen_from_another_namespace(pids_current: &str) -> (tempfile::TempDir, Cgroups) {
+        let mount = tempfile::tempdir().unwrap();
+        for ctrl in V1_CONTROLLERS_WITHOUT_CPUSET {
+            let dir = mount.path().join(ctrl).join("berth").join("abc");
+            std::fs::create_dir_all(dir.join("workload")).unwrap();
+            std::fs::write(dir.join("cgroup.procs"), "").unwrap();
+            std::fs::write(dir.join("workload").join("cgroup.procs"), "").unwrap();
+        }
+        let pids = mount.path().join("pids").join("berth").join("abc");
+        std::fs::write(pids.join("pids.current"), pids_current).unwrap();
+        let cgroups = Cgroups::V1 {
+            mount: mount.path().to_owned(),
+            parent: "berth".into(),
+            controllers: V1_CONTROLLERS_WITHOUT_CPUSET,
+        };
+        (mount, cgroups)
+    }
+
+    #[test]
+    fn a_group_counts_its_tasks_even_where_it_lists_none() {
+        let (_mount, busy) = groups_seen_from_another_namespace("3\n");
+        assert!(busy.has_processes("abc"));
+        let (_mount, empty) = groups_seen_from_another_namespace("0\n");
+        assert!(!empty.has_processes("abc"));
+    }
 
     fn limits(memory_mb: u64, pids_max: u64) -> CgroupLimits {
         CgroupLimits {

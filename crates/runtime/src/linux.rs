@@ -1137,10 +1137,11 @@ impl Runtime for LinuxRuntime {
         // of ours has a directory until its processes are dead): killing it would take
         // that daemon's sandbox down under its clients. So is an empty one whose range
         // another daemon claims for a live sandbox: a paused sandbox keeps its groups.
-        // Those checks can be wrong: from inside another pid namespace (a containerised
-        // systemd) `cgroup.procs` lists none of a neighbour's processes, and a group can
-        // fill between a check and the rmdir. So a group is only removed if it is still
-        // empty at the rmdir: nothing is killed, and a busy group is left to its owner.
+        // The process check counts tasks (`pids.current`), which a daemon in another
+        // pid namespace (a containerised systemd) sees too where `cgroup.procs` lists
+        // none of a neighbour's processes. Still, a group can fill between a check and
+        // the rmdir. So a group is only removed if it is still empty at the rmdir:
+        // nothing is killed, and a busy group is left to its owner.
         for id in self.cgroups.list_ids() {
             if !seen.contains(&id)
                 && !self.cgroups.has_processes(&id)
