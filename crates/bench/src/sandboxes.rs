@@ -25,7 +25,8 @@ pub const MEMORY_MB: u64 = 512;
 const DISK_SIZE_MB: u64 = 1024;
 
 /// A runtime in the benchmark's own state dir and cgroup parent. Every sandbox it
-/// created is killed on drop, and the state dir removed.
+/// created is killed on drop, its host network and mounts released, and the state dir
+/// removed.
 pub struct SandboxBench {
     runtime: LinuxRuntime,
     layers: Vec<PathBuf>,
@@ -271,6 +272,11 @@ impl Drop for SandboxBench {
             if let Err(e) = self.runtime.kill(&id) {
                 eprintln!("cleanup: kill {id}: {e}");
             }
+        }
+        // The envd filesystem, the resource views and, with networking, the gateway
+        // link and nftables table outlive a daemon by design; the bench's go with it.
+        if let Err(e) = self.runtime.release_network_if_idle() {
+            eprintln!("cleanup: release the network, envd filesystem and views: {e}");
         }
     }
 }
