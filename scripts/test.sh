@@ -168,15 +168,45 @@ in_private_netns() {
         "$@"
     fi
 }
+export -f in_private_netns
+
+# Runs a command with root's shell startup files shown as empty files, in its own mount
+# namespace (slave: the host's mounts reach it, its own never reach the host). The suites
+# that run berth-envd as a host process start `bash -l` as root, which would otherwise
+# run this machine's dotfiles: where root's ~/.bashrc runs `pyenv rehash`, one login
+# shell killed mid-rehash leaves pyenv's lock file behind and every later login shell
+# waits 60 s for it, so every command of those suites times out. A sandbox has its
+# template's home, never the host's; these suites get a clean one the same way.
+# COMMAND may be one of this script's functions that `export -f` exports.
+with_clean_root_dotfiles() {
+    if [[ $EUID -ne 0 ]] || ! unshare --mount --propagation slave true 2>/dev/null; then
+        "$@"
+        return
+    fi
+    local empty status
+    empty="$(mktemp)"
+    unshare --mount --propagation slave -- bash -c '
+        empty="$1"
+        shift
+        for dotfile in .bashrc .profile .bash_profile .bash_login .bash_logout; do
+            if [[ -f "/root/$dotfile" ]]; then
+                mount --bind -o ro "$empty" "/root/$dotfile" || exit 1
+            fi
+        done
+        "$@"' _ "$empty" "$@"
+    status=$?
+    rm -f "$empty"
+    return "$status"
+}
 
 python_sdk_suite() {
     [[ -n "${BERTH_ENVD_BIN:-}" ]] || { echo "no berth-envd binary (build step failed)" >&2; return 1; }
-    in_private_netns .venv/bin/python -m pytest tests/sdk
+    with_clean_root_dotfiles in_private_netns .venv/bin/python -m pytest tests/sdk
 }
 
 js_sdk_suite() {
     [[ -n "${BERTH_ENVD_BIN:-}" ]] || { echo "no berth-envd binary (build step failed)" >&2; return 1; }
-    in_private_netns node --test --test-concurrency=1 --test-timeout=300000 tests/sdk/js/*.test.mjs
+    with_clean_root_dotfiles in_private_netns node --test --test-concurrency=1 --test-timeout=300000 tests/sdk/js/*.test.mjs
 }
 
 # Builds `berth` and `berth-launch` (debug) and puts them beside the static envd in
@@ -310,10 +340,10 @@ step "deploy: render and validate the Helm chart (tests/deploy)" deploy_suite
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 # The unprivileged tier first: crates whose tests need no root (the control plane, the
 # proxy and the agent tools run against berth-envd as a host process through
-# berth_runtime::HostRuntime). Then the privileged tier: real namespaces, cgroups, CRIU,
+# berth_runtime::HostRuntime, so with clean root dotfiles). Then the privileged tier: real namespaces, cgroups, CRIU,
 # nftables, registries.
 unprivileged_crates=(berth-api berth-store berth-proxy berth-envd-proto berth-client berth-dashboard berth-mcp berth-server berth-interpreter berth-bench berth-ca berth-mcp-gateway)
-step "cargo test: unprivileged tier" cargo test "${unprivileged_crates[@]/#/-p=}"
+step "cargo test: unprivileged tier" with_clean_root_dotfiles cargo test "${unprivileged_crates[@]/#/-p=}"
 step "cargo test: privileged tier" cargo test --workspace "${unprivileged_crates[@]/#/--exclude=}"
 # The store's tests again on Postgres (the `postgres::` half the unprivileged tier leaves
 # ignored), on a throwaway cluster of Debian's server that the script removes afterwards.
