@@ -18,9 +18,12 @@ Rows and their floors:
                             CPU time during the burst: its 50 SDK clients share one
                             Python process (one GIL), so the slowest create cannot
                             finish before the client work of all 50 is done
-  pause / connect → command at 64 MiB resident (floors: `berth-bench checkpoint`, which
-                            times the raw CRIU command lines; see BENCHMARKS.md)
-  fork(count=10)            of that sandbox
+  pause / connect → command the `criu dump` / `criu restore` that very pause or resume
+  at 64 MiB resident        ran, spawn → exit, from berth's own metrics
+                            (`berth_criu_duration_seconds`: its sum and count before and
+                            after each call, one call at a time)
+  fork(count=10)            of that sandbox, beside the CRIU runs inside each fork (one
+                            dump, ten restores at most four at a time)
 
 A row whose p50 exceeds 1.5 × its floor + 2 ms (or a transfer under 500 MiB/s, a target
 missed) is marked `OVER` in the output: the run never fails, the output says so loudly.
@@ -125,16 +128,34 @@ class Daemon:
     def use(self) -> None:
         os.environ.update(self.env)
 
-    def pooled(self) -> int:
-        """Sandboxes ready in the warm pools (`pool_sandboxes`, summed over templates):
-        prepared, answering and confined, so none is still being made."""
+    def metrics(self) -> str:
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
-            text = response.read().decode()
+            return response.read().decode()
+
+    def pooled(self) -> int:
+        """Sandboxes ready in the warm pools (`pool_sandboxes`, summed over templates):
+        prepared, answering and confined, so none is still being made."""
         return sum(
-            int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith("berth_pool_sandboxes")
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in self.metrics().splitlines()
+            if line.startswith("berth_pool_sandboxes")
         )
+
+    def criu_runs(self) -> dict[str, tuple[float, int]]:
+        """Seconds and count of the successful CRIU runs so far, per action (`dump`,
+        `restore`), from `berth_criu_duration_seconds`."""
+        runs: dict[str, tuple[float, int]] = {"dump": (0.0, 0), "restore": (0.0, 0)}
+        for line in self.metrics().splitlines():
+            for action in runs:
+                labels = f'{{action="{action}",outcome="ok"}}'
+                seconds, count = runs[action]
+                if line.startswith(f"berth_criu_duration_seconds_sum{labels} "):
+                    runs[action] = (float(line.rsplit(" ", 1)[1]), count)
+                elif line.startswith(f"berth_criu_duration_seconds_count{labels} "):
+                    runs[action] = (seconds, int(float(line.rsplit(" ", 1)[1])))
+        return runs
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -143,8 +164,26 @@ class Daemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        shutil.rmtree(self.state, ignore_errors=True)
+        # Never delete through a mount berth left behind (a cgroup hierarchy would lose
+        # its empty groups): say so and keep the directory.
+        left = mounts_under(self.state)
+        if left:
+            print(f"berth up left mounts under {self.state}, kept: {', '.join(left)}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.state, ignore_errors=True)
         self.log.unlink(missing_ok=True)
+
+
+def mounts_under(directory: Path) -> list[str]:
+    """Mount points at or below `directory`, from /proc/self/mountinfo."""
+    prefix = str(directory.resolve())
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        # Field 5 is the mount point, with spaces and the like octal-escaped.
+        point = line.split(" ")[4].encode().decode("unicode_escape")
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(point)
+    return points
 
 
 class Report:
@@ -465,7 +504,29 @@ def burst(report: Report, berth: str, templates: Path, size: int) -> None:
         daemon.stop()
 
 
-def stateful(report: Report, iterations: int) -> None:
+def criu_during(daemon: Daemon, call: Callable[[], object]) -> tuple[float, dict[str, tuple[float, int]]]:
+    """Times `call` (ms) and returns it with the CRIU runs berth made meanwhile: per
+    action, their total ms and count."""
+    before = daemon.criu_runs()
+    started = time.perf_counter()
+    call()
+    elapsed = (time.perf_counter() - started) * 1000
+    after = daemon.criu_runs()
+    return elapsed, {
+        action: ((after[action][0] - before[action][0]) * 1000, after[action][1] - before[action][1])
+        for action in after
+    }
+
+
+def only_run(runs: dict[str, tuple[float, int]], action: str, what: str) -> float:
+    """The ms of the one CRIU `action` run inside `what` (nothing else runs CRIU meanwhile)."""
+    total_ms, count = runs[action]
+    if count != 1:
+        raise RuntimeError(f"{what} made {count} successful CRIU {action} runs; its floor needs exactly one")
+    return total_ms
+
+
+def stateful(report: Report, daemon: Daemon, iterations: int) -> None:
     from e2b import Sandbox
 
     sandbox = Sandbox.create(timeout=600)
@@ -474,27 +535,40 @@ def stateful(report: Report, iterations: int) -> None:
             "python3 -c 'import os,time; b=bytearray(os.urandom(64<<20)); time.sleep(86400)' >/dev/null 2>&1 &"
         )
         time.sleep(2)
-        pauses, resumes = [], []
+        pauses, resumes, dumps, restores = [], [], [], []
+
+        def resume_and_run() -> None:
+            Sandbox.connect(sandbox.sandbox_id, timeout=600).commands.run("true")
+
         for _ in range(iterations):
-            started = time.perf_counter()
-            sandbox.beta_pause()
-            pauses.append((time.perf_counter() - started) * 1000)
-            started = time.perf_counter()
-            resumed = Sandbox.connect(sandbox.sandbox_id, timeout=600)
-            resumed.commands.run("true")
-            resumes.append((time.perf_counter() - started) * 1000)
-        report.plain("pause, 64 MiB resident", pauses, "raw CRIU: `berth-bench checkpoint`")
-        report.plain("connect (resume) → first command, 64 MiB", resumes, "raw CRIU: `berth-bench checkpoint`")
-        forks = []
+            elapsed, runs = criu_during(daemon, sandbox.beta_pause)
+            pauses.append(elapsed)
+            dumps.append(only_run(runs, "dump", "pause"))
+            elapsed, runs = criu_during(daemon, resume_and_run)
+            resumes.append(elapsed)
+            restores.append(only_run(runs, "restore", "connect"))
+        report.latency("pause, 64 MiB resident", pauses, "the `criu dump` it ran", dumps)
+        report.latency("connect (resume) → first command, 64 MiB", resumes, "the `criu restore` it ran", restores)
+        forks, fork_dumps, fork_restores = [], [], []
         for _ in range(max(1, iterations // 2)):
-            started = time.perf_counter()
-            results = sandbox.fork(count=10, timeout=300)
-            forks.append((time.perf_counter() - started) * 1000)
+            results: list = []
+            elapsed, runs = criu_during(daemon, lambda: results.extend(sandbox.fork(count=10, timeout=300)))
+            forks.append(elapsed)
+            fork_dumps.append(only_run(runs, "dump", "fork"))
+            restore_ms, restore_count = runs["restore"]
+            if restore_count != 10:
+                raise RuntimeError(f"fork(count=10) made {restore_count} successful CRIU restores")
+            fork_restores.append(restore_ms / restore_count)
             for fork in results:
                 if isinstance(fork, Exception):
                     raise fork
                 fork.kill()
         report.plain("`fork(count=10)`, 64 MiB", forks, "target ≤ 400 ms")
+        report.figure(
+            "the CRIU inside each `fork(count=10)` (median)",
+            f"dump {statistics.median(fork_dumps):.1f}, restore {statistics.median(fork_restores):.1f} each",
+            "ten restores, at most four at a time",
+        )
     finally:
         sandbox.kill()
 
@@ -523,7 +597,7 @@ def main() -> None:
         interactive(report, args.samples)
         creates(report, warm, cold, args.create_samples, args.pool_size)
         warm.use()
-        stateful(report, args.stateful_iterations)
+        stateful(report, warm, args.stateful_iterations)
     finally:
         warm.stop()
         cold.stop()

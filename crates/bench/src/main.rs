@@ -34,7 +34,7 @@ struct Cli {
 enum Command {
     /// Start latency at several concurrencies, peer baselines, and density.
     Runtime(RuntimeArgs),
-    /// Pause/resume with memory, checkpoint sizes and fork, beside raw CRIU.
+    /// Pause/resume with memory, checkpoint sizes and fork, each beside the CRIU run it made.
     Checkpoint(stateful::CheckpointArgs),
     /// The code interpreter through a running berth: create → first `run_code`, round
     /// trips, a plot, beside `commands.run` in the same sandbox.
@@ -320,12 +320,15 @@ fn binaries(envd: Option<&Path>, launcher: Option<&Path>) -> anyhow::Result<(Pat
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
+    // Absolute: CRIU runs the runtime's post-dump hook, which names the launcher, from
+    // a directory of its own.
     let or_beside = |given: Option<&Path>, name: &str| {
-        given.map_or_else(|| exe_dir.join(name), Path::to_path_buf)
+        let path = given.map_or_else(|| exe_dir.join(name), Path::to_path_buf);
+        std::fs::canonicalize(&path).with_context(|| format!("{name}: {}", path.display()))
     };
     Ok((
-        or_beside(envd, "berth-envd"),
-        or_beside(launcher, "berth-launch"),
+        or_beside(envd, "berth-envd")?,
+        or_beside(launcher, "berth-launch")?,
     ))
 }
 

@@ -1,20 +1,20 @@
 //! `berth-bench checkpoint`: stateful sandboxes through `LinuxRuntime` — pause with memory
 //! and resume at several resident sizes, `checkpoint()` sizes, fork (one checkpoint, N
-//! restores with bounded parallelism) — beside the floor: the raw `criu dump` and
-//! `criu restore` command lines berth runs, replayed by hand against a sandbox of the same
-//! shape.
+//! restores with bounded parallelism) — each beside its floor: the `criu dump` or
+//! `criu restore` process that very operation ran, spawn → exit, as berth's checkpoint
+//! crate reports every CRIU run (`berth_checkpoint::observe_criu`). The floor is berth's
+//! own command line by construction, so it cannot drift from it; what the ratio shows is
+//! everything berth does around CRIU (freezing, the disk, mounts, cgroups, envd).
 
-use std::ffi::CString;
 use std::fs;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use berth_checkpoint::Criu;
+use berth_checkpoint::{Criu, CriuAction, CriuObserver, CriuRun};
 use berth_runtime::{LinuxRuntime, Runtime, SandboxSpec};
 
 use crate::sandboxes::SandboxBench;
@@ -22,7 +22,7 @@ use crate::stats::{ms, run_concurrently, Samples};
 
 #[derive(clap::Args)]
 pub struct CheckpointArgs {
-    /// Pause/resume (and floor) iterations per memory size.
+    /// Pause/resume iterations per memory size.
     #[arg(long, default_value_t = 10)]
     iterations: usize,
     /// Resident memory (MiB) held by a process in the sandbox.
@@ -79,12 +79,13 @@ struct SizeResult {
     pause: Samples,
     resume: Samples,
     checkpoint: Samples,
-    raw_dump: Samples,
-    raw_restore: Samples,
-    /// Preparing the root by hand for the raw restore (not part of the floor).
-    root_prep: Samples,
+    /// The `criu dump` inside each pause.
+    pause_criu: Samples,
+    /// The `criu restore` inside each resume.
+    resume_criu: Samples,
+    /// The `criu dump --leave-running` inside each checkpoint.
+    checkpoint_criu: Samples,
     pause_images: Vec<u64>,
-    raw_images: Vec<u64>,
     checkpoint_size: Vec<u64>,
     checkpoint_images: Vec<u64>,
     /// Memory cgroup usage of the sandbox with the holder up, before the first pause.
@@ -97,7 +98,57 @@ struct ForkResult {
     checkpoint_size: u64,
     restores_wall: Duration,
     restores: Samples,
+    /// The `criu restore` inside each of the round's restores.
+    restores_criu: Samples,
     kill_all: Duration,
+}
+
+/// Every CRIU run of this process, as berth's checkpoint crate reports them.
+#[derive(Default)]
+struct CriuRuns(Mutex<Vec<CriuRun>>);
+
+impl CriuObserver for CriuRuns {
+    fn finished(&self, run: CriuRun) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(run);
+    }
+}
+
+impl CriuRuns {
+    /// The runs reported since the last call.
+    fn take(&self) -> Vec<CriuRun> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The CRIU run inside the operation `what` just timed: exactly one run of `action`
+    /// since the last call, and it succeeded.
+    fn one(&self, action: CriuAction, what: &str) -> anyhow::Result<Duration> {
+        let runs: Vec<CriuRun> = self
+            .take()
+            .into_iter()
+            .filter(|run| run.action == action)
+            .collect();
+        match runs.as_slice() {
+            [run] if run.ok => Ok(run.duration),
+            _ => bail!(
+                "{what} ran {} CRIU {action:?} runs ({} failed); the floor needs exactly one that succeeded",
+                runs.len(),
+                runs.iter().filter(|run| !run.ok).count()
+            ),
+        }
+    }
+
+    /// The durations of every successful run of `action` since the last call.
+    fn all(&self, action: CriuAction) -> Samples {
+        let mut samples = Samples::default();
+        for run in self.take().into_iter().filter(|run| run.action == action) {
+            if run.ok {
+                samples.durations.push(run.duration);
+            } else {
+                samples.failures += 1;
+            }
+        }
+        samples
+    }
 }
 
 pub fn run(args: &CheckpointArgs) -> anyhow::Result<()> {
@@ -126,15 +177,17 @@ pub fn run(args: &CheckpointArgs) -> anyhow::Result<()> {
     )?;
     let scratch = state_dir.join("bench");
     fs::create_dir_all(&scratch)?;
+    let runs = Arc::new(CriuRuns::default());
+    berth_checkpoint::observe_criu(runs.clone());
 
     let mut sizes = Vec::new();
     for &mib in &args.sizes {
-        eprintln!("{mib} MiB: pause/resume, checkpoint, raw CRIU floor");
-        sizes.push(measure_size(&bench, &criu, &scratch, mib, args.iterations)?);
+        eprintln!("{mib} MiB: pause/resume, checkpoint");
+        sizes.push(measure_size(&bench, &runs, &scratch, mib, args.iterations)?);
     }
     let mut forks = Vec::new();
     if !args.forks.is_empty() {
-        forks = measure_forks(&bench, &scratch, args)?;
+        forks = measure_forks(&bench, &runs, &scratch, args)?;
     }
     let load_end = loadavg();
     print_report(
@@ -180,7 +233,7 @@ fn sh(rt: &LinuxRuntime, id: &str, script: &str) -> anyhow::Result<()> {
 
 fn measure_size(
     bench: &SandboxBench,
-    criu: &Criu,
+    runs: &CriuRuns,
     scratch: &Path,
     mib: u32,
     iterations: usize,
@@ -192,45 +245,44 @@ fn measure_size(
     };
     let id = start_with_holder(bench, &format!("p{mib}"), mib)?;
     r.cgroup_usage = rt.stats(&id)?.mem_used;
-    let init = rt
-        .list()
-        .into_iter()
-        .find(|s| s.id == id)
-        .ok_or_else(|| anyhow!("{id} not listed"))?;
-    let uid_base = uid_base_of(init.init_pid)?;
-    let dir = state_sandbox_dir(rt, &id);
-    let images = dir.join("checkpoint");
+    let images = rt
+        .config()
+        .state_dir
+        .join("sandboxes")
+        .join(&id)
+        .join("checkpoint");
     for i in 0..iterations {
         // checkpoint(): the sandbox keeps running; timed and measured, then deleted.
         let dest = scratch.join(format!("ckpt-{mib}-{i}"));
         let guard = RemoveDir(dest.clone());
+        runs.take();
         let t = Instant::now();
         let info =
             rt.checkpoint_into(&rt.criu()?, &id, &dest, berth_runtime::Durability::Durable)?;
         r.checkpoint.durations.push(t.elapsed());
+        r.checkpoint_criu
+            .durations
+            .push(runs.one(CriuAction::Dump, "checkpoint")?);
         r.checkpoint_size.push(info.size_bytes);
         r.checkpoint_images
             .push(allocated_bytes(&dest.join("images"))?);
         drop(guard);
 
+        runs.take();
         let t = Instant::now();
         rt.pause(&id, true)?;
         r.pause.durations.push(t.elapsed());
+        r.pause_criu
+            .durations
+            .push(runs.one(CriuAction::Dump, "pause")?);
         r.pause_images.push(allocated_bytes(&images)?);
-
-        // The floor's restore: the same `criu restore` onto a root prepared by hand,
-        // from the paused sandbox's own images (only read), then the tree is killed and
-        // the sandbox is still paused for berth's resume.
-        let work = scratch.join(format!("restore-{mib}-{i}"));
-        let _work_guard = RemoveDir(work.clone());
-        let floor = raw_restore(criu, &dir, &images, &init.spec.layers, uid_base, &work)
-            .with_context(|| format!("raw criu restore of {id}"))?;
-        r.root_prep.durations.push(floor.prep);
-        r.raw_restore.durations.push(floor.criu);
 
         let t = Instant::now();
         let resumed = rt.resume(&id, true)?;
         r.resume.durations.push(t.elapsed());
+        r.resume_criu
+            .durations
+            .push(runs.one(CriuAction::Restore, "resume")?);
         if !resumed.memory_restored {
             bail!("{id}: resume did not restore memory");
         }
@@ -238,39 +290,12 @@ fn measure_size(
     // The holder (and its memory) came through every pause and resume.
     sh(rt, &id, "pgrep -f holder.py >/dev/null").context("holder lost after resume")?;
     bench.kill(&id)?;
-
-    // The floor's dump: berth's exact `criu dump` command line against a fresh sandbox
-    // of the same shape each time (the dump kills the tree, as a pause does).
-    for i in 0..iterations {
-        let id = start_with_holder(bench, &format!("d{mib}-{i}"), mib)?;
-        let pid = rt
-            .list()
-            .into_iter()
-            .find(|s| s.id == id)
-            .map(|s| s.init_pid)
-            .ok_or_else(|| anyhow!("{id} not listed"))?;
-        let images = scratch.join(format!("dump-{mib}-{i}"));
-        let guard = RemoveDir(images.clone());
-        fs::create_dir(&images)?;
-        let t = Instant::now();
-        let status = raw_dump_command(criu, pid, &images).status()?;
-        let elapsed = t.elapsed();
-        if !status.success() {
-            bail!(
-                "raw criu dump of {id} failed ({status}): {}",
-                log_errors(&images.join("dump.log"))
-            );
-        }
-        r.raw_dump.durations.push(elapsed);
-        r.raw_images.push(allocated_bytes(&images)?);
-        drop(guard);
-        bench.kill(&id)?;
-    }
     Ok(r)
 }
 
 fn measure_forks(
     bench: &SandboxBench,
+    runs: &CriuRuns,
     scratch: &Path,
     args: &CheckpointArgs,
 ) -> anyhow::Result<Vec<ForkResult>> {
@@ -290,6 +315,7 @@ fn measure_forks(
         )?;
         let checkpoint = t.elapsed();
         let forks = Mutex::new(Vec::new());
+        runs.take();
         let t = Instant::now();
         let restores = run_concurrently(args.parallel, count, |i| {
             let id = bench.sandbox_id(&format!("f{count}-{i}"));
@@ -313,6 +339,7 @@ fn measure_forks(
             Ok(elapsed)
         });
         let restores_wall = t.elapsed();
+        let restores_criu = runs.all(CriuAction::Restore);
         let forks = forks.into_inner().unwrap_or_else(|e| e.into_inner());
         // A fork is only a fork if the holder's memory came with it.
         if let Some(first) = forks.first() {
@@ -329,364 +356,12 @@ fn measure_forks(
             checkpoint_size: info.size_bytes,
             restores_wall,
             restores,
+            restores_criu,
             kill_all,
         });
     }
     bench.kill(&source)?;
     Ok(results)
-}
-
-/// berth's dump command line (`berth_checkpoint::Criu::dump`, as `pause` runs it).
-fn raw_dump_command(criu: &Criu, pid: i32, images: &Path) -> Command {
-    let mut cmd = criu.sandbox_command();
-    cmd.arg("dump")
-        .arg("--tree")
-        .arg(pid.to_string())
-        .arg("--images-dir")
-        .arg(images)
-        .args(["--log-file", "dump.log", "--network-lock", "skip"])
-        .args(["--external", "mnt[]", "--tcp-established", "--file-locks"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    cmd
-}
-
-struct RawRestore {
-    prep: Duration,
-    criu: Duration,
-}
-
-/// berth's restore command line (`berth_checkpoint::Criu::restore`, as `resume` runs it)
-/// onto the root `resume` builds, mounted here by hand at the same paths: each layer
-/// idmapped to the sandbox's range, the disk image on a loop device, an overlay with
-/// `userxattr`. The restored tree is killed and every mount of it gone before returning.
-fn raw_restore(
-    criu: &Criu,
-    dir: &Path,
-    images: &Path,
-    layers: &[PathBuf],
-    uid_base: u32,
-    work: &Path,
-) -> anyhow::Result<RawRestore> {
-    let disk_image = dir.join("disk.img");
-    // The paused sandbox's disk must be released before it is mounted again.
-    wait_loop_released(&disk_image)?;
-    fs::create_dir_all(work)?;
-    let t = Instant::now();
-    let root = HandRoot::mount(dir, layers, uid_base)?;
-    let prep = t.elapsed();
-    let pidfile = work.join("restore.pid");
-    let log = work.join("restore.log");
-    let mut cmd = criu.sandbox_command();
-    cmd.arg("restore")
-        .arg("--restore-detached")
-        .arg("--images-dir")
-        .arg(images)
-        .arg("--work-dir")
-        .arg(work)
-        .arg("--log-file")
-        .arg(&log)
-        .arg("--pidfile")
-        .arg(&pidfile)
-        .args(["--external", "mnt[]", "--tcp-close", "--file-locks"])
-        .arg("--root")
-        .arg(dir.join("root"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let t = Instant::now();
-    let status = cmd.status()?;
-    let elapsed = t.elapsed();
-    // The restored namespace holds its own copies of the mounts.
-    drop(root);
-    let pid = fs::read_to_string(&pidfile)
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok());
-    if let Some(pid) = pid {
-        kill_tree(pid)?;
-    }
-    if !status.success() || pid.is_none() {
-        bail!("criu restore failed ({status}): {}", log_errors(&log));
-    }
-    wait_loop_released(&disk_image)?;
-    Ok(RawRestore {
-        prep,
-        criu: elapsed,
-    })
-}
-
-/// Root mounts made for a raw restore; detached on drop.
-struct HandRoot {
-    attached: Vec<PathBuf>,
-}
-
-impl HandRoot {
-    fn mount(dir: &Path, layers: &[PathBuf], uid_base: u32) -> anyhow::Result<HandRoot> {
-        let mut root = HandRoot {
-            attached: Vec::new(),
-        };
-        let userns = UsernsHolder::spawn(uid_base)?;
-        let mut lower = Vec::new();
-        // Topmost layer first, at the mountpoints berth's resume uses.
-        for (i, layer) in layers.iter().rev().enumerate() {
-            let target = dir.join("layers").join(i.to_string());
-            fs::create_dir_all(&target)?;
-            idmapped_bind(layer, &target, &userns.ns)
-                .with_context(|| format!("idmap {}", layer.display()))?;
-            root.attached.push(target.clone());
-            lower.push(target.display().to_string());
-        }
-        drop(userns);
-        let disk = dir.join("disk");
-        fs::create_dir_all(&disk)?;
-        run_ok(Command::new("mount").args(["-t", "ext4", "-o"]).args([
-            "loop,discard,noinit_itable,nosuid,nodev,noatime",
-            &dir.join("disk.img").display().to_string(),
-            &disk.display().to_string(),
-        ]))?;
-        root.attached.push(disk.clone());
-        let target = dir.join("root");
-        fs::create_dir_all(&target)?;
-        let options = format!(
-            "lowerdir={},upperdir={},workdir={},userxattr,nodev",
-            lower.join(":"),
-            disk.join("upper").display(),
-            disk.join("work").display()
-        );
-        run_ok(Command::new("mount").args([
-            "-t",
-            "overlay",
-            "overlay",
-            "-o",
-            &options,
-            &target.display().to_string(),
-        ]))?;
-        root.attached.push(target);
-        Ok(root)
-    }
-}
-
-impl Drop for HandRoot {
-    fn drop(&mut self) {
-        for target in self.attached.iter().rev() {
-            let Ok(path) = CString::new(target.as_os_str().as_encoded_bytes()) else {
-                continue;
-            };
-            // SAFETY: umount2 with a valid NUL-terminated path.
-            if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
-                eprintln!(
-                    "cleanup: umount {}: {}",
-                    target.display(),
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-    }
-}
-
-fn run_ok(cmd: &mut Command) -> anyhow::Result<()> {
-    let out = cmd.stdin(Stdio::null()).output()?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
-/// A user namespace mapping 0..65536 to `uid_base..`, held by a `sleep` child (killed on
-/// drop) so its fd can idmap mounts.
-struct UsernsHolder {
-    child: std::process::Child,
-    ns: OwnedFd,
-}
-
-impl UsernsHolder {
-    fn spawn(uid_base: u32) -> anyhow::Result<UsernsHolder> {
-        let child = Command::new("unshare")
-            .args(["--user", "sleep", "infinity"])
-            .stdin(Stdio::null())
-            .spawn()
-            .context("spawn unshare --user")?;
-        let mut holder = ChildGuard(Some(child));
-        let pid = holder.0.as_ref().map(|c| c.id()).unwrap_or_default();
-        let own = fs::read_link("/proc/self/ns/user")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while fs::read_link(format!("/proc/{pid}/ns/user"))? == own {
-            if Instant::now() > deadline {
-                bail!("unshare --user did not enter a new user namespace");
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let map = format!("0 {uid_base} 65536\n");
-        fs::write(format!("/proc/{pid}/uid_map"), &map)?;
-        fs::write(format!("/proc/{pid}/gid_map"), &map)?;
-        let ns = OwnedFd::from(fs::File::open(format!("/proc/{pid}/ns/user"))?);
-        let child = holder.0.take().ok_or_else(|| anyhow!("no child"))?;
-        Ok(UsernsHolder { child, ns })
-    }
-}
-
-impl Drop for UsernsHolder {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Kills and reaps a child if construction fails half-way.
-struct ChildGuard(Option<std::process::Child>);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(child) = self.0.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-
-/// `struct mount_attr` of mount_setattr(2).
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-
-/// Binds `source` at `target` idmapped through user namespace `userns`.
-fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> std::io::Result<()> {
-    let source = CString::new(source.as_os_str().as_encoded_bytes())?;
-    let target = CString::new(target.as_os_str().as_encoded_bytes())?;
-    // SAFETY: open_tree with a valid NUL-terminated path; returns a new fd or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            source.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: open_tree returned a new fd that nothing else owns.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: valid fd, empty path, and a mount_attr of the size passed.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: valid fd and NUL-terminated target path.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// SIGKILL to a restored init (its pid namespace dies with it), then wait for its exit.
-fn kill_tree(pid: i32) -> anyhow::Result<()> {
-    // SAFETY: pidfd_open takes a pid and flags; returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        // Already gone.
-        return Ok(());
-    }
-    // SAFETY: pidfd_open returned a new fd that nothing else owns.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // SAFETY: a valid pidfd, a signal number, no siginfo, no flags.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    let mut poll = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd; a pidfd polls readable once the process exited.
-    let ready = unsafe { libc::poll(&mut poll, 1, 30_000) };
-    if ready != 1 {
-        bail!("restored init {pid} did not exit");
-    }
-    Ok(())
-}
-
-/// Waits until no loop device is backed by `image` (the last mount of it is gone).
-fn wait_loop_released(image: &Path) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let wanted = image.display().to_string();
-    loop {
-        let busy = fs::read_dir("/sys/block")?
-            .flatten()
-            .filter_map(|e| fs::read_to_string(e.path().join("loop/backing_file")).ok())
-            .any(|b| b.trim() == wanted);
-        if !busy {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("{wanted} is still on a loop device");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// First host id of the process's user namespace map ("0 <base> 65536").
-fn uid_base_of(pid: i32) -> anyhow::Result<u32> {
-    let map = fs::read_to_string(format!("/proc/{pid}/uid_map"))?;
-    map.split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| anyhow!("unreadable uid_map of {pid}: {map:?}"))
-}
-
-fn state_sandbox_dir(rt: &LinuxRuntime, id: &str) -> PathBuf {
-    rt.config().state_dir.join("sandboxes").join(id)
-}
-
-/// The error lines of a CRIU log (it is removed with its directory when the bench fails).
-fn log_errors(log: &Path) -> String {
-    let text = fs::read_to_string(log).unwrap_or_default();
-    let errors: Vec<&str> = text.lines().filter(|l| l.contains("Error")).collect();
-    errors[errors.len().saturating_sub(10)..].join("\n")
 }
 
 /// Bytes allocated to the files under `dir` (what `du` counts).
@@ -805,22 +480,22 @@ fn print_report(
     });
     row(
         "criu dump (floor)",
-        "berth's `criu dump` command line, spawn → exit",
-        &|s| cell(&s.raw_dump),
+        "the `criu dump` that pause ran, spawn → exit",
+        &|s| cell(&s.pause_criu),
     );
     row("**berth pause ÷ criu dump**", "", &|s| {
-        ratio_cell(&s.pause, &s.raw_dump)
+        ratio_cell(&s.pause, &s.pause_criu)
     });
     row("berth resume", "`Runtime::resume(id, true)`", &|s| {
         cell(&s.resume)
     });
     row(
         "criu restore (floor)",
-        "berth's `criu restore --root` command line, spawn → exit",
-        &|s| cell(&s.raw_restore),
+        "the `criu restore` that resume ran, spawn → exit",
+        &|s| cell(&s.resume_criu),
     );
     row("**berth resume ÷ criu restore**", "", &|s| {
-        ratio_cell(&s.resume, &s.raw_restore)
+        ratio_cell(&s.resume, &s.resume_criu)
     });
     row(
         "berth checkpoint",
@@ -828,10 +503,13 @@ fn print_report(
         &|s| cell(&s.checkpoint),
     );
     row(
-        "root by hand (not in the floor)",
-        "idmapped layers + loop disk + overlay",
-        &|s| cell(&s.root_prep),
+        "criu dump --leave-running (floor)",
+        "the `criu dump` that checkpoint ran, spawn → exit",
+        &|s| cell(&s.checkpoint_criu),
     );
+    row("**berth checkpoint ÷ criu dump**", "", &|s| {
+        ratio_cell(&s.checkpoint, &s.checkpoint_criu)
+    });
 
     println!("\nSizes on disk (MiB, median over iterations; allocated blocks):\n");
     println!("{header}\n{rule}");
@@ -841,9 +519,6 @@ fn print_report(
     });
     row("pause images", "`<sandbox>/checkpoint`", &|s| {
         bytes(&s.pause_images)
-    });
-    row("floor dump images", "raw `criu dump` images dir", &|s| {
-        bytes(&s.raw_images)
     });
     row("checkpoint() images", "`<checkpoint>/images`", &|s| {
         bytes(&s.checkpoint_images)
@@ -855,7 +530,6 @@ fn print_report(
     );
 
     if !forks.is_empty() {
-        let floor = sizes.iter().find(|s| s.mib == args.fork_mib);
         println!(
             "\nFork of a sandbox holding {} MiB: one `Runtime::checkpoint`, then N \
              restores (`LinuxRuntime::restore_checkpoint`, what `Runtime::restore` runs) with at most {} at once; forks killed after each round.\n",
@@ -863,9 +537,9 @@ fn print_report(
         );
         println!(
             "| N | checkpoint | restores wall | checkpoint + restores | per fork (wall ÷ N) | \
-             one restore p50 / p99 | restore p50 ÷ criu restore floor p50 | kill all | checkpoint size |"
+             one restore p50 / p99 | its criu restore p50 / p99 | one restore ÷ criu restore p50 | kill all | checkpoint size |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         for f in forks {
             let failed = if f.restores.failures > 0 {
                 format!(
@@ -877,16 +551,15 @@ fn print_report(
                 String::new()
             };
             println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} MiB |{failed}",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} MiB |{failed}",
                 f.count,
                 ms(f.checkpoint),
                 ms(f.restores_wall),
                 ms(f.checkpoint + f.restores_wall),
                 ms(f.restores_wall / f.count.max(1) as u32),
                 cell(&f.restores),
-                floor
-                    .map(|s| ratio(f.restores.p50(), s.raw_restore.p50()))
-                    .unwrap_or("—".into()),
+                cell(&f.restores_criu),
+                ratio(f.restores.p50(), f.restores_criu.p50()),
                 ms(f.kill_all),
                 mib(f.checkpoint_size)
             );
