@@ -23,7 +23,11 @@ if [[ ! -t 1 ]]; then
     mkdir -p -m 0700 "$log_dir"
     log="$log_dir/up-$(date -u +%Y%m%dT%H%M%SZ).log"
     echo "berth: progress and output are also written to $log" >&2
-    exec > >(tee -a "$log") 2> >(tee -a "$log" >&2)
+    # The log writers ignore SIGTERM, SIGINT and SIGHUP and end when berth closes its
+    # output: a service manager (or a shell) that signals the whole group must not take
+    # berth's stdout and stderr away while berth is still draining and removing its
+    # sandboxes.
+    exec > >(trap '' TERM INT HUP; exec tee -a "$log") 2> >(trap '' TERM INT HUP; exec tee -a "$log" >&2)
 fi
 
 # lxcfs: berth runs its own (not the lxcfs service) to show each sandbox its own memory
