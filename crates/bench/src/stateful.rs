@@ -268,7 +268,6 @@ fn measure_size(
             .push(allocated_bytes(&dest.join("images"))?);
         drop(guard);
 
-        runs.take();
         let t = Instant::now();
         rt.pause(&id, true)?;
         r.pause.durations.push(t.elapsed());
