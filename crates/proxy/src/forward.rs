@@ -225,6 +225,42 @@ impl SandboxConnections {
         }))
     }
 
+    /// Sends `request` over an idle connection kept for `port` of sandbox `sandbox_id`
+    /// (by an earlier [`SandboxConnections::send_and_keep`] or proxied request), and
+    /// keeps that connection again once the answer's body has been read to its end.
+    /// `None` when no kept connection is open: the caller opens one. A request that
+    /// fails on a kept connection may or may not have reached the sandbox, so only
+    /// callers whose request can be repeated should retry on a new connection.
+    pub async fn send_on_kept(
+        &self,
+        sandbox_id: &str,
+        port: u16,
+        mut request: Request<ProxyBody>,
+    ) -> Option<Result<Response<ProxyBody>, DirectRequestError>> {
+        let id = SandboxId::parse(sandbox_id).ok()?;
+        loop {
+            let mut sender = self.pool.take(&id, port)?;
+            if sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let pool = self.pool.clone();
+                    return Some(Ok(response.map(|body| {
+                        PooledBody::new(body, pool, id, port, sender)
+                            .map_err(BoxError::from)
+                            .boxed_unsync()
+                    })));
+                }
+                Err(mut failed) => match failed.take_message() {
+                    // Closed before a byte of it went out: try the next kept one.
+                    Some(unsent) => request = unsent,
+                    None => return Some(Err(failed.into_error().into())),
+                },
+            }
+        }
+    }
+
     fn closer(&self, sandbox_id: &SandboxId) -> CancellationToken {
         self.closers
             .lock()

@@ -468,6 +468,61 @@ async fn a_connection_the_server_kept_serves_the_first_proxied_request() {
     ));
 }
 
+#[tokio::test]
+async fn a_kept_connection_serves_the_servers_next_call_and_none_is_opened() {
+    let harness = common::start().await;
+    let echo = |body: &'static str| {
+        Request::post("/echo")
+            .header("host", "localhost")
+            .body(full_body(body))
+            .unwrap()
+    };
+    // Nothing kept yet: the request comes back to the caller, which opens a connection.
+    assert!(harness
+        .connections
+        .send_on_kept(OPEN_SANDBOX.id, ENVD_PORT, echo("unsent"))
+        .await
+        .is_none());
+    let first = send_and_keep(&harness, OPEN_SANDBOX.id, echo("health"))
+        .await
+        .unwrap();
+    first.into_body().collect().await.unwrap();
+
+    // The server's next call (a claim's `/init`) goes over the kept connection, twice.
+    for body in ["init", "again"] {
+        let response = harness
+            .connections
+            .send_on_kept(OPEN_SANDBOX.id, ENVD_PORT, echo(body))
+            .await
+            .expect("the kept connection is open")
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let echoed: serde_json::Value =
+            serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes())
+                .unwrap();
+        assert_eq!(echoed["body"], body);
+    }
+    assert_eq!(harness.connections.stats().connections_opened, 1);
+
+    // A connection closed with the sandbox's is not taken; nor is one for another port.
+    assert!(harness
+        .connections
+        .send_on_kept(OPEN_SANDBOX.id, ENVD_PORT + 1, echo("other port"))
+        .await
+        .is_none());
+    harness.connections.close_all(OPEN_SANDBOX.id);
+    assert!(harness
+        .connections
+        .send_on_kept(OPEN_SANDBOX.id, ENVD_PORT, echo("closed"))
+        .await
+        .is_none());
+    assert!(harness
+        .connections
+        .send_on_kept("not/an id", ENVD_PORT, echo("bad id"))
+        .await
+        .is_none());
+}
+
 /// `count` POSTs to envd's port of the open sandbox through the proxy, each echoed back.
 async fn echo_through_envd(client: &mut common::Http1Client, count: usize) {
     for index in 0..count {

@@ -2,7 +2,8 @@
 //! sandbox's network namespace: wait for `/health`, then `POST /init`. Each connection
 //! that answered is left to the proxy's pool ([`SandboxConnections::send_and_keep`]), so
 //! the client's first call after a create, resume or fork does not connect into the
-//! sandbox again.
+//! sandbox again, and a call finding one kept takes it: a warm-pool sandbox's claim
+//! sends `/init` over the connection its preparation's `/health` left.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,21 +52,46 @@ pub enum EnvdError {
     },
 }
 
+/// `build`'s request to envd, over a connection kept from an earlier call when one is
+/// open (a pooled sandbox's `/health` leaves one for its claim's `/init`), else over a
+/// new one. Any failure on a kept connection is retried once on a new connection: both
+/// of the requests sent here (`/health`, `/init`) may be repeated.
 async fn request(
     runtime: &Arc<dyn Runtime>,
     connections: &SandboxConnections,
     sandbox_id: &str,
-    request: Request<Full<Bytes>>,
+    build: impl Fn() -> Result<Request<Full<Bytes>>, hyper::http::Error>,
 ) -> Result<(u16, Bytes), EnvdError> {
+    let boxed = |request: Request<Full<Bytes>>| {
+        request.map(|body| body.map_err(|never| match never {}).boxed_unsync())
+    };
+    if let Some(sent) = connections
+        .send_on_kept(sandbox_id, ENVD_PORT, boxed(build()?))
+        .await
+    {
+        match read_answer(sent).await {
+            Ok(answer) => return Ok(answer),
+            Err(err) => {
+                tracing::debug!(sandbox = sandbox_id, %err, "a kept connection to envd failed; opening a new one")
+            }
+        }
+    }
     let runtime = runtime.clone();
     let id = sandbox_id.to_string();
     let stream = tokio::task::spawn_blocking(move || runtime.connect(&id, ENVD_PORT)).await??;
     stream.set_nonblocking(true)?;
     let stream = tokio::net::TcpStream::from_std(stream)?;
-    let request = request.map(|body| body.map_err(|never| match never {}).boxed_unsync());
-    let response = connections
-        .send_and_keep(sandbox_id, ENVD_PORT, stream, request)
-        .await?;
+    let sent = connections
+        .send_and_keep(sandbox_id, ENVD_PORT, stream, boxed(build()?))
+        .await;
+    read_answer(sent).await
+}
+
+/// The status and whole body of envd's answer.
+async fn read_answer(
+    sent: Result<hyper::Response<berth_proxy::ProxyBody>, DirectRequestError>,
+) -> Result<(u16, Bytes), EnvdError> {
+    let response = sent?;
     let status = response.status().as_u16();
     let body = response
         .into_body()
@@ -87,9 +113,11 @@ pub async fn wait_healthy(
     // Short first waits: envd usually listens within milliseconds of the init exec.
     let mut pause = Duration::from_millis(1);
     loop {
-        let health = Request::get("/health")
-            .header("host", "localhost")
-            .body(Full::new(Bytes::new()))?;
+        let health = || {
+            Request::get("/health")
+                .header("host", "localhost")
+                .body(Full::new(Bytes::new()))
+        };
         // Each attempt is bounded too: a connection that is accepted but never answered
         // must not stall the create past its limit.
         let attempt =
@@ -121,16 +149,19 @@ pub async fn init(
     body: &InitRequest,
     presented_token: Option<&str>,
 ) -> Result<(), EnvdError> {
-    let json = serde_json::to_vec(body)?;
-    let mut builder = Request::post("/init")
-        .header("host", "localhost")
-        .header("content-type", "application/json");
+    let json = Bytes::from(serde_json::to_vec(body)?);
     // An envd restored from a checkpoint wants the token it holds; a fresh one has none
     // and takes the new token without one.
-    if let Some(token) = presented_token.or(body.access_token.as_deref()) {
-        builder = builder.header(ACCESS_TOKEN, token);
-    }
-    let init = builder.body(Full::new(Bytes::from(json)))?;
+    let token = presented_token.or(body.access_token.as_deref());
+    let init = || {
+        let mut builder = Request::post("/init")
+            .header("host", "localhost")
+            .header("content-type", "application/json");
+        if let Some(token) = token {
+            builder = builder.header(ACCESS_TOKEN, token);
+        }
+        builder.body(Full::new(json.clone()))
+    };
     let (status, reply) =
         tokio::time::timeout(INIT_LIMIT, request(runtime, connections, sandbox_id, init))
             .await
