@@ -156,6 +156,14 @@ impl Cgroups {
         }
     }
 
+    /// What keeps task moves in this layout cheap while sandboxes start.
+    pub(crate) fn attach_warmth(&self) -> crate::attach_warmth::AttachWarmth {
+        match self {
+            Self::V1 { mount, .. } => crate::attach_warmth::AttachWarmth::v1(mount, "pids"),
+            Self::V2 { mount, .. } => crate::attach_warmth::AttachWarmth::v2(mount),
+        }
+    }
+
     /// All directories making up sandbox `id`'s cgroup (one per v1 hierarchy).
     pub(crate) fn dirs(&self, id: &str) -> Vec<PathBuf> {
         match self {

@@ -117,6 +117,7 @@
 //! LXCFS runs then); the disk (upper) is mounted inside the sandbox's namespace from a
 //! loop device.
 
+mod attach_warmth;
 mod blkio;
 mod cgroup;
 mod disk;

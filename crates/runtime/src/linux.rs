@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use crate::attach_warmth::AttachWarmth;
 use crate::blkio::DiskThrottle;
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::disk::{self, DiskStore, Janitor};
@@ -165,6 +166,9 @@ struct Sandbox {
 pub struct LinuxRuntime {
     config: LinuxRuntimeConfig,
     cgroups: Cgroups,
+    /// Held by every start, so its moves into cgroups skip the wait the first move after
+    /// a quiet spell pays (see `attach_warmth`).
+    attach_warmth: AttachWarmth,
     throttle: DiskThrottle,
     /// The envd binary sandboxes bind, on its own filesystem (see `envd_fs`); the lock
     /// serialises putting it back after the filesystem was released.
@@ -268,6 +272,7 @@ impl LinuxRuntime {
             volumes,
             egress_ca: Mutex::new(None),
             config,
+            attach_warmth: cgroups.attach_warmth(),
             cgroups,
             throttle,
             init_binary,
@@ -553,6 +558,7 @@ impl LinuxRuntime {
         disk_uid_base: Option<u32>,
         start: impl FnOnce(u32, &Path) -> Result<(OwnedFd, i32, Option<OwnedFd>), RuntimeError>,
     ) -> Result<SandboxInfo, RuntimeError> {
+        let _warm = self.attach_warmth.hold();
         let dir = self.sandbox_dir(&spec.id);
         perms::create_dir(&dir, perms::PRIVATE_DIR).map_err(|e| match e.kind() {
             io::ErrorKind::AlreadyExists => RuntimeError::AlreadyExists(spec.id.clone()),
@@ -1197,6 +1203,8 @@ impl Runtime for LinuxRuntime {
     }
 
     fn resume(&self, id: &str, keep_memory: bool) -> Result<ResumedSandbox, RuntimeError> {
+        // CRIU's restore (or a fresh init) moves every task into the sandbox's groups.
+        let _warm = self.attach_warmth.hold();
         if !keep_memory {
             self.drop_checkpoint(id);
         }
