@@ -573,6 +573,9 @@ def stateful(report: Report, daemon: Daemon, iterations: int) -> None:
         sandbox.kill()
 
 
+SECTIONS = ("interactive", "creates", "stateful", "burst")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--berth", default=os.environ.get("BERTH_BIN", "target/dist/berth"))
@@ -582,8 +585,16 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=2)
     parser.add_argument("--burst", type=int, default=50, help="concurrent creates against a pool of this size (0: skip)")
     parser.add_argument("--stateful-iterations", type=int, default=6)
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (to compare two builds alternately)",
+    )
     args = parser.parse_args()
     templates = Path(args.templates)
+    only = set(args.only.split(","))
+    if not only <= set(SECTIONS):
+        parser.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}")
 
     report = Report()
     warm = Daemon(args.berth, templates, pool_size=args.pool_size)
@@ -594,19 +605,23 @@ def main() -> None:
         raise
     try:
         warm.use()
-        interactive(report, args.samples)
-        creates(report, warm, cold, args.create_samples, args.pool_size)
+        if "interactive" in only:
+            interactive(report, args.samples)
+        if "creates" in only:
+            creates(report, warm, cold, args.create_samples, args.pool_size)
         warm.use()
-        stateful(report, warm, args.stateful_iterations)
+        if "stateful" in only:
+            stateful(report, warm, args.stateful_iterations)
     finally:
         warm.stop()
         cold.stop()
-    if args.burst:
+    if args.burst and "burst" in only:
         burst(report, args.berth, templates, args.burst)
 
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"Command: `.venv/bin/python bench/speed/bench.py --berth {args.berth} --samples {args.samples} --create-samples {args.create_samples}"
-          f" --pool-size {args.pool_size} --burst {args.burst}`")
+          f" --pool-size {args.pool_size} --burst {args.burst}"
+          + ("" if only == set(SECTIONS) else f" --only {args.only}") + "`")
     print(f"Date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}; "
           f"{os.cpu_count()} CPUs; load average {load}; latencies in ms, p50 / p99\n")
     print("| through the SDK | p50 / p99 | floor (same run) | floor p50 / p99 | ratio p50 | verdict |")
