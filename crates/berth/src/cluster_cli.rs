@@ -329,7 +329,7 @@ pub fn api(state_dir: &Path, database: Option<&str>, args: ApiArgs) -> Result<()
             let _ = stop_rx.await;
         }));
         crate::shutdown_signal().await;
-        eprintln!("shutting down");
+        shutdown_note!("shutting down");
         let _ = stop_tx.send(());
         public.stop();
         if let Some(metrics) = metrics {
@@ -339,7 +339,7 @@ pub fn api(state_dir: &Path, database: Option<&str>, args: ApiArgs) -> Result<()
             Ok(Ok(result)) => result.context("serving"),
             Ok(Err(join)) => bail!("server task failed: {join}"),
             Err(_) => {
-                eprintln!(
+                shutdown_note!(
                     "closing connections still open after {:?}",
                     crate::SHUTDOWN_GRACE
                 );

@@ -7,6 +7,17 @@
 //! and `berth connect` stores a user's API key for them. This crate only wires the
 //! library crates together and renders output; the behaviour lives in them.
 
+/// A line for the operator on stderr while berth shuts down. Whoever read its output may
+/// be gone by then (a service manager stopping the whole process group), and
+/// `eprintln!` panics on a closed stderr, which would skip the cleanup after it (the
+/// sandbox network, the egress proxy): a line that cannot be written is dropped.
+macro_rules! shutdown_note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod builds;
 mod cluster_cli;
 mod doctor;
@@ -968,11 +979,11 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
             let _ = stop_rx.await;
         }));
         shutdown_signal().await;
-        eprintln!("shutting down");
+        shutdown_note!("shutting down");
         if let Mode::Node { role, .. } = &mode {
             // No new sandboxes from now; back within the lease, it keeps the ones it has.
             if let Err(err) = store.mark_node_stopping(&role.registration.id) {
-                eprintln!("warning: telling the cluster this node is stopping: {err}");
+                shutdown_note!("warning: telling the cluster this node is stopping: {err}");
             }
         }
         let _ = stop_tx.send(());
@@ -986,7 +997,7 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         match tokio::time::timeout(SHUTDOWN_GRACE, serving).await {
             Ok(Ok(result)) => result.context("serving")?,
             Ok(Err(join)) => bail!("server task failed: {join}"),
-            Err(_) => eprintln!("closing connections still open after {SHUTDOWN_GRACE:?}"),
+            Err(_) => shutdown_note!("closing connections still open after {SHUTDOWN_GRACE:?}"),
         }
         if let Some(egress) = egress {
             egress.shutdown(Duration::from_secs(1)).await;
@@ -996,9 +1007,9 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         let settling = network_owner.clone();
         let _ = tokio::task::spawn_blocking(move || settling.settle_pauses()).await;
         match network_owner.release_network_if_idle() {
-            Ok(true) => eprintln!("no sandboxes left: the sandbox network is removed"),
+            Ok(true) => shutdown_note!("no sandboxes left: the sandbox network is removed"),
             Ok(false) => {}
-            Err(err) => eprintln!("warning: removing the sandbox network: {err}"),
+            Err(err) => shutdown_note!("warning: removing the sandbox network: {err}"),
         }
         Ok(())
     })
