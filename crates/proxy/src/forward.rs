@@ -160,6 +160,15 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Proxy
     response
 }
 
+/// What came of sending a request over the connections kept for a sandbox port.
+enum OnKept {
+    Answered(Response<ProxyBody>),
+    /// It went out and failed: whether the sandbox saw it is unknown.
+    Failed(hyper::Error),
+    /// No kept connection was open; the request, unsent.
+    NoneOpen(Request<ProxyBody>),
+}
+
 /// Every connection the proxy holds into sandboxes, idle or busy, so that all of one
 /// sandbox's can be closed at once (when it pauses: its end of them is gone, and a
 /// client stream through them must end instead of hanging). Cheap to clone.
@@ -218,11 +227,7 @@ impl SandboxConnections {
             .map_err(|_| DirectRequestError::InvalidSandboxId(sandbox_id.to_owned()))?;
         let mut sender = attach(stream, &id, false, self).await?;
         let response = sender.send_request(request).await?;
-        Ok(response.map(|body| {
-            PooledBody::new(body, self.pool.clone(), id, port, sender)
-                .map_err(BoxError::from)
-                .boxed_unsync()
-        }))
+        Ok(self.keep_after(response, id, port, sender))
     }
 
     /// Sends `request` over an idle connection kept for `port` of sandbox `sandbox_id`
@@ -235,30 +240,56 @@ impl SandboxConnections {
         &self,
         sandbox_id: &str,
         port: u16,
-        mut request: Request<ProxyBody>,
+        request: Request<ProxyBody>,
     ) -> Option<Result<Response<ProxyBody>, DirectRequestError>> {
         let id = SandboxId::parse(sandbox_id).ok()?;
+        match self.send_kept(&id, port, request).await {
+            OnKept::Answered(response) => Some(Ok(response)),
+            OnKept::Failed(source) => Some(Err(source.into())),
+            OnKept::NoneOpen(_) => None,
+        }
+    }
+
+    /// `request` over the kept connections to `port` of sandbox `id`, one after another
+    /// while they turn out closed before a byte of it went out.
+    async fn send_kept(
+        &self,
+        id: &SandboxId,
+        port: u16,
+        mut request: Request<ProxyBody>,
+    ) -> OnKept {
         loop {
-            let mut sender = self.pool.take(&id, port)?;
+            let Some(mut sender) = self.pool.take(id, port) else {
+                return OnKept::NoneOpen(request);
+            };
             if sender.ready().await.is_err() {
                 continue;
             }
             match sender.try_send_request(request).await {
                 Ok(response) => {
-                    let pool = self.pool.clone();
-                    return Some(Ok(response.map(|body| {
-                        PooledBody::new(body, pool, id, port, sender)
-                            .map_err(BoxError::from)
-                            .boxed_unsync()
-                    })));
+                    return OnKept::Answered(self.keep_after(response, id.clone(), port, sender))
                 }
                 Err(mut failed) => match failed.take_message() {
-                    // Closed before a byte of it went out: try the next kept one.
                     Some(unsent) => request = unsent,
-                    None => return Some(Err(failed.into_error().into())),
+                    None => return OnKept::Failed(failed.into_error()),
                 },
             }
         }
+    }
+
+    /// `response`, whose body hands `sender` back to the pool once read to its end.
+    fn keep_after(
+        &self,
+        response: Response<hyper::body::Incoming>,
+        id: SandboxId,
+        port: u16,
+        sender: Sender,
+    ) -> Response<ProxyBody> {
+        response.map(|body| {
+            PooledBody::new(body, self.pool.clone(), id, port, sender)
+                .map_err(BoxError::from)
+                .boxed_unsync()
+        })
     }
 
     fn closer(&self, sandbox_id: &SandboxId) -> CancellationToken {
@@ -446,46 +477,34 @@ impl Proxy {
     /// dropped and the request retried; once sent, a failure is the answer.
     async fn forward_pooled(
         &self,
-        mut request: Request<ProxyBody>,
+        request: Request<ProxyBody>,
         route: &Route,
         target: &Target,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        loop {
-            let (mut sender, reused) = match self.pool.take(&target.sandbox_id, target.port) {
-                Some(sender) => (sender, true),
-                None => (
-                    open_connection(route, target, false, &self.connections).await?,
-                    false,
-                ),
-            };
-            if let Err(source) = sender.ready().await {
-                if reused {
-                    continue;
-                }
-                return Err(upstream_error(target, source));
+        let kept = self
+            .connections
+            .send_kept(&target.sandbox_id, target.port, request)
+            .await;
+        let mut response = match kept {
+            OnKept::Answered(response) => response,
+            OnKept::Failed(source) => return Err(upstream_error(target, source)),
+            OnKept::NoneOpen(request) => {
+                let mut sender = open_connection(route, target, false, &self.connections).await?;
+                let sent = match sender.ready().await {
+                    Ok(()) => sender.send_request(request).await,
+                    Err(source) => Err(source),
+                };
+                let response = sent.map_err(|source| upstream_error(target, source))?;
+                self.connections.keep_after(
+                    response,
+                    target.sandbox_id.clone(),
+                    target.port,
+                    sender,
+                )
             }
-            match sender.try_send_request(request).await {
-                Ok(response) => {
-                    let mut response = response.map(|body| {
-                        PooledBody::new(
-                            body,
-                            self.pool.clone(),
-                            target.sandbox_id.clone(),
-                            target.port,
-                            sender,
-                        )
-                        .map_err(BoxError::from)
-                        .boxed_unsync()
-                    });
-                    remove_hop_by_hop_headers(response.headers_mut());
-                    return Ok(response);
-                }
-                Err(mut failed) => match failed.take_message() {
-                    Some(unsent) if reused => request = unsent,
-                    _ => return Err(upstream_error(target, failed.into_error())),
-                },
-            }
-        }
+        };
+        remove_hop_by_hop_headers(response.headers_mut());
+        Ok(response)
     }
 
     /// Sends an `Upgrade` request on a connection of its own and, on `101`, joins the

@@ -130,24 +130,25 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 
 /// The warming thread: moves itself into its own group every [`PERIOD`] while held.
 fn warm(target: &Target, state: &Mutex<State>) {
-    let own = own_group_file(target);
+    let Some((file, id)) = own_group_file(target) else {
+        lock(state).running = false;
+        return;
+    };
     loop {
         {
             let mut state = lock(state);
             let lingering = state
                 .linger_until
                 .is_some_and(|until| Instant::now() < until);
-            if own.is_none() || (state.holders == 0 && !lingering) {
+            if state.holders == 0 && !lingering {
                 state.running = false;
                 return;
             }
         }
-        if let Some((file, id)) = &own {
-            if let Err(err) = fs::write(file, id) {
-                tracing::debug!(file = %file.display(), %err, "the cgroup warming move failed");
-                lock(state).running = false;
-                return;
-            }
+        if let Err(err) = fs::write(&file, &id) {
+            tracing::debug!(file = %file.display(), %err, "the cgroup warming move failed");
+            lock(state).running = false;
+            return;
         }
         std::thread::sleep(PERIOD);
     }
