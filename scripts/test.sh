@@ -342,7 +342,7 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D war
 # proxy and the agent tools run against berth-envd as a host process through
 # berth_runtime::HostRuntime, so with clean root dotfiles). Then the privileged tier: real namespaces, cgroups, CRIU,
 # nftables, registries.
-unprivileged_crates=(berth-api berth-store berth-proxy berth-envd-proto berth-client berth-dashboard berth-mcp berth-server berth-interpreter berth-bench berth-ca berth-mcp-gateway)
+unprivileged_crates=(berth-api berth-store berth-proxy berth-envd-proto berth-leftover-body berth-client berth-dashboard berth-mcp berth-server berth-interpreter berth-bench berth-ca berth-mcp-gateway)
 step "cargo test: unprivileged tier" with_clean_root_dotfiles cargo test "${unprivileged_crates[@]/#/-p=}"
 step "cargo test: privileged tier" cargo test --workspace "${unprivileged_crates[@]/#/--exclude=}"
 # The store's tests again on Postgres (the `postgres::` half the unprivileged tier leaves

@@ -31,6 +31,10 @@ pub fn router(state: Arc<EnvdState>, processes: &Arc<ProcessService>) -> Router 
             Arc::clone(&state),
             crate::auth::require_access_token,
         ))
+        // Outermost: a 401 from the token check leaves a body too.
+        .layer(axum::middleware::from_fn(
+            berth_leftover_body::read_what_the_answer_left,
+        ))
         .with_state(state)
 }
 

@@ -500,14 +500,19 @@ impl Server {
             ))
             // Outermost, so proxied requests are in a request span too.
             .layer(axum::middleware::from_fn(request_span));
-        match &self.state.config.role {
+        let router = match &self.state.config.role {
             // Nothing reaches a node without the node token (but its health check).
             cluster::Role::Node(node) => router.layer(axum::middleware::from_fn_with_state(
                 node.token.clone(),
                 cluster::node::guard,
             )),
             _ => router,
-        }
+        };
+        // Around everything: a refusal anywhere (a missing key, a node token, an unknown
+        // sandbox) leaves the client's connection usable.
+        router.layer(axum::middleware::from_fn(
+            berth_leftover_body::read_what_the_answer_left,
+        ))
     }
 
     /// Serve the API, `extra` routes and the proxy on `listener` until `shutdown` resolves, then stop

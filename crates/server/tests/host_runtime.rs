@@ -656,3 +656,73 @@ async fn a_sandbox_whose_envd_exits_is_reported_killed_and_freed() {
         "{logs}"
     );
 }
+
+/// Sends one request whose body follows its headers late, then `GET /health` on the
+/// same connection; returns both status lines (`None` for the second if the connection
+/// was closed under it).
+async fn refused_then_health(url: &str, head: &str, body: &[u8]) -> (String, Option<String>) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    async fn status(stream: &mut BufReader<tokio::net::TcpStream>) -> Option<String> {
+        let mut status = String::new();
+        if stream.read_line(&mut status).await.ok()? == 0 {
+            return None;
+        }
+        let mut length = 0usize;
+        loop {
+            let mut line = String::new();
+            stream.read_line(&mut line).await.ok()?;
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = value.trim().parse().ok()?;
+            }
+        }
+        let mut rest = vec![0; length];
+        stream.read_exact(&mut rest).await.ok()?;
+        Some(status.trim_end().to_owned())
+    }
+    let address = url.trim_start_matches("http://");
+    let mut stream = BufReader::new(tokio::net::TcpStream::connect(address).await.unwrap());
+    let head = format!(
+        "{head}Host: {address}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.get_mut().write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    stream.get_mut().write_all(body).await.unwrap();
+    let refused = status(&mut stream)
+        .await
+        .expect("an answer to the refused request");
+    let health = format!("GET /health HTTP/1.1\r\nHost: {address}\r\n\r\n");
+    if stream.get_mut().write_all(health.as_bytes()).await.is_err() {
+        return (refused, None);
+    }
+    (refused, status(&mut stream).await)
+}
+
+#[tokio::test]
+async fn a_refused_request_leaves_its_connection_usable() {
+    let api = start(None).await;
+    // No API key: the API's 401.
+    let (refused, next) = refused_then_health(
+        &api.url,
+        "POST /sandboxes HTTP/1.1\r\nContent-Type: application/json\r\n",
+        br#"{"templateID":"base"}"#,
+    )
+    .await;
+    assert!(refused.contains(" 401 "), "{refused}");
+    assert_eq!(next.as_deref(), Some("HTTP/1.1 204 No Content"));
+    // A sandbox that does not exist, through the proxy.
+    let (refused, next) = refused_then_health(
+        &api.url,
+        "POST /process.Process/List HTTP/1.1\r\nE2b-Sandbox-Id: inowhere\r\nE2b-Sandbox-Port: 49983\r\nContent-Type: application/json\r\n",
+        b"{}",
+    )
+    .await;
+    assert!(
+        refused.contains(" 404 ") || refused.contains(" 502 "),
+        "{refused}"
+    );
+    assert_eq!(next.as_deref(), Some("HTTP/1.1 204 No Content"));
+}
