@@ -1,8 +1,10 @@
 //! OS users and path resolution, without NSS.
 //!
 //! berth-envd is a static binary bind-mounted into sandboxes whose libc we do not control,
-//! so it reads `/etc/passwd` and `/etc/group` itself. The files are re-read on every lookup:
-//! they are small, and processes in the sandbox may add users (`useradd`) at any time.
+//! so it reads `/etc/passwd` and `/etc/group` itself. Processes in the sandbox may add users
+//! (`useradd`) at any time, so every lookup asks the file system whether a file changed
+//! (one `stat`) and reads it again when it did; an unchanged file's text is remembered,
+//! which spares a command start the reads (see [`RememberedFile`]).
 //!
 //! A request's user comes from `Authorization: Basic base64("<user>:")` (or the `username`
 //! query parameter of `/files`), else the default user set at `/init`, else — envd running
@@ -12,7 +14,11 @@
 //! to the user's home, and any other relative path is joined to the user's home.
 
 use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use base64::Engine;
 
@@ -68,7 +74,104 @@ pub enum PathError {
 /// Reads users and groups from `<root>/etc/passwd` and `<root>/etc/group`.
 #[derive(Debug, Clone)]
 pub struct UserDb {
-    root: PathBuf,
+    passwd: Arc<RememberedFile>,
+    group: Arc<RememberedFile>,
+}
+
+/// A small file's text, kept while the file system says the file is unchanged.
+///
+/// "Unchanged" is the same device, inode, size, mtime and ctime. A write lands within
+/// one tick of the kernel's coarse file clock, so two writes of the same size in one
+/// tick could leave the same stamp; a text is therefore kept only once its file has
+/// been still for a while ([`RememberedFile::SETTLED`], git's "racy" rule), and a file changed
+/// more recently is read on every lookup.
+#[derive(Debug)]
+struct RememberedFile {
+    path: PathBuf,
+    /// How long the file must have been unchanged for its text to be kept.
+    settled: Duration,
+    kept: Mutex<Option<(FileStamp, Arc<str>)>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(metadata: &std::fs::Metadata) -> Self {
+        Self {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+            size: metadata.size(),
+            mtime: (metadata.mtime(), metadata.mtime_nsec()),
+            ctime: (metadata.ctime(), metadata.ctime_nsec()),
+        }
+    }
+
+    /// Whether the file's last change is at least `settled` in the past.
+    fn settled(&self, settled: Duration) -> bool {
+        let (secs, nanos) = self.mtime.max(self.ctime);
+        let (Ok(secs), Ok(nanos)) = (u64::try_from(secs), u32::try_from(nanos)) else {
+            // Before 1970: long settled.
+            return true;
+        };
+        let changed = Duration::new(secs, nanos);
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .is_ok_and(|now| changed.saturating_add(settled) <= now)
+    }
+}
+
+impl RememberedFile {
+    /// Far beyond any kernel's file-clock tick.
+    const SETTLED: Duration = Duration::from_secs(2);
+
+    fn new(path: PathBuf, settled: Duration) -> Self {
+        Self {
+            path,
+            settled,
+            kept: Mutex::new(None),
+        }
+    }
+
+    /// The file's text; a missing file reads as empty (a minimal rootfs without
+    /// `/etc/group` is legitimate: no groups at all).
+    fn text(&self) -> Result<Arc<str>, UserError> {
+        let error = |source| UserError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        let current = match std::fs::metadata(&self.path) {
+            Ok(metadata) => FileStamp::of(&metadata),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Arc::from("")),
+            Err(e) => return Err(error(e)),
+        };
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((stamp, text)) = kept.as_ref() {
+            if *stamp == current {
+                return Ok(Arc::clone(text));
+            }
+        }
+        let mut file = match std::fs::File::open(&self.path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Arc::from("")),
+            Err(e) => return Err(error(e)),
+        };
+        // The stamp of the file actually read, not of the path stat'ed above.
+        let stamp = FileStamp::of(&file.metadata().map_err(error)?);
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(error)?;
+        let text: Arc<str> = Arc::from(text);
+        *kept = stamp
+            .settled(self.settled)
+            .then(|| (stamp, Arc::clone(&text)));
+        Ok(text)
+    }
 }
 
 impl Default for UserDb {
@@ -101,32 +204,25 @@ impl UserDb {
 
     /// Files under `root` (`root/etc/passwd`, `root/etc/group`); for tests.
     pub fn with_root(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
-    }
-
-    fn passwd_path(&self) -> PathBuf {
-        self.root.join("etc/passwd")
-    }
-
-    fn group_path(&self) -> PathBuf {
-        self.root.join("etc/group")
-    }
-
-    fn read(path: PathBuf) -> Result<String, UserError> {
-        match std::fs::read_to_string(&path) {
-            Ok(text) => Ok(text),
-            // A minimal rootfs without /etc/group is legitimate: no groups at all.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
-            Err(source) => Err(UserError::Read { path, source }),
+        let root = root.into();
+        let file = |name| {
+            Arc::new(RememberedFile::new(
+                root.join(name),
+                RememberedFile::SETTLED,
+            ))
+        };
+        Self {
+            passwd: file("etc/passwd"),
+            group: file("etc/group"),
         }
     }
 
     fn passwd_entries(&self) -> Result<Vec<PasswdEntry>, UserError> {
-        Ok(parse_passwd(&Self::read(self.passwd_path())?))
+        Ok(parse_passwd(&self.passwd.text()?))
     }
 
     fn group_entries(&self) -> Result<Vec<GroupEntry>, UserError> {
-        Ok(parse_group(&Self::read(self.group_path())?))
+        Ok(parse_group(&self.group.text()?))
     }
 
     fn complete(&self, entry: PasswdEntry) -> Result<User, UserError> {
@@ -452,6 +548,39 @@ other:x:1001:
     fn missing_passwd_means_unknown_user() {
         let db = UserDb::with_root("/nonexistent-berth-root");
         assert!(matches!(db.lookup("root"), Err(UserError::UnknownUser(_))));
+    }
+
+    #[test]
+    fn a_settled_file_is_read_once_until_it_changes() {
+        let fx = Fixture::new("remembered", PASSWD, None);
+        let file = RememberedFile::new(fx.dir.join("etc/passwd"), Duration::ZERO);
+        let first = file.text().unwrap();
+        assert!(Arc::ptr_eq(&first, &file.text().unwrap()), "read again");
+        let added = format!("{PASSWD}new:x:1002:1002::/home/new:/bin/sh\n");
+        std::fs::write(fx.dir.join("etc/passwd"), &added).unwrap();
+        assert_eq!(&*file.text().unwrap(), added.as_str());
+    }
+
+    #[test]
+    fn a_recently_changed_file_is_read_on_every_lookup() {
+        // Same size, in place, within one tick of the file clock: the stamp may not
+        // change, so a just-written file is never kept.
+        let fx = Fixture::new("racy", "aaaa:x:1:1::/:/bin/sh\n", None);
+        let db = fx.db();
+        assert_eq!(db.lookup("aaaa").unwrap().uid, 1);
+        std::fs::write(fx.dir.join("etc/passwd"), "bbbb:x:1:1::/:/bin/sh\n").unwrap();
+        assert_eq!(db.lookup("bbbb").unwrap().uid, 1);
+        let file = RememberedFile::new(fx.dir.join("etc/passwd"), RememberedFile::SETTLED);
+        assert!(!Arc::ptr_eq(&file.text().unwrap(), &file.text().unwrap()));
+    }
+
+    #[test]
+    fn a_file_that_appears_later_is_read() {
+        let fx = Fixture::new("appears", PASSWD, None);
+        let db = fx.db();
+        assert!(db.lookup("user").unwrap().groups.is_empty());
+        std::fs::write(fx.dir.join("etc/group"), GROUP).unwrap();
+        assert_eq!(db.lookup("user").unwrap().groups, vec![27, 999]);
     }
 
     #[test]
