@@ -113,17 +113,18 @@ impl FileStamp {
         }
     }
 
-    /// Whether the file's last change is at least `settled` in the past.
-    fn settled(&self, settled: Duration) -> bool {
+    /// Whether the file's last change was at least `settled` before `opened` (taken
+    /// before the file was opened: a write after it could be in the text read).
+    fn settled(&self, settled: Duration, opened: SystemTime) -> bool {
         let (secs, nanos) = self.mtime.max(self.ctime);
         let (Ok(secs), Ok(nanos)) = (u64::try_from(secs), u32::try_from(nanos)) else {
             // Before 1970: long settled.
             return true;
         };
         let changed = Duration::new(secs, nanos);
-        SystemTime::now()
+        opened
             .duration_since(SystemTime::UNIX_EPOCH)
-            .is_ok_and(|now| changed.saturating_add(settled) <= now)
+            .is_ok_and(|opened| changed.saturating_add(settled) <= opened)
     }
 }
 
@@ -157,6 +158,7 @@ impl RememberedFile {
                 return Ok(Arc::clone(text));
             }
         }
+        let opened = SystemTime::now();
         let mut file = match std::fs::File::open(&self.path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Arc::from("")),
@@ -168,7 +170,7 @@ impl RememberedFile {
         file.read_to_string(&mut text).map_err(error)?;
         let text: Arc<str> = Arc::from(text);
         *kept = stamp
-            .settled(self.settled)
+            .settled(self.settled, opened)
             .then(|| (stamp, Arc::clone(&text)));
         Ok(text)
     }

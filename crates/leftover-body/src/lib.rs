@@ -5,8 +5,8 @@
 //! for an unknown route, a 415 for a wrong content type) and the body has not all
 //! arrived yet, hyper closes the connection after the answer; a client that pools
 //! connections then sends its next request into a closing socket and gets "server
-//! disconnected". [`read_what_the_answer_left`] reads such a body, up to a limit and
-//! a short wait, before the answer goes out.
+//! disconnected". [`read_what_the_answer_left`] reads such a body (HTTP/1.1, a small
+//! declared length, a short wait) before the answer goes out.
 //!
 //! Owns: that middleware and the body wrapper it needs. Must not: read bodies a handler
 //! still holds (a streaming upload, a client stream), or hold an answer longer than
@@ -19,22 +19,23 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::header::{CONTENT_LENGTH, EXPECT};
-use axum::http::HeaderMap;
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, EXPECT};
+use axum::http::{HeaderMap, Version};
 use axum::middleware::Next;
 use axum::response::Response;
+use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, SizeHint};
 
-/// The most of an unread request body read after answering.
+/// The largest declared request body read after an answer that left it unread.
 pub const LEFTOVER_BODY_LIMIT: usize = 64 * 1024;
 /// How long an answer waits for the rest of an unread body.
 pub const LEFTOVER_BODY_WAIT: Duration = Duration::from_secs(1);
 
 /// Middleware (`axum::middleware::from_fn`): reads whatever request body the answer left
-/// unread before the answer goes out. A body larger than [`LEFTOVER_BODY_LIMIT`], or one
-/// that does not come within [`LEFTOVER_BODY_WAIT`], still ends the connection.
+/// unread before the answer goes out. A body that does not come within
+/// [`LEFTOVER_BODY_WAIT`] still ends the connection.
 pub async fn read_what_the_answer_left(request: Request, next: Next) -> Response {
-    if !worth_reading_after_the_answer(request.headers()) {
+    if !worth_reading_after_the_answer(&request) {
         return next.run(request).await;
     }
     let leftover = Arc::new(Mutex::new(None));
@@ -49,26 +50,42 @@ pub async fn read_what_the_answer_left(request: Request, next: Next) -> Response
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .take();
-    if let Some(body) = unread {
-        let _ = tokio::time::timeout(
-            LEFTOVER_BODY_WAIT,
-            axum::body::to_bytes(body, LEFTOVER_BODY_LIMIT),
-        )
-        .await;
+    if let Some(body) = unread.filter(|_| !closes(response.headers())) {
+        let _ = tokio::time::timeout(LEFTOVER_BODY_WAIT, discard(body)).await;
     }
     response
 }
 
-/// Whether a body left unread should be read: not when the client waits for `100
-/// Continue` before sending it (reading would ask for a body the answer has no use for;
-/// hyper answers without the go-ahead and the client decides), nor when its declared
-/// length is beyond the limit anyway.
-fn worth_reading_after_the_answer(headers: &HeaderMap) -> bool {
+/// Whether a body the answer may leave unread is worth reading: only on an HTTP/1.1
+/// connection that stays open (on h2 a dropped body costs nothing but its stream), with
+/// a declared length of at most [`LEFTOVER_BODY_LIMIT`] (a stream of unknown length
+/// may never end), and not when the client waits for `100 Continue` before sending it
+/// (reading would ask for a body nobody wants; hyper answers without the go-ahead).
+fn worth_reading_after_the_answer(request: &Request) -> bool {
+    let headers = request.headers();
     let declared_length = headers
         .get(CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok());
-    !headers.contains_key(EXPECT) && declared_length.is_none_or(|n| n <= LEFTOVER_BODY_LIMIT)
+    request.version() == Version::HTTP_11
+        && declared_length.is_some_and(|n| n > 0 && n <= LEFTOVER_BODY_LIMIT)
+        && !headers.contains_key(EXPECT)
+        && !closes(headers)
+}
+
+/// Whether these headers end the connection after this exchange (`Connection: close`).
+fn closes(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|option| option.trim().eq_ignore_ascii_case("close"))
+}
+
+/// Reads `body` to its end, keeping none of it.
+async fn discard(mut body: Body) {
+    while let Some(Ok(_)) = body.frame().await {}
 }
 
 /// A request body that, dropped before its end, puts itself in `leftover` instead of
@@ -216,6 +233,51 @@ mod tests {
         stream.get_mut().write_all(head.as_bytes()).await.unwrap();
         let (status, _) = response(&mut stream).await.unwrap();
         assert!(status.contains("401"), "{status}");
+    }
+
+    #[test]
+    fn only_small_declared_bodies_on_open_http1_connections_are_read() {
+        let request = |version: Version, headers: &[(&str, &str)]| {
+            let mut builder = Request::builder().method("POST").uri("/").version(version);
+            for (name, value) in headers {
+                builder = builder.header(*name, *value);
+            }
+            builder.body(Body::empty()).unwrap()
+        };
+        let small = ("content-length", "5");
+        assert!(worth_reading_after_the_answer(&request(
+            Version::HTTP_11,
+            &[small]
+        )));
+        assert!(!worth_reading_after_the_answer(&request(
+            Version::HTTP_2,
+            &[small]
+        )));
+        assert!(!worth_reading_after_the_answer(&request(
+            Version::HTTP_10,
+            &[small]
+        )));
+        assert!(!worth_reading_after_the_answer(&request(
+            Version::HTTP_11,
+            &[]
+        )));
+        assert!(!worth_reading_after_the_answer(&request(
+            Version::HTTP_11,
+            &[("content-length", "0")]
+        )));
+        let too_large = (LEFTOVER_BODY_LIMIT + 1).to_string();
+        assert!(!worth_reading_after_the_answer(&request(
+            Version::HTTP_11,
+            &[("content-length", &too_large)]
+        )));
+        assert!(!worth_reading_after_the_answer(&request(
+            Version::HTTP_11,
+            &[small, ("expect", "100-continue")]
+        )));
+        assert!(!worth_reading_after_the_answer(&request(
+            Version::HTTP_11,
+            &[small, ("connection", "keep-alive, Close")]
+        )));
     }
 
     #[tokio::test]
