@@ -75,31 +75,41 @@ fn tighten_state(state_dir: &Path) -> io::Result<usize> {
     let mut changed = usize::from(set_mode(state_dir, 0o711)?);
     for entry in fs::read_dir(state_dir)? {
         let entry = entry?;
-        let path = entry.path();
-        let meta = fs::symlink_metadata(&path)?;
-        if meta.file_type().is_symlink() {
-            continue;
-        }
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        changed += match name.as_ref() {
-            _ if !meta.is_dir() => usize::from(set_mode(&path, 0o600)?),
-            "sandboxes" => usize::from(set_mode(&path, 0o700)?),
-            // Restores mount volumes below it, in directories of the sandboxes' own
-            // root uids (see berth-runtime's `volume_mounts_dir`).
-            "volume-mounts" => usize::from(set_mode(&path, 0o711)?),
-            // The tmpfs sandboxes bind envd from: traversable, never listable (see
-            // berth-runtime's `envd_fs`).
-            "envd" => usize::from(set_mode(&path, 0o711)?),
-            // LXCFS's mount, reached by restores as the sandbox's root uid (see
-            // berth-runtime's `views`); never walked (it is a FUSE view of /proc).
-            "views" => tighten_views(&path)?,
-            "templates" => tighten_templates(&path)?,
-            name if PRIVATE_TREES.contains(&name) => berth_runtime::tighten_private_tree(&path)?,
-            _ => usize::from(set_mode(&path, 0o700)?),
-        };
+        changed += unless_gone(tighten_state_entry(&entry.path(), &entry.file_name()))?;
     }
     Ok(changed)
+}
+
+/// A running berth (or another CLI call) adds and removes entries while this walks:
+/// a path gone by the time it is reached has nothing left to tighten.
+fn unless_gone(result: io::Result<usize>) -> io::Result<usize> {
+    match result {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        result => result,
+    }
+}
+
+fn tighten_state_entry(path: &Path, name: &std::ffi::OsStr) -> io::Result<usize> {
+    let meta = fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        return Ok(0);
+    }
+    Ok(match name.to_string_lossy().as_ref() {
+        _ if !meta.is_dir() => usize::from(set_mode(path, 0o600)?),
+        "sandboxes" => usize::from(set_mode(path, 0o700)?),
+        // Restores mount volumes below it, in directories of the sandboxes' own
+        // root uids (see berth-runtime's `volume_mounts_dir`).
+        "volume-mounts" => usize::from(set_mode(path, 0o711)?),
+        // The tmpfs sandboxes bind envd from: traversable, never listable (see
+        // berth-runtime's `envd_fs`).
+        "envd" => usize::from(set_mode(path, 0o711)?),
+        // LXCFS's mount, reached by restores as the sandbox's root uid (see
+        // berth-runtime's `views`); never walked (it is a FUSE view of /proc).
+        "views" => tighten_views(path)?,
+        "templates" => tighten_templates(path)?,
+        name if PRIVATE_TREES.contains(&name) => berth_runtime::tighten_private_tree(path)?,
+        _ => usize::from(set_mode(path, 0o700)?),
+    })
 }
 
 /// `views/` 0711, LXCFS's pid file and log 0600; the rest is LXCFS's files bound there
@@ -119,47 +129,55 @@ fn tighten_views(views: &Path) -> io::Result<usize> {
 fn tighten_templates(templates: &Path) -> io::Result<usize> {
     let mut changed = usize::from(set_mode(templates, 0o700)?);
     for entry in fs::read_dir(templates)? {
-        let path = entry?.path();
-        let meta = fs::symlink_metadata(&path)?;
-        if meta.file_type().is_symlink() {
-            continue;
-        }
-        if !meta.is_dir() {
-            changed += usize::from(set_mode(&path, 0o600)?);
-            continue;
-        }
-        changed += usize::from(set_mode(&path, 0o700)?);
-        match path.file_name().and_then(|n| n.to_str()) {
-            Some("checkpoints") => changed += berth_runtime::tighten_private_tree(&path)?,
-            // Layer directories hold `rootfs` (template content, untouched) and berth's
-            // bookkeeping next to it.
-            Some("layers") | Some("staging") => {
-                for layer in fs::read_dir(&path)? {
-                    let layer = layer?.path();
-                    let meta = fs::symlink_metadata(&layer)?;
-                    if meta.is_dir() {
-                        changed += usize::from(set_mode(&layer, 0o700)?);
-                        for inner in fs::read_dir(&layer)? {
-                            let inner = inner?.path();
-                            let meta = fs::symlink_metadata(&inner)?;
-                            if meta.is_file() {
-                                changed += usize::from(set_mode(&inner, 0o600)?);
-                            }
-                        }
-                    }
-                }
+        changed += unless_gone(tighten_template_entry(&entry?.path()))?;
+    }
+    Ok(changed)
+}
+
+fn tighten_template_entry(path: &Path) -> io::Result<usize> {
+    let meta = fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        return Ok(0);
+    }
+    if !meta.is_dir() {
+        return Ok(usize::from(set_mode(path, 0o600)?));
+    }
+    let mut changed = usize::from(set_mode(path, 0o700)?);
+    match path.file_name().and_then(|n| n.to_str()) {
+        Some("checkpoints") => changed += berth_runtime::tighten_private_tree(path)?,
+        // Layer directories hold `rootfs` (template content, untouched) and berth's
+        // bookkeeping next to it.
+        Some("layers") | Some("staging") => {
+            for layer in fs::read_dir(path)? {
+                changed += unless_gone(tighten_layer(&layer?.path()))?;
             }
-            _ => {
-                for file in fs::read_dir(&path)? {
-                    let file = file?.path();
-                    if fs::symlink_metadata(&file)?.is_file() {
-                        changed += usize::from(set_mode(&file, 0o600)?);
-                    }
-                }
+        }
+        _ => {
+            for file in fs::read_dir(path)? {
+                changed += unless_gone(tighten_if_file(&file?.path()))?;
             }
         }
     }
     Ok(changed)
+}
+
+/// A layer directory and berth's files in it; its `rootfs` is template content.
+fn tighten_layer(layer: &Path) -> io::Result<usize> {
+    if !fs::symlink_metadata(layer)?.is_dir() {
+        return Ok(0);
+    }
+    let mut changed = usize::from(set_mode(layer, 0o700)?);
+    for inner in fs::read_dir(layer)? {
+        changed += unless_gone(tighten_if_file(&inner?.path()))?;
+    }
+    Ok(changed)
+}
+
+fn tighten_if_file(path: &Path) -> io::Result<usize> {
+    if fs::symlink_metadata(path)?.is_file() {
+        return Ok(usize::from(set_mode(path, 0o600)?));
+    }
+    Ok(0)
 }
 
 /// Sets `path`'s permission bits to `mode`; false when they already were.
@@ -282,5 +300,57 @@ mod tests {
         std::os::unix::fs::symlink(shared.path(), state.path().join("templates")).unwrap();
         tighten_state(state.path()).unwrap();
         assert_eq!(mode(shared.path()), 0o755);
+    }
+
+    #[test]
+    fn entries_that_come_and_go_during_the_walk_are_no_error() {
+        // A running berth claims and releases uid slots, writes and removes checkpoints
+        // and commits staged layers while a CLI call secures the same state dir.
+        let state = tempfile::tempdir().unwrap();
+        let s = state.path().to_path_buf();
+        for dir in [
+            "uid-slots",
+            "checkpoints",
+            "templates/staging",
+            "templates/manifests",
+        ] {
+            fs::create_dir_all(s.join(dir)).unwrap();
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    let slot = s.join(format!("uid-slots/{}", n % 512));
+                    let checkpoint = s.join(format!("checkpoints/c{}", n % 16));
+                    let layer = s.join(format!("templates/staging/l{}", n % 16));
+                    let manifest = s.join(format!("templates/manifests/m{}", n % 16));
+                    if (n / 512) % 2 == 0 {
+                        let _ = fs::write(&slot, "claimed");
+                        let _ = fs::create_dir_all(checkpoint.join("images"));
+                        let _ = fs::create_dir_all(&layer);
+                        let _ = fs::write(layer.join("meta"), "x");
+                        let _ = fs::write(&manifest, "{}");
+                    } else {
+                        let _ = fs::remove_file(&slot);
+                        let _ = fs::remove_dir_all(&checkpoint);
+                        let _ = fs::remove_dir_all(&layer);
+                        let _ = fs::remove_file(&manifest);
+                    }
+                }
+            })
+        };
+        let walks: Vec<_> = (0..1000).map(|_| tighten_state(&s).map(|_| ())).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
+        let failed: Vec<_> = walks.into_iter().filter_map(Result::err).collect();
+        assert!(
+            failed.is_empty(),
+            "{} of 1000 walks failed: {:?}",
+            failed.len(),
+            failed.first()
+        );
     }
 }

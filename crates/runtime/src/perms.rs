@@ -118,27 +118,42 @@ const CRIU_INVENTORY: &str = "inventory.img";
 /// symlinks), except that directories of CRIU images keep their files' modes and get
 /// [`IMAGES_DIR`] (restores need both; what keeps them from other users is the
 /// owner-only directory they sit in). Returns how many paths changed.
+///
+/// Other processes may add and remove entries during the walk (a running berth claims
+/// and releases uid slots, writes and deletes checkpoints): a path gone by the time it
+/// is reached is skipped, never an error.
 pub fn tighten_tree(dir: &Path) -> io::Result<usize> {
+    let device = match fs::symlink_metadata(dir) {
+        Ok(meta) => meta.dev(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
     let mut changed = 0;
-    let device = fs::symlink_metadata(dir)?.dev();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(path) = stack.pop() {
-        let meta = fs::symlink_metadata(&path)?;
-        if meta.file_type().is_symlink() || meta.dev() != device {
-            continue;
-        }
-        if !meta.is_dir() {
-            changed += usize::from(tighten(&path, PRIVATE_FILE)?);
-            continue;
-        }
-        if path.join(CRIU_INVENTORY).is_file() {
-            changed += usize::from(tighten(&path, IMAGES_DIR)?);
-            continue;
-        }
-        changed += usize::from(tighten(&path, PRIVATE_DIR)?);
-        for entry in fs::read_dir(&path)? {
-            stack.push(entry?.path());
-        }
+        changed += match tighten_one(&path, device, &mut stack) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+            result => result?,
+        };
+    }
+    Ok(changed)
+}
+
+/// One path of [`tighten_tree`]'s walk; a directory's entries go on `stack`.
+fn tighten_one(path: &Path, device: u64, stack: &mut Vec<std::path::PathBuf>) -> io::Result<usize> {
+    let meta = fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() || meta.dev() != device {
+        return Ok(0);
+    }
+    if !meta.is_dir() {
+        return Ok(usize::from(tighten(path, PRIVATE_FILE)?));
+    }
+    if path.join(CRIU_INVENTORY).is_file() {
+        return Ok(usize::from(tighten(path, IMAGES_DIR)?));
+    }
+    let changed = usize::from(tighten(path, PRIVATE_DIR)?);
+    for entry in fs::read_dir(path)? {
+        stack.push(entry?.path());
     }
     Ok(changed)
 }
