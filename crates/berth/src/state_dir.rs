@@ -327,7 +327,7 @@ mod tests {
                     let checkpoint = s.join(format!("checkpoints/c{}", n % 16));
                     let layer = s.join(format!("templates/staging/l{}", n % 16));
                     let manifest = s.join(format!("templates/manifests/m{}", n % 16));
-                    if (n / 512) % 2 == 0 {
+                    if (n / 512).is_multiple_of(2) {
                         let _ = fs::write(&slot, "claimed");
                         let _ = fs::create_dir_all(checkpoint.join("images"));
                         let _ = fs::create_dir_all(&layer);
