@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -176,6 +177,23 @@ def test_default_endpoint_is_the_local_berth_up(cli: Cli, berth: Berth) -> None:
     assert result.returncode == 0, result.stderr
     assert isinstance(json.loads(result.stdout), list)
     assert (berth.state_dir / "api-url").read_text().strip() == berth.api_url
+
+
+def test_client_verbs_work_for_users_who_cannot_change_the_state_dir(berth: Berth) -> None:
+    # Client verbs talk REST like any client; only the commands that own the state dir
+    # bring its modes in line (a user other than root could not).
+    with tempfile.TemporaryDirectory(prefix="berth-ops-nobody-", dir="/tmp") as home:
+        binary = Path(home) / "berth"
+        binary.write_bytes(berth.binary.read_bytes())
+        Path(home).chmod(0o755)
+        binary.chmod(0o755)
+        result = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             str(binary), "sandbox", "ls", "--json", "--state-dir", str(berth.state_dir)],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode == 0, result.stderr
+    assert isinstance(json.loads(result.stdout), list)
 
 
 def test_other_teams_see_nothing(cli: Cli, other_team_key: str) -> None:

@@ -186,6 +186,23 @@ enum Command {
     RotateKek,
 }
 
+impl Command {
+    /// Whether the command works on the state dir (and so first brings its modes in
+    /// line). Client verbs talk REST like any client: they only read the API URL a
+    /// local `berth up` recorded, and must work for users who cannot change the state
+    /// dir.
+    fn owns_state_dir(&self) -> bool {
+        !matches!(
+            self,
+            Command::Sandbox { .. }
+                | Command::Template { .. }
+                | Command::Volume { .. }
+                | Command::Secret { .. }
+                | Command::Completions { .. }
+        )
+    }
+}
+
 #[derive(Args)]
 struct ProvisionArgs {
     /// Host template to build (repeatable): `code-interpreter-v1`, `mcp-gateway`.
@@ -378,7 +395,9 @@ fn main() -> Result<()> {
             .with_span_list(false)
             .init(),
     }
-    state_dir::secure(&cli.state_dir)?;
+    if cli.command.owns_state_dir() {
+        state_dir::secure(&cli.state_dir)?;
+    }
     // Parsed when a command opens the store, so a bad URL fails only those.
     let database = || {
         DatabaseConfig::from_url(cli.database.as_deref(), &cli.state_dir)
