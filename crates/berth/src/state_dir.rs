@@ -74,8 +74,7 @@ pub fn secure(state_dir: &Path) -> Result<()> {
 fn tighten_state(state_dir: &Path) -> io::Result<usize> {
     let mut changed = usize::from(set_mode(state_dir, 0o711)?);
     for entry in fs::read_dir(state_dir)? {
-        let entry = entry?;
-        changed += unless_gone(tighten_state_entry(&entry.path(), &entry.file_name()))?;
+        changed += unless_gone(tighten_state_entry(&entry?.path()))?;
     }
     Ok(changed)
 }
@@ -89,12 +88,13 @@ fn unless_gone(result: io::Result<usize>) -> io::Result<usize> {
     }
 }
 
-fn tighten_state_entry(path: &Path, name: &std::ffi::OsStr) -> io::Result<usize> {
+fn tighten_state_entry(path: &Path) -> io::Result<usize> {
     let meta = fs::symlink_metadata(path)?;
     if meta.file_type().is_symlink() {
         return Ok(0);
     }
-    Ok(match name.to_string_lossy().as_ref() {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    Ok(match name.as_ref() {
         _ if !meta.is_dir() => usize::from(set_mode(path, 0o600)?),
         "sandboxes" => usize::from(set_mode(path, 0o700)?),
         // Restores mount volumes below it, in directories of the sandboxes' own

@@ -840,42 +840,12 @@ async fn keepalive_start_streams_leak_nothing() {
 /// Sends one request whose body arrives after its headers, then `GET /health` on the same
 /// connection; returns both status lines.
 async fn late_body_then_health(envd: &Envd, head: &str, body: &[u8]) -> (String, String) {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     let address = envd.url("").trim_start_matches("http://").to_owned();
-    let mut stream = BufReader::new(tokio::net::TcpStream::connect(&address).await.unwrap());
-    stream.get_mut().set_nodelay(true).unwrap();
-    let head = format!("{head}Host: envd\r\nContent-Length: {}\r\n\r\n", body.len());
-    stream.get_mut().write_all(head.as_bytes()).await.unwrap();
-    // A client's body often follows its headers in a second segment.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    stream.get_mut().write_all(body).await.unwrap();
-    let mut statuses = Vec::new();
-    for request in 0..2 {
-        if request == 1 {
-            stream
-                .get_mut()
-                .write_all(b"GET /health HTTP/1.1\r\nHost: envd\r\n\r\n")
-                .await
-                .unwrap();
-        }
-        let mut status = String::new();
-        stream.read_line(&mut status).await.unwrap();
-        let mut content_length = 0usize;
-        loop {
-            let mut line = String::new();
-            stream.read_line(&mut line).await.unwrap();
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                content_length = value.trim().parse().unwrap();
-            }
-        }
-        let mut rest = vec![0; content_length];
-        stream.read_exact(&mut rest).await.unwrap();
-        statuses.push(status.trim_end().to_owned());
-    }
-    (statuses.remove(0), statuses.remove(0))
+    let health = "GET /health HTTP/1.1\r\nHost: envd\r\n\r\n";
+    let (first, next) =
+        berth_leftover_body::testing::late_body_then(&address, head, body, health).await;
+    let (next, _) = next.expect("the connection carried no second request");
+    (first, next)
 }
 
 #[tokio::test]

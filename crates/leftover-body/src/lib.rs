@@ -128,13 +128,76 @@ impl Drop for HandedBackOnDrop {
     }
 }
 
+/// A raw HTTP/1.1 exchange for tests of connection reuse (feature `test-support`): no
+/// client library, so the body's timing and the connection are the test's own.
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::TcpStream;
+
+    /// Sends `head` (a request line and headers, each ending in CRLF; `Host` and
+    /// `Content-Length` are added) to `address` and its `body` 50 ms later, as a
+    /// client's second segment, then `next` (a whole request) on the same connection.
+    /// Returns the first answer's status line and the second answer's status line and
+    /// body, `None` when the connection did not carry it.
+    pub async fn late_body_then(
+        address: &str,
+        head: &str,
+        body: &[u8],
+        next: &str,
+    ) -> (String, Option<(String, String)>) {
+        let mut stream = BufReader::new(TcpStream::connect(address).await.unwrap());
+        stream.get_mut().set_nodelay(true).unwrap();
+        let head = format!(
+            "{head}Host: {address}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.get_mut().write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stream.get_mut().write_all(body).await.unwrap();
+        let (first, _) = response(&mut stream)
+            .await
+            .expect("an answer to the first request");
+        if stream.get_mut().write_all(next.as_bytes()).await.is_err() {
+            return (first, None);
+        }
+        (first, response(&mut stream).await)
+    }
+
+    /// Reads one response off `stream`: its status line and body; `None` when the
+    /// connection ended first.
+    pub async fn response(stream: &mut BufReader<TcpStream>) -> Option<(String, String)> {
+        let mut status = String::new();
+        if stream.read_line(&mut status).await.ok()? == 0 {
+            return None;
+        }
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            stream.read_line(&mut line).await.ok()?;
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = value.trim().parse().ok()?;
+            }
+        }
+        let mut body = vec![0; length];
+        stream.read_exact(&mut body).await.ok()?;
+        Some((status.trim_end().to_owned(), String::from_utf8(body).ok()?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::testing::{late_body_then, response};
     use super::*;
     use axum::http::StatusCode;
     use axum::routing::post;
     use axum::Router;
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::io::{AsyncWriteExt, BufReader};
     use tokio::net::{TcpListener, TcpStream};
 
     /// Serves `/refuse` (answers 401 without reading the body) and `/read` (reads it),
@@ -157,42 +220,19 @@ mod tests {
         address
     }
 
-    /// Reads one response off `stream`: its status line and body.
-    async fn response(stream: &mut BufReader<TcpStream>) -> Option<(String, String)> {
-        let mut status = String::new();
-        if stream.read_line(&mut status).await.ok()? == 0 {
-            return None;
-        }
-        let mut length = 0;
-        loop {
-            let mut line = String::new();
-            stream.read_line(&mut line).await.ok()?;
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                length = value.trim().parse().ok()?;
-            }
-        }
-        let mut body = vec![0; length];
-        stream.read_exact(&mut body).await.ok()?;
-        Some((status.trim_end().to_owned(), String::from_utf8(body).ok()?))
-    }
-
     /// A refused request whose body comes after its headers, then a second request on
     /// the same connection: the second one's answer, if the connection carried it.
     async fn refused_then_next(address: std::net::SocketAddr) -> Option<(String, String)> {
-        let mut stream = BufReader::new(TcpStream::connect(address).await.unwrap());
-        stream.get_mut().set_nodelay(true).unwrap();
-        let head = "POST /refuse HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n";
-        stream.get_mut().write_all(head.as_bytes()).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        stream.get_mut().write_all(b"hello").await.unwrap();
-        let (refused, _) = response(&mut stream).await?;
-        assert!(refused.contains("401"), "{refused}");
         let next = "POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc";
-        stream.get_mut().write_all(next.as_bytes()).await.ok()?;
-        response(&mut stream).await
+        let (refused, answer) = late_body_then(
+            &address.to_string(),
+            "POST /refuse HTTP/1.1\r\n",
+            b"hello",
+            next,
+        )
+        .await;
+        assert!(refused.contains("401"), "{refused}");
+        answer
     }
 
     #[tokio::test]

@@ -661,44 +661,11 @@ async fn a_sandbox_whose_envd_exits_is_reported_killed_and_freed() {
 /// same connection; returns both status lines (`None` for the second if the connection
 /// was closed under it).
 async fn refused_then_health(url: &str, head: &str, body: &[u8]) -> (String, Option<String>) {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-    async fn status(stream: &mut BufReader<tokio::net::TcpStream>) -> Option<String> {
-        let mut status = String::new();
-        if stream.read_line(&mut status).await.ok()? == 0 {
-            return None;
-        }
-        let mut length = 0usize;
-        loop {
-            let mut line = String::new();
-            stream.read_line(&mut line).await.ok()?;
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                length = value.trim().parse().ok()?;
-            }
-        }
-        let mut rest = vec![0; length];
-        stream.read_exact(&mut rest).await.ok()?;
-        Some(status.trim_end().to_owned())
-    }
     let address = url.trim_start_matches("http://");
-    let mut stream = BufReader::new(tokio::net::TcpStream::connect(address).await.unwrap());
-    let head = format!(
-        "{head}Host: {address}\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.get_mut().write_all(head.as_bytes()).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    stream.get_mut().write_all(body).await.unwrap();
-    let refused = status(&mut stream)
-        .await
-        .expect("an answer to the refused request");
     let health = format!("GET /health HTTP/1.1\r\nHost: {address}\r\n\r\n");
-    if stream.get_mut().write_all(health.as_bytes()).await.is_err() {
-        return (refused, None);
-    }
-    (refused, status(&mut stream).await)
+    let (refused, next) =
+        berth_leftover_body::testing::late_body_then(address, head, body, &health).await;
+    (refused, next.map(|(status, _)| status))
 }
 
 #[tokio::test]

@@ -58,7 +58,7 @@ use tokio::time::Instant;
 use crate::connect::{self, MessageStream, RpcContext};
 use crate::reaper::Reaper;
 use crate::state::EnvdState;
-use crate::users::{self, User, UserDb, UserError};
+use crate::users::{self, User, UserError};
 use child::{AsyncPipe, Credentials, SpawnSpec, TerminalSize};
 
 /// How long a finished process stays reachable by `Connect`.
@@ -78,7 +78,6 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 pub struct ProcessService {
     state: Arc<EnvdState>,
     reaper: Arc<Reaper>,
-    users: UserDb,
     table: Mutex<HashMap<u32, Arc<ManagedProcess>>>,
 }
 
@@ -175,7 +174,6 @@ impl ProcessService {
         Arc::new(Self {
             state,
             reaper,
-            users: UserDb::system(),
             table: Mutex::new(HashMap::new()),
         })
     }
@@ -272,7 +270,7 @@ impl ProcessService {
     }
 
     fn request_user(&self, headers: &HeaderMap) -> Result<User, ConnectError> {
-        request_user(&self.users, &self.state, headers)
+        request_user(&self.state, headers)
     }
 
     fn start(
@@ -552,11 +550,7 @@ impl ProcessService {
 
 /// The user a call runs as: `Authorization: Basic` names it, else the `/init` default,
 /// else envd's own user.
-pub fn request_user(
-    users: &UserDb,
-    state: &EnvdState,
-    headers: &HeaderMap,
-) -> Result<User, ConnectError> {
+pub fn request_user(state: &EnvdState, headers: &HeaderMap) -> Result<User, ConnectError> {
     let explicit = match headers
         .get(axum::http::header::AUTHORIZATION)
         .map(|value| value.to_str())
@@ -576,7 +570,8 @@ pub fn request_user(
         .unwrap_or_else(PoisonError::into_inner)
         .user
         .clone();
-    users
+    state
+        .users
         .resolve(explicit.as_deref(), default_user.as_deref())
         .map_err(user_error)
 }
