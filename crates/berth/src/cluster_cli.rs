@@ -245,7 +245,7 @@ fn serve_node(
     )
 }
 
-fn total_memory_mb() -> Result<u64> {
+pub(crate) fn total_memory_mb() -> Result<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
     meminfo
         .lines()

@@ -297,6 +297,15 @@ pub(crate) struct UpArgs {
     /// Sandboxes kept started per template in use, so a create is a claim (0: none).
     #[arg(long, env = "BERTH_POOL_SIZE", default_value_t = 2)]
     pool_size: usize,
+    /// Seconds a memory pause keeps the sandbox's processes frozen, so a resume within
+    /// them thaws instead of restoring the images (0: never; the images are written
+    /// either way).
+    #[arg(long, env = "BERTH_KEEP_PAUSED_SECS", default_value_t = 300)]
+    keep_paused_secs: u64,
+    /// Most memory, in MiB, paused sandboxes' kept processes may hold together (the
+    /// longest kept are ended first). Default: an eighth of the host's memory.
+    #[arg(long, env = "BERTH_KEEP_PAUSED_MIB")]
+    keep_paused_mib: Option<u64>,
     /// Most connections (conntrack entries) one sandbox may hold through the host.
     #[arg(long, env = "BERTH_SANDBOX_MAX_CONNECTIONS", default_value_t = berth_net::Limits::default().max_connections)]
     sandbox_max_connections: u32,
@@ -845,6 +854,13 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         runtime_config.network = Some(network);
     }
     runtime_config.volume_size_mb = args.volume_size_mb;
+    runtime_config.keep_paused = berth_runtime::KeepPaused {
+        linger: Duration::from_secs(args.keep_paused_secs),
+        budget_bytes: match args.keep_paused_mib {
+            Some(mib) => mib << 20,
+            None => (cluster_cli::total_memory_mb()? << 20) / 8,
+        },
+    };
     runtime_config.disk_limits = berth_runtime::DiskLimits {
         read_bytes_per_sec: args.sandbox_disk_read_mibps << 20,
         write_bytes_per_sec: args.sandbox_disk_write_mibps << 20,

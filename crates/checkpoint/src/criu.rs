@@ -344,6 +344,9 @@ impl Criu {
         if dump.leave_running {
             cmd.arg("--leave-running");
         }
+        if let Some(freezer) = &dump.freeze_cgroup {
+            cmd.arg("--freeze-cgroup").arg(freezer);
+        }
         self.yard_arg(&mut cmd);
         for (mount_point, key) in &dump.external_mounts {
             cmd.arg("--external")
@@ -527,6 +530,12 @@ pub struct Dump {
     /// the tree's mount namespace, key). Their contents stay where they are; a restore
     /// names what to bind at each key ([`Restore::external_mounts`]).
     pub external_mounts: Vec<(PathBuf, String)>,
+    /// The tree's freezer cgroup (v1: its `freezer` group; v2: its group), frozen by the
+    /// caller before the dump: CRIU seizes the frozen tasks and, with `leave_running`,
+    /// freezes the group again before it lets them go, so the tree never runs between
+    /// the dump and whoever thaws it (criu `--freeze-cgroup`; see `freezer_restore_state`
+    /// in criu's `seize.c`).
+    pub freeze_cgroup: Option<PathBuf>,
 }
 
 /// What [`Criu::restore`] brings back.

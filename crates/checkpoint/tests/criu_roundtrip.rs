@@ -86,6 +86,7 @@ fn dump_and_restore_keep_memory() {
         own_mount_namespace: false,
         netns: None,
         external_mounts: Vec::new(),
+        freeze_cgroup: None,
     })
     .expect("criu dump");
     // The dump killed the process; collect it so the pid is free for the restore.

@@ -501,6 +501,25 @@ impl Cgroups {
         Ok(())
     }
 
+    /// The group whose freezer holds sandbox `id` (v1: its `freezer` group; v2: its
+    /// group), for CRIU's `--freeze-cgroup`.
+    pub(crate) fn freezer_dir(&self, id: &str) -> PathBuf {
+        match self {
+            Self::V1 { .. } => self.dir("freezer", id),
+            Self::V2 { .. } => self.dir("", id),
+        }
+    }
+
+    /// Whether sandbox `id`'s group is frozen (or freezing); false when it has no group.
+    pub(crate) fn is_frozen(&self, id: &str) -> bool {
+        match self {
+            Self::V1 { .. } => fs::read_to_string(self.dir("freezer", id).join("freezer.state"))
+                .is_ok_and(|state| state.trim() != "THAWED"),
+            Self::V2 { .. } => fs::read_to_string(self.dir("", id).join("cgroup.freeze"))
+                .is_ok_and(|state| state.trim() == "1"),
+        }
+    }
+
     /// Freezes or thaws every process in the sandbox and waits until the state settles.
     pub(crate) fn set_frozen(&self, id: &str, frozen: bool) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);

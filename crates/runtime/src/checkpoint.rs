@@ -275,6 +275,7 @@ impl LinuxRuntime {
                 own_mount_namespace: true,
                 netns: self.sandbox_netns(id)?,
                 external_mounts: dump_externals(&sandbox.info),
+                freeze_cgroup: None,
             },
             &hook,
         )

@@ -124,6 +124,7 @@ mod disk;
 mod durability;
 mod envd_fs;
 mod host;
+mod kept;
 pub mod launch;
 mod linux;
 mod perms;
@@ -137,6 +138,7 @@ mod volume;
 
 pub use blkio::DiskLimits;
 pub use host::HostRuntime;
+pub use kept::KeepPaused;
 pub use linux::{
     CheckpointInfo, CommitStats, Durability, ExecOptions, LinuxRuntime, LinuxRuntimeConfig,
     PackedCheckpoint, DEFAULT_ENVD_ARGS, DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,

@@ -17,6 +17,7 @@ use crate::blkio::DiskThrottle;
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::disk::{self, DiskStore, Janitor};
 use crate::envd_fs;
+use crate::kept::{KeepPaused, KeptTrees};
 use crate::launch::{self, LaunchConfig, CONTROL_FD, ROOT_FD};
 use crate::perms;
 use crate::record::{self, Record};
@@ -92,6 +93,10 @@ pub struct LinuxRuntimeConfig {
     /// The `lxcfs` executable that serves sandboxes their memory and CPU views (default:
     /// `lxcfs` on `PATH`); None: sandboxes see the host's. See `views`.
     pub lxcfs_binary: Option<PathBuf>,
+    /// Whether, how long and how much a memory pause keeps the sandbox's processes,
+    /// frozen, so a resume thaws them instead of restoring its images (default: off).
+    /// See `kept`.
+    pub keep_paused: KeepPaused,
 }
 
 impl LinuxRuntimeConfig {
@@ -119,6 +124,7 @@ impl LinuxRuntimeConfig {
             volume_size_mb: DEFAULT_VOLUME_SIZE_MB,
             disk_limits: crate::DiskLimits::default(),
             lxcfs_binary: views::find_lxcfs(),
+            keep_paused: KeepPaused::OFF,
         }
     }
 }
@@ -191,6 +197,8 @@ pub struct LinuxRuntime {
     views: Views,
     /// Makes memory pauses durable after they are answered (see `durability`).
     pause_flusher: crate::durability::PauseFlusher,
+    /// Paused sandboxes' frozen processes, kept for a quick resume (see `kept`).
+    kept: KeptTrees,
 }
 
 /// Directory of a paused sandbox's CRIU images, inside its sandbox directory.
@@ -266,7 +274,10 @@ impl LinuxRuntime {
             .map_err(io_err("create volume dir"))?;
         let pause_flusher = crate::durability::PauseFlusher::new(&config.state_dir)
             .map_err(io_err("start the pause flusher"))?;
+        let kept = KeptTrees::new(config.keep_paused, cgroups.clone())
+            .map_err(io_err("start the thread ending kept paused sandboxes"))?;
         Ok(Self {
+            kept,
             views: Views::new(&config.state_dir, config.lxcfs_binary.clone()),
             network,
             volumes,
@@ -1114,6 +1125,12 @@ impl Runtime for LinuxRuntime {
             }
             match Self::live_init(&dir) {
                 Some((record, pidfd, pid)) => {
+                    // A running sandbox is never left frozen on purpose: a group still
+                    // frozen is one whose memory pause an earlier daemon did not finish.
+                    if self.cgroups.is_frozen(&id) {
+                        tracing::warn!(sandbox = %id, "a pause did not finish before the daemon stopped: the sandbox runs on");
+                        let _ = self.cgroups.set_frozen(&id, false);
+                    }
                     self.keep_slot(record.slot, &id);
                     let disk_uid_base = self.disk_uid_base(&record);
                     let info = SandboxInfo {

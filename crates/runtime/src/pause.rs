@@ -42,6 +42,7 @@ use super::{
 use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::durability::DurableMarker;
+use crate::kept::KeptTree;
 use crate::record::{self, Record};
 use crate::restorable;
 use crate::sys::{self, cpath, FsContext, MOUNT_ATTR_NODEV};
@@ -112,35 +113,67 @@ impl LinuxRuntime {
         images: &Path,
     ) -> Result<(), RuntimeError> {
         let sandbox = self.get(id)?;
-        // CRIU cannot seize frozen tasks.
-        let _ = self.cgroups.set_frozen(id, false);
-        crate::perms::create_dir(images, crate::perms::IMAGES_DIR)
-            .map_err(io_err(format!("create {}", images.display())))?;
+        // Kept processes stay frozen from before the dump to the resume (see `kept`);
+        // otherwise the tree must be thawed, as CRIU cannot seize frozen tasks unless it
+        // is told their freezer.
+        let keep = self.kept.enabled()
+            && match self.cgroups.set_frozen(id, true) {
+                Ok(()) => true,
+                Err(err) => {
+                    tracing::warn!(sandbox = %id, %err, "freezing a sandbox to keep it paused: its processes end with the pause");
+                    false
+                }
+            };
+        if !keep {
+            let _ = self.cgroups.set_frozen(id, false);
+        }
+        let thaw_on_failure = || {
+            if keep {
+                let _ = self.cgroups.set_frozen(id, false);
+            }
+        };
+        if let Err(err) = crate::perms::create_dir(images, crate::perms::IMAGES_DIR) {
+            thaw_on_failure();
+            return Err(io_err(format!("create {}", images.display()))(err));
+        }
+        let netns = match self.sandbox_netns(id) {
+            Ok(netns) => netns,
+            Err(err) => {
+                thaw_on_failure();
+                let _ = fs::remove_dir_all(images);
+                return Err(err);
+            }
+        };
         let dump = Dump {
             pid: sandbox.info.init_pid,
             images: images.to_path_buf(),
-            leave_running: false,
+            leave_running: keep,
             own_mount_namespace: true,
             // The namespace, link and rules stay while the sandbox is paused.
-            netns: self.sandbox_netns(id)?,
+            netns,
             external_mounts: dump_externals(&sandbox.info),
+            freeze_cgroup: keep.then(|| self.cgroups.freezer_dir(id)),
         };
         let dir = self.sandbox_dir(id);
         let hook = dir.join(DUMP_HOOK_FILE);
         let report = dir.join(restorable::REFUSAL_FILE);
         let _ = fs::remove_file(&hook);
         let _ = fs::remove_file(&report);
-        restorable::write_post_dump_hook(
+        if let Err(err) = restorable::write_post_dump_hook(
             &hook,
             &self.config.launcher_binary,
             images,
             &report,
             None,
-        )
-        .map_err(io_err("write post-dump hook"))?;
+        ) {
+            thaw_on_failure();
+            let _ = fs::remove_dir_all(images);
+            return Err(io_err("write post-dump hook")(err));
+        }
         let dumped = criu.dump_with_action_script(&dump, &hook);
         let _ = fs::remove_file(&hook);
         if let Err(e) = dumped {
+            thaw_on_failure();
             let _ = fs::remove_dir_all(images);
             let refused = restorable::refusal(id, &report);
             let _ = fs::remove_file(&report);
@@ -156,13 +189,70 @@ impl LinuxRuntime {
             let _ = fs::remove_dir_all(images);
             return Err(RuntimeError::NotFound(id.to_owned()));
         }
-        // The dump killed the tree; processes outside it go too.
-        self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
-        // The tree is already dumped and gone: a failed flush is reported, not undone
-        // (the kernel still writes the disk back when the filesystem goes).
-        if let Err(err) = release_disk_flushed(self, &sandbox) {
-            tracing::warn!(sandbox = %id, %err, "flushing a paused sandbox's disk");
+        let kept = if keep {
+            self.keep_dumped_tree(&sandbox)
+        } else {
+            // The dump killed the tree; processes outside it go too.
+            self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
+            // The tree is already dumped and gone: a failed flush is reported, not
+            // undone (the kernel still writes the disk back when the filesystem goes).
+            if let Err(err) = release_disk_flushed(self, &sandbox) {
+                tracing::warn!(sandbox = %id, %err, "flushing a paused sandbox's disk");
+            }
+            None
+        };
+        let result = self.mark_paused(id, images);
+        if let Some(tree) = kept {
+            if result.is_ok() {
+                self.kept.keep(id, tree);
+            } else {
+                self.kept.end_untaken(id, tree);
+            }
         }
+        result
+    }
+
+    /// After a dump that left `sandbox`'s tree frozen: its disk flushed (so the disk
+    /// image and the memory images agree on disk once the pause flusher ran) and
+    /// everything a resume needs to thaw it, or None when it cannot be kept (then it
+    /// is ended here, as a dump without keeping would have).
+    fn keep_dumped_tree(&self, sandbox: &super::Sandbox) -> Option<KeptTree> {
+        let id = sandbox.info.id.as_str();
+        let disk = self.take_disk(sandbox);
+        if let Some(disk) = &disk {
+            if let Err(err) = sys::syncfs_mount(disk.as_fd()) {
+                tracing::warn!(sandbox = %id, %err, "flushing a paused sandbox's disk");
+            }
+        }
+        let bytes = self
+            .cgroups
+            .usage(id)
+            .map_or(u64::MAX, |usage| usage.mem_used);
+        match sandbox.pidfd.try_clone() {
+            Ok(pidfd) => Some(KeptTree::new(
+                sandbox.info.clone(),
+                sandbox.slot,
+                pidfd,
+                sandbox.own_child,
+                disk,
+                sandbox.disk_uid_base,
+                bytes,
+            )),
+            Err(err) => {
+                tracing::warn!(sandbox = %id, %err, "keeping a paused sandbox's processes: they end with the pause");
+                let _ = kill_init(&sandbox.pidfd);
+                let _ = self.cgroups.set_frozen(id, false);
+                if let Err(err) = self.end_processes(id, &sandbox.pidfd, sandbox.own_child) {
+                    tracing::warn!(sandbox = %id, %err, "ending a paused sandbox's processes");
+                }
+                None
+            }
+        }
+    }
+
+    /// Writes the marker that makes sandbox `id`, dumped into `images`, paused.
+    fn mark_paused(&self, id: &str, images: &Path) -> Result<(), RuntimeError> {
+        let dir = self.sandbox_dir(id);
         // CRIU does not fsync its images; one syncfs of the state filesystem does (it
         // also flushes the disk image file the sandbox's filesystem wrote to). It runs
         // on the pause flusher, after the answer, unless the boot cannot be named.
@@ -193,7 +283,9 @@ impl LinuxRuntime {
 
     /// Waits until every memory pause answered so far is on disk (a clean stop calls
     /// this, so a host restarted right after finds them whole).
+    /// The processes kept for quick resumes are ended too: the images are the pauses.
     pub fn settle_pauses(&self) {
+        self.kept.end_all();
         self.pause_flusher.settle();
     }
 
@@ -234,7 +326,14 @@ impl LinuxRuntime {
         let Some(marker) = PausedMarker::read(dir) else {
             return;
         };
-        if Self::live_init(dir).is_none() {
+        let Some((_, pidfd, _)) = Self::live_init(dir) else {
+            return;
+        };
+        // A frozen init beside the marker is the tree an earlier daemon kept for a quick
+        // resume (a resume thaws it before the marker goes): the images are the pause.
+        if self.cgroups.is_frozen(id) {
+            tracing::info!(sandbox = %id, "ending the processes an earlier daemon kept for a quick resume");
+            self.kept.end_orphan(id, &pidfd);
             return;
         }
         tracing::warn!(sandbox = %id, "a resume was interrupted after its sandbox ran again: finishing it");
@@ -286,6 +385,9 @@ impl LinuxRuntime {
         let Some(images) = marker.images.clone() else {
             return Err(RuntimeError::PausedWithoutMemory(id.to_owned()));
         };
+        if let Some(tree) = self.kept.take(id) {
+            return self.resume_kept(id, &dir, &images, tree);
+        }
         let mut record = Record::read(&dir).map_err(io_err("read record"))?;
         let spec = record.spec.clone();
         // Gone after a reboot; creating them again is harmless otherwise.
@@ -339,6 +441,38 @@ impl LinuxRuntime {
         Ok(info)
     }
 
+    /// `resume_paused` of a sandbox whose processes were kept: they are thawed, then the
+    /// marker goes (the record names their init already). A crash in between leaves the
+    /// marker beside a running init, which the next start finishes as a resume. When the
+    /// thaw fails the tree is ended and the sandbox stays paused, its images intact.
+    fn resume_kept(
+        &self,
+        id: &str,
+        dir: &Path,
+        images: &Path,
+        tree: KeptTree,
+    ) -> Result<SandboxInfo, RuntimeError> {
+        if let Err(err) = self.cgroups.set_frozen(id, false) {
+            self.kept.end_untaken(id, tree);
+            return Err(io_err("thaw the kept processes")(err));
+        }
+        if let Err(err) = fs::remove_file(dir.join(PAUSED_FILE)) {
+            // Still paused on disk: it must not run. Its images are the pause.
+            self.kept.end_untaken(id, tree);
+            return Err(io_err("remove the paused marker")(err));
+        }
+        DurableMarker::remove(dir);
+        self.discard(images, id, "images");
+        Ok(self.register(
+            tree.info,
+            tree.slot,
+            tree.pidfd,
+            tree.own_child,
+            tree.disk,
+            tree.disk_uid_base,
+        ))
+    }
+
     /// True when sandbox `id` is paused (its disk and maybe a checkpoint kept, no process
     /// running).
     pub fn is_paused(&self, id: &str) -> bool {
@@ -364,6 +498,8 @@ impl LinuxRuntime {
     /// Turns a pause with memory into one without: the checkpoint is deleted (after the
     /// marker stops naming it, so a crash never leaves a marker without its images).
     pub(super) fn drop_checkpoint(&self, id: &str) {
+        // Kept processes are the memory being dropped.
+        self.kept.end(id);
         let dir = self.sandbox_dir(id);
         let Some(PausedMarker {
             images: Some(images),
@@ -474,6 +610,7 @@ impl LinuxRuntime {
         let marker = self
             .paused_marker(id)
             .ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        self.kept.end(id);
         let dir = self.sandbox_dir(id);
         let slot = Record::read(&dir).ok().map(|r| r.slot);
         let result = self.teardown(id, None, None);

@@ -1,0 +1,366 @@
+//! Paused sandboxes whose processes are kept, frozen, for a quick resume.
+//!
+//! A memory pause always writes its CRIU images: they are the pause, durable (see
+//! `durability`), what a fork, an export or a later resume reads. With keeping on, the
+//! pause also leaves the dumped tree in place, frozen in its cgroup, instead of killing
+//! it: the group is frozen before the dump and CRIU freezes it again before it lets the
+//! tasks go (`--freeze-cgroup` with `--leave-running`), so the tree never runs between the
+//! dump and a resume and its memory is what the images hold. A resume that finds the tree
+//! kept thaws it, in milliseconds whatever its memory, instead of restoring the images
+//! (a copy of every page: about 75 ms at 64 MiB, a second at 512 MiB, on the project's
+//! machine). Connections the tree held stay open, and its clocks count the paused time
+//! (a restore from images closes them and leaves its monotonic clock where it stood).
+//!
+//! Keeping costs the host the tree's memory, so a kept tree is ended, and a later resume
+//! restores the images as without keeping, when
+//! - it has been kept for [`KeepPaused::linger`] (a thread of this module ends it then);
+//! - keeping it would take all kept trees past [`KeepPaused::budget_bytes`] (the longest
+//!   kept go first; a tree alone over the budget is not kept);
+//! - the sandbox is killed, or resumed without its memory;
+//! - the daemon stops cleanly, or starts and finds one left by a crash (a frozen init
+//!   beside a paused marker: see `LinuxRuntime::finish_interrupted_resume`).
+//!
+//! Ending a tree: SIGKILL to its init, then thaw (a frozen task takes a pending SIGKILL
+//! on its way out of the freezer, before any of its own code runs), then wait for the
+//! init and kill whatever else is in its groups. Whoever removes a tree from the map owns
+//! it; [`KeptTrees::take`] waits while another caller is still ending the same sandbox's
+//! tree, so a restore never mounts a disk a dying tree still holds.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::cgroup::Cgroups;
+use crate::sys;
+use crate::SandboxInfo;
+
+/// How long and how much paused sandboxes' processes are kept (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepPaused {
+    /// How long a paused sandbox's frozen processes are kept; zero: never kept.
+    pub linger: Duration,
+    /// Most memory (the sandboxes' memory cgroups' usage at their pause) kept at once.
+    pub budget_bytes: u64,
+}
+
+impl KeepPaused {
+    /// Never keep: every resume restores its images.
+    pub const OFF: Self = Self {
+        linger: Duration::ZERO,
+        budget_bytes: 0,
+    };
+
+    pub fn enabled(&self) -> bool {
+        !self.linger.is_zero() && self.budget_bytes > 0
+    }
+}
+
+/// A paused sandbox's frozen tree and what its runtime entry held.
+#[derive(Debug)]
+pub(crate) struct KeptTree {
+    pub info: SandboxInfo,
+    pub slot: u32,
+    pub pidfd: OwnedFd,
+    /// True when the init is the daemon's child (it must be reaped).
+    pub own_child: bool,
+    /// The daemon's reference to the sandbox's disk mount.
+    pub disk: Option<OwnedFd>,
+    pub disk_uid_base: u32,
+    pub bytes: u64,
+    kept_at: Instant,
+}
+
+impl KeptTree {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        info: SandboxInfo,
+        slot: u32,
+        pidfd: OwnedFd,
+        own_child: bool,
+        disk: Option<OwnedFd>,
+        disk_uid_base: u32,
+        bytes: u64,
+    ) -> Self {
+        Self {
+            info,
+            slot,
+            pidfd,
+            own_child,
+            disk,
+            disk_uid_base,
+            bytes,
+            kept_at: Instant::now(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    trees: HashMap<String, KeptTree>,
+    /// Sandboxes whose tree someone took to end and has not finished ending.
+    ending: HashSet<String>,
+    stopping: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    inner: Mutex<Inner>,
+    /// Signalled when a tree is added, or finished ending, or the runtime stops.
+    changed: Condvar,
+    cgroups: Cgroups,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends `tree` of sandbox `id`, which the caller took (and marked ending).
+    fn end(&self, id: &str, tree: KeptTree) {
+        end_tree(&self.cgroups, id, tree);
+        self.lock().ending.remove(id);
+        self.changed.notify_all();
+    }
+}
+
+/// The kept trees of one runtime and the thread that ends them when they expire.
+#[derive(Debug)]
+pub(crate) struct KeptTrees {
+    policy: KeepPaused,
+    shared: Arc<Shared>,
+    expirer: Option<JoinHandle<()>>,
+}
+
+impl KeptTrees {
+    pub(crate) fn new(policy: KeepPaused, cgroups: Cgroups) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner::default()),
+            changed: Condvar::new(),
+            cgroups,
+        });
+        let expirer = if policy.enabled() {
+            let shared = Arc::clone(&shared);
+            Some(
+                std::thread::Builder::new()
+                    .name("berth-kept-paused".into())
+                    .spawn(move || expire(&shared, policy.linger))?,
+            )
+        } else {
+            None
+        };
+        Ok(Self {
+            policy,
+            shared,
+            expirer,
+        })
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.policy.enabled()
+    }
+
+    /// Keeps `tree` for sandbox `id`, ending the longest kept trees while the kept memory
+    /// would pass the budget (`tree` itself when it alone is over it).
+    pub(crate) fn keep(&self, id: &str, tree: KeptTree) {
+        if tree.bytes > self.policy.budget_bytes {
+            tracing::debug!(sandbox = %id, bytes = tree.bytes, "paused sandbox over the keep budget: its processes end");
+            end_tree(&self.shared.cgroups, id, tree);
+            return;
+        }
+        let mut evicted = Vec::new();
+        {
+            let mut inner = self.shared.lock();
+            let mut kept: u64 = inner.trees.values().map(|t| t.bytes).sum();
+            while kept + tree.bytes > self.policy.budget_bytes {
+                let Some(oldest) = inner
+                    .trees
+                    .iter()
+                    .min_by_key(|(_, t)| t.kept_at)
+                    .map(|(id, _)| id.clone())
+                else {
+                    break;
+                };
+                let old = inner.trees.remove(&oldest).expect("listed just now");
+                kept -= old.bytes;
+                inner.ending.insert(oldest.clone());
+                evicted.push((oldest, old));
+            }
+            inner.trees.insert(id.to_owned(), tree);
+        }
+        self.shared.changed.notify_all();
+        for (old_id, old) in evicted {
+            self.shared.end(&old_id, old);
+        }
+    }
+
+    /// Takes sandbox `id`'s kept tree, waiting while another caller ends it; None when it
+    /// has none (any tree it had is dead by then).
+    pub(crate) fn take(&self, id: &str) -> Option<KeptTree> {
+        self.take_marked(id, false)
+    }
+
+    /// [`KeptTrees::take`], marking the tree ending (for [`Shared::end`]) when `ending`.
+    fn take_marked(&self, id: &str, ending: bool) -> Option<KeptTree> {
+        let mut inner = self.shared.lock();
+        loop {
+            if let Some(tree) = inner.trees.remove(id) {
+                if ending {
+                    inner.ending.insert(id.to_owned());
+                }
+                return Some(tree);
+            }
+            if !inner.ending.contains(id) {
+                return None;
+            }
+            inner = self
+                .shared
+                .changed
+                .wait(inner)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Ends sandbox `id`'s kept tree, if it has one, and returns once it is dead.
+    pub(crate) fn end(&self, id: &str) {
+        if let Some(tree) = self.take_marked(id, true) {
+            self.shared.end(id, tree);
+        }
+    }
+
+    /// Ends `tree` of sandbox `id`, never kept (its pause failed after the dump).
+    pub(crate) fn end_untaken(&self, id: &str, tree: KeptTree) {
+        end_tree(&self.shared.cgroups, id, tree);
+    }
+
+    /// Ends the frozen tree an earlier daemon kept for sandbox `id`, whose init is
+    /// `pidfd` (not our child).
+    pub(crate) fn end_orphan(&self, id: &str, pidfd: &OwnedFd) {
+        end_frozen(&self.shared.cgroups, id, pidfd, false);
+    }
+
+    /// Ends every kept tree (a clean stop: the images are the pauses).
+    pub(crate) fn end_all(&self) {
+        let trees: Vec<(String, KeptTree)> = {
+            let mut inner = self.shared.lock();
+            let trees: Vec<_> = inner.trees.drain().collect();
+            inner.ending.extend(trees.iter().map(|(id, _)| id.clone()));
+            trees
+        };
+        for (id, tree) in trees {
+            self.shared.end(&id, tree);
+        }
+    }
+}
+
+impl Drop for KeptTrees {
+    fn drop(&mut self) {
+        self.shared.lock().stopping = true;
+        self.shared.changed.notify_all();
+        if let Some(expirer) = self.expirer.take() {
+            let _ = expirer.join();
+        }
+        self.end_all();
+    }
+}
+
+/// The expiry thread: ends each tree `linger` after it was kept.
+fn expire(shared: &Shared, linger: Duration) {
+    let mut inner = shared.lock();
+    loop {
+        if inner.stopping {
+            return;
+        }
+        let now = Instant::now();
+        let expired: Vec<String> = inner
+            .trees
+            .iter()
+            .filter(|(_, t)| now >= t.kept_at + linger)
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !expired.is_empty() {
+            let trees: Vec<(String, KeptTree)> = expired
+                .into_iter()
+                .filter_map(|id| inner.trees.remove(&id).map(|t| (id, t)))
+                .collect();
+            inner.ending.extend(trees.iter().map(|(id, _)| id.clone()));
+            drop(inner);
+            for (id, tree) in trees {
+                shared.end(&id, tree);
+            }
+            inner = shared.lock();
+            continue;
+        }
+        let next = inner.trees.values().map(|t| t.kept_at + linger).min();
+        inner = match next {
+            Some(at) => {
+                shared
+                    .changed
+                    .wait_timeout(inner, at.saturating_duration_since(now))
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => shared
+                .changed
+                .wait(inner)
+                .unwrap_or_else(PoisonError::into_inner),
+        };
+    }
+}
+
+/// Kills a kept tree and everything in its sandbox's groups, and drops its disk.
+fn end_tree(cgroups: &Cgroups, id: &str, tree: KeptTree) {
+    end_frozen(cgroups, id, &tree.pidfd, tree.own_child);
+    drop(tree.disk);
+}
+
+/// Kills the frozen tree whose init is `pidfd` (reaped when `own_child`) and whatever
+/// else is in sandbox `id`'s groups.
+fn end_frozen(cgroups: &Cgroups, id: &str, pidfd: &OwnedFd, own_child: bool) {
+    if let Err(err) = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL) {
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            tracing::warn!(sandbox = %id, %err, "killing a paused sandbox's kept init");
+        }
+    }
+    // Frozen tasks die once thawed: the SIGKILL is taken before user code runs.
+    if let Err(err) = cgroups.set_frozen(id, false) {
+        tracing::warn!(sandbox = %id, %err, "thawing a paused sandbox's kept processes to end them");
+    }
+    match sys::pidfd_wait_exit(pidfd.as_fd(), 30_000) {
+        Ok(true) if own_child => {
+            let _ = sys::pidfd_reap(pidfd.as_fd());
+        }
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(sandbox = %id, "a paused sandbox's kept init did not exit"),
+        Err(err) => tracing::warn!(sandbox = %id, %err, "waiting for a paused sandbox's kept init"),
+    }
+    if let Err(err) = cgroups.kill_all(id) {
+        tracing::warn!(sandbox = %id, %err, "killing what else ran in a paused sandbox's groups");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeping_needs_both_a_linger_and_a_budget() {
+        assert!(!KeepPaused::OFF.enabled());
+        assert!(!KeepPaused {
+            linger: Duration::from_secs(1),
+            budget_bytes: 0
+        }
+        .enabled());
+        assert!(!KeepPaused {
+            linger: Duration::ZERO,
+            budget_bytes: 1
+        }
+        .enabled());
+        assert!(KeepPaused {
+            linger: Duration::from_secs(1),
+            budget_bytes: 1
+        }
+        .enabled());
+    }
+}
