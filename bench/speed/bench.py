@@ -19,9 +19,14 @@ Rows and their floors:
                             Python process (one GIL), so the slowest create cannot
                             finish before the client work of all 50 is done
   pause / connect → command the `criu dump` / `criu restore` that very pause or resume
-  at 64 MiB resident        ran, spawn → exit, from berth's own metrics
-                            (`berth_criu_duration_seconds`: its sum and count before and
-                            after each call, one call at a time)
+  at 64 MiB resident,       ran, spawn → exit, from berth's own metrics
+  resumed from images       (`berth_criu_duration_seconds`: its sum and count before and
+                            after each call, one call at a time), on a daemon that keeps
+                            no paused processes (`BERTH_KEEP_PAUSED_SECS=0`)
+  the same, kept            (berth up's default: the pause leaves the dumped tree frozen
+                            and the resume thaws it, running no CRIU) the dump beside the
+                            pause; beside the resume, the same connect → command against
+                            the running sandbox
   fork(count=10)            of that sandbox, beside the CRIU runs inside each fork (one
                             dump, ten restores at most four at a time)
 
@@ -526,33 +531,72 @@ def only_run(runs: dict[str, tuple[float, int]], action: str, what: str) -> floa
     return total_ms
 
 
-def stateful(report: Report, daemon: Daemon, iterations: int) -> None:
+def holding_64_mib():
+    """A sandbox with 64 MiB resident in a Python process."""
     from e2b import Sandbox
 
     sandbox = Sandbox.create(timeout=600)
-    try:
-        sandbox.commands.run(
-            "python3 -c 'import os,time; b=bytearray(os.urandom(64<<20)); time.sleep(86400)' >/dev/null 2>&1 &"
-        )
-        time.sleep(2)
-        pauses, resumes, dumps, restores = [], [], [], []
+    sandbox.commands.run(
+        "python3 -c 'import os,time; b=bytearray(os.urandom(64<<20)); time.sleep(86400)' >/dev/null 2>&1 &"
+    )
+    time.sleep(2)
+    return sandbox
 
-        def resume_and_run() -> None:
-            Sandbox.connect(sandbox.sandbox_id, timeout=600).commands.run("true")
 
-        for _ in range(iterations):
-            elapsed, runs = criu_during(daemon, sandbox.beta_pause)
-            pauses.append(elapsed)
-            dumps.append(only_run(runs, "dump", "pause"))
-            elapsed, runs = criu_during(daemon, resume_and_run)
-            resumes.append(elapsed)
+def pause_rounds(daemon: Daemon, sandbox, iterations: int, kept: bool) -> tuple[list, list, list, list]:
+    """`iterations` rounds of pause, then connect → `commands.run("true")`: their times
+    and the CRIU dump and restore each ran (a kept pause's resume must run none)."""
+    from e2b import Sandbox
+
+    pauses, resumes, dumps, restores = [], [], [], []
+
+    def resume_and_run() -> None:
+        Sandbox.connect(sandbox.sandbox_id, timeout=600).commands.run("true")
+
+    for _ in range(iterations):
+        elapsed, runs = criu_during(daemon, sandbox.beta_pause)
+        pauses.append(elapsed)
+        dumps.append(only_run(runs, "dump", "pause"))
+        elapsed, runs = criu_during(daemon, resume_and_run)
+        resumes.append(elapsed)
+        if kept:
+            if runs["restore"][1] != 0:
+                raise RuntimeError("a resume of a kept pause restored its images: the tree was not kept")
+        else:
             restores.append(only_run(runs, "restore", "connect"))
-        report.latency("pause, 64 MiB resident", pauses, "the `criu dump` it ran", dumps)
-        report.latency("connect (resume) → first command, 64 MiB", resumes, "the `criu restore` it ran", restores)
+    return pauses, resumes, dumps, restores
+
+
+def stateful(report: Report, kept_daemon: Daemon, images_daemon: Daemon, iterations: int) -> None:
+    from e2b import Sandbox
+
+    images_daemon.use()
+    sandbox = holding_64_mib()
+    try:
+        pauses, resumes, dumps, restores = pause_rounds(images_daemon, sandbox, iterations, kept=False)
+        report.latency("pause, 64 MiB resident (not kept)", pauses, "the `criu dump` it ran", dumps)
+        report.latency(
+            "connect (resume from images) → first command, 64 MiB", resumes, "the `criu restore` it ran", restores
+        )
+    finally:
+        sandbox.kill()
+
+    kept_daemon.use()
+    sandbox = holding_64_mib()
+    try:
+        pauses, resumes, dumps, _ = pause_rounds(kept_daemon, sandbox, iterations, kept=True)
+        running = timed(lambda: Sandbox.connect(sandbox.sandbox_id, timeout=600).commands.run("true"), iterations * 3)
+        report.latency("pause, 64 MiB resident (kept)", pauses, "the `criu dump` it ran", dumps)
+        report.latency(
+            "connect (resume, kept) → first command, 64 MiB",
+            resumes,
+            "connect → command, running",
+            running,
+        )
         forks, fork_dumps, fork_restores = [], [], []
         for _ in range(max(1, iterations // 2)):
             results: list = []
-            elapsed, runs = criu_during(daemon, lambda: results.extend(sandbox.fork(count=10, timeout=300)))
+            elapsed, runs = criu_during(kept_daemon, lambda: results.extend(sandbox.fork(count=10, timeout=300)))
             forks.append(elapsed)
             fork_dumps.append(only_run(runs, "dump", "fork"))
             restore_ms, restore_count = runs["restore"]
@@ -599,7 +643,8 @@ def main() -> None:
     report = Report()
     warm = Daemon(args.berth, templates, pool_size=args.pool_size)
     try:
-        cold = Daemon(args.berth, templates, pool_size=0)
+        # Also the daemon whose pauses keep no processes: every resume restores images.
+        cold = Daemon(args.berth, templates, pool_size=0, extra_env={"BERTH_KEEP_PAUSED_SECS": "0"})
     except BaseException:
         warm.stop()
         raise
@@ -609,9 +654,8 @@ def main() -> None:
             interactive(report, args.samples)
         if "creates" in only:
             creates(report, warm, cold, args.create_samples, args.pool_size)
-        warm.use()
         if "stateful" in only:
-            stateful(report, warm, args.stateful_iterations)
+            stateful(report, warm, cold, args.stateful_iterations)
     finally:
         warm.stop()
         cold.stop()

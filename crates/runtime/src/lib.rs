@@ -105,7 +105,9 @@
 //! on the same host (another state dir, same cgroup parent), not a leftover of ours; so
 //! is an empty one whose uid range another daemon claims for a live sandbox (a paused
 //! sandbox keeps its groups with no process in them). A memory pause is answered before
-//! its images are on disk and made durable about a second later (see `durability`);
+//! its images are on disk and made durable about a second later (see `durability`); it
+//! may keep the dumped tree frozen for a quick resume (see `kept`), and `recover` ends
+//! such a tree left by a crash, as the images are the pause;
 //! `recover` finishes one left unsynced in the same host boot and removes one from an
 //! earlier boot.
 //!

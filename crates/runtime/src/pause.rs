@@ -3,7 +3,9 @@
 //!
 //! **Pause** dumps the process tree rooted at the init (with its namespaces; the dump kills
 //! it), then drops the daemon's reference to the disk so the ext4 mount and its loop device
-//! go away with the dead mount namespace. The sandbox keeps its directory (disk image,
+//! go away with the dead mount namespace. With keeping on, the dump leaves the tree frozen
+//! instead and `kept` holds it and the disk reference until a resume thaws it or it is
+//! ended (see `kept`). The sandbox keeps its directory (disk image,
 //! record), its cgroups and its uid slot; a `paused.json` marker next to the record, written
 //! last (temp file + rename), is what makes it paused: a crash before that leaves a dead
 //! sandbox that recovery cleans, a crash after it a paused one. The pause is answered
