@@ -400,6 +400,9 @@ impl LinuxRuntime {
         dest: &Path,
     ) -> Result<CheckpointInfo, RuntimeError> {
         let (images, paused_at) = self.paused_state(id)?;
+        // It is leaving this host: processes kept for a quick resume here go (a restore
+        // of the export on this host, into the same groups, would freeze with them).
+        self.kept.end(id);
         if dest.exists() {
             return Err(RuntimeError::CheckpointExists(dest.display().to_string()));
         }
@@ -604,10 +607,24 @@ impl LinuxRuntime {
                 source: Box::new(source),
             })?;
         let disk = root.release();
+        if !trial {
+            thaw_restored(&self.cgroups, &spec.id);
+        }
         let pidfd = sys::pidfd_open(pid).map_err(io_err("open restored init"))?;
         self.discard(&images, &spec.id, "restore-images");
         self.discard(&work, &spec.id, "restore");
         Ok((pidfd, pid, disk))
+    }
+}
+
+/// Makes sure restored sandbox `id` runs: the images of a pause that kept its tree
+/// record its group as frozen (CRIU's `freezer.state` with `--freeze-cgroup`), which a
+/// restore could apply to its groups; no restored sandbox is meant to stay frozen.
+pub(super) fn thaw_restored(cgroups: &crate::cgroup::Cgroups, id: &str) {
+    if cgroups.is_frozen(id) {
+        if let Err(err) = cgroups.set_frozen(id, false) {
+            tracing::warn!(sandbox = %id, %err, "thawing a restored sandbox");
+        }
     }
 }
 

@@ -105,9 +105,10 @@ fn criu_err(
 
 impl LinuxRuntime {
     /// Checkpoints every process of sandbox `id` with its memory into `images` (created
-    /// here; must not exist) and stops it, freeing its RAM. The disk, cgroups and uid slot
-    /// are kept; the sandbox leaves [`crate::Runtime::list`] until [`LinuxRuntime::resume`].
-    /// On failure the sandbox keeps running.
+    /// here; must not exist) and stops it, freeing its RAM (with keeping on: leaves it
+    /// frozen, its RAM freed once the kept tree ends; see `kept`). The disk, cgroups and
+    /// uid slot are kept; the sandbox leaves [`crate::Runtime::list`] until
+    /// [`LinuxRuntime::resume`]. On failure the sandbox keeps running.
     pub fn pause_with_memory(
         &self,
         criu: &Criu,
@@ -388,7 +389,15 @@ impl LinuxRuntime {
             return Err(RuntimeError::PausedWithoutMemory(id.to_owned()));
         };
         if let Some(tree) = self.kept.take(id) {
-            return self.resume_kept(id, &dir, &images, tree);
+            // Killed behind our back (its groups removed, its init killed): the images
+            // are the pause.
+            let init_running =
+                sys::pidfd_wait_exit(tree.pidfd.as_fd(), 0).is_ok_and(|exited| !exited);
+            if init_running && self.cgroups.is_frozen(id) {
+                return self.resume_kept(id, &dir, &images, tree);
+            }
+            tracing::warn!(sandbox = %id, "the processes kept for a quick resume are gone: restoring the images");
+            self.kept.end_untaken(id, tree);
         }
         let mut record = Record::read(&dir).map_err(io_err("read record"))?;
         let spec = record.spec.clone();
@@ -423,6 +432,7 @@ impl LinuxRuntime {
             leave_stopped: false,
         });
         let pid = restored.map_err(criu_err(id, "restore"))?;
+        super::checkpoint::thaw_restored(&self.cgroups, id);
         let disk = root.release();
         let pidfd = sys::pidfd_open(pid).map_err(io_err("open restored init"))?;
         // Not our child: CRIU detaches the restored tree. On failure its images are intact.

@@ -640,3 +640,69 @@ fn a_restart_ends_the_tree_an_earlier_daemon_kept_and_resumes_from_the_images() 
     // No leftover check: the first runtime, alive in this process, still holds the disk
     // reference it kept (a crashed daemon's is closed with it).
 }
+
+#[test]
+fn exporting_a_kept_pause_ends_its_tree() {
+    let criu = criu();
+    let t = TestRuntime::with(|config| config.keep_paused = keeping(Duration::from_secs(600)));
+    let info = t.rt.create(&t.spec("kept-export")).unwrap();
+    let guard = KillGuard {
+        rt: &t.rt,
+        id: info.id.clone(),
+    };
+    let id = info.id.as_str();
+    let images = t.state.join("sandboxes").join(id).join("checkpoint");
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
+    assert!(alive(info.init_pid));
+    // Exported to move to another host: a restore of it into this host's groups of the
+    // same id must not meet a frozen tree there.
+    t.rt.export_paused(id, "kept-export-move").unwrap();
+    assert!(
+        !alive(info.init_pid),
+        "the exported sandbox's kept tree still runs"
+    );
+    assert!(t.rt.is_paused(id));
+    t.rt.delete_checkpoint("kept-export-move").unwrap();
+    drop(guard);
+    assert_clean(&t, id, &[&images]);
+}
+
+#[test]
+fn a_kept_tree_killed_behind_the_runtimes_back_resumes_from_the_images() {
+    let criu = criu();
+    let t = TestRuntime::with(|config| config.keep_paused = keeping(Duration::from_secs(600)));
+    let info = t.rt.create(&t.spec("kept-lost")).unwrap();
+    let guard = KillGuard {
+        rt: &t.rt,
+        id: info.id.clone(),
+    };
+    let id = info.id.as_str();
+    start_holder(&t, id, 1);
+    let before = ask(&t.rt, id);
+    let images = t.state.join("sandboxes").join(id).join("checkpoint");
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
+    // Someone else (another daemon sharing the cgroup parent, an operator) kills it.
+    // SAFETY: plain kill(2) of the sandbox init this test created.
+    assert_eq!(unsafe { libc::kill(info.init_pid, libc::SIGKILL) }, 0);
+    let freezer = Path::new("/sys/fs/cgroup/freezer")
+        .join(t.cgroup_parent())
+        .join(id);
+    if freezer.exists() {
+        std::fs::write(freezer.join("freezer.state"), "THAWED").unwrap();
+    } else {
+        std::fs::write(
+            Path::new("/sys/fs/cgroup")
+                .join(t.cgroup_parent())
+                .join(id)
+                .join("cgroup.freeze"),
+            "0",
+        )
+        .unwrap();
+    }
+    assert!(wait_gone(info.init_pid));
+    let restored = t.rt.resume_paused(&criu, id).unwrap();
+    assert_ne!(restored.init_pid, info.init_pid);
+    assert_eq!(ask(&t.rt, id), before, "the in-memory secret changed");
+    drop(guard);
+    assert_clean(&t, id, &[&images]);
+}
