@@ -86,6 +86,14 @@ def test_pause_then_connect_continues_processes(berth: Berth, api: httpx.Client,
     start_holder(pausable, 8000)
     pausable.commands.run("python3 -m http.server 8001 --directory /home/user", background=True)
     pausable.files.write("/home/user/note.txt", "before pause")
+    # Serving before the pause: a resume that thaws kept processes gives a server still
+    # starting no more time than it had.
+    poll(
+        lambda: pausable.commands.run("curl -sf localhost:8001/note.txt || true").stdout == "before pause",
+        timeout=60,
+        interval=0.2,
+        what="the background HTTP server",
+    )
     pausable.commands.run("mkdir -p /tmp/work")
     secret, hits = ask_holder(pausable, 8000)
     boot_id, uptime = boot(pausable)
