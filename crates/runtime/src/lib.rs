@@ -384,8 +384,10 @@ pub trait Runtime: Send + Sync + 'static {
     /// created inside the sandbox's network namespace so nothing is exposed elsewhere.
     fn connect(&self, id: &str, port: u16) -> Result<std::net::TcpStream, RuntimeError>;
     /// Stop sandbox `id`, keeping its disk and, with `memory`, a checkpoint of every
-    /// process's state; its RAM is freed and it leaves [`Runtime::list`] until
-    /// [`Runtime::resume`]. Paused sandboxes survive daemon restarts and reboots.
+    /// process's state; its RAM is freed (a backend may keep the stopped processes a
+    /// while for a quick resume: `LinuxRuntimeConfig::keep_paused`) and it leaves
+    /// [`Runtime::list`] until [`Runtime::resume`]. Paused sandboxes survive daemon
+    /// restarts and reboots.
     fn pause(&self, id: &str, memory: bool) -> Result<(), RuntimeError>;
     /// Bring paused sandbox `id` back under the same id: processes continue (paused with
     /// memory, unless `keep_memory` is false: then the checkpoint is dropped) or a fresh
