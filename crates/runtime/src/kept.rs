@@ -27,13 +27,13 @@
 //! tree, so a restore never mounts a disk a dying tree still holds.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::cgroup::Cgroups;
-use crate::sys;
+use crate::linux::{end_processes_in, kill_init};
 use crate::SandboxInfo;
 
 /// How long and how much paused sandboxes' processes are kept (see the module doc).
@@ -102,6 +102,24 @@ struct Inner {
     /// Sandboxes whose tree someone took to end and has not finished ending.
     ending: HashSet<String>,
     stopping: bool,
+}
+
+impl Inner {
+    /// Removes the trees `pick` selects and marks them ending, for [`Shared::end`].
+    fn take_to_end(&mut self, pick: impl Fn(&KeptTree) -> bool) -> Vec<(String, KeptTree)> {
+        let ids: Vec<String> = self
+            .trees
+            .iter()
+            .filter(|(_, tree)| pick(tree))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let trees: Vec<(String, KeptTree)> = ids
+            .into_iter()
+            .filter_map(|id| self.trees.remove(&id).map(|tree| (id, tree)))
+            .collect();
+        self.ending.extend(trees.iter().map(|(id, _)| id.clone()));
+        trees
+    }
 }
 
 #[derive(Debug)]
@@ -234,20 +252,15 @@ impl KeptTrees {
         end_tree(&self.shared.cgroups, id, tree);
     }
 
-    /// Ends the frozen tree an earlier daemon kept for sandbox `id`, whose init is
-    /// `pidfd` (not our child).
-    pub(crate) fn end_orphan(&self, id: &str, pidfd: &OwnedFd) {
-        end_frozen(&self.shared.cgroups, id, pidfd, false);
+    /// Ends a frozen tree of sandbox `id` this map does not hold (one an earlier daemon
+    /// kept, or one that could not be kept), whose init is `pidfd`.
+    pub(crate) fn end_frozen(&self, id: &str, pidfd: &OwnedFd, own_child: bool) {
+        end_frozen(&self.shared.cgroups, id, pidfd, own_child);
     }
 
     /// Ends every kept tree (a clean stop: the images are the pauses).
     pub(crate) fn end_all(&self) {
-        let trees: Vec<(String, KeptTree)> = {
-            let mut inner = self.shared.lock();
-            let trees: Vec<_> = inner.trees.drain().collect();
-            inner.ending.extend(trees.iter().map(|(id, _)| id.clone()));
-            trees
-        };
+        let trees = self.shared.lock().take_to_end(|_| true);
         for (id, tree) in trees {
             self.shared.end(&id, tree);
         }
@@ -273,18 +286,8 @@ fn expire(shared: &Shared, linger: Duration) {
             return;
         }
         let now = Instant::now();
-        let expired: Vec<String> = inner
-            .trees
-            .iter()
-            .filter(|(_, t)| now >= t.kept_at + linger)
-            .map(|(id, _)| id.clone())
-            .collect();
-        if !expired.is_empty() {
-            let trees: Vec<(String, KeptTree)> = expired
-                .into_iter()
-                .filter_map(|id| inner.trees.remove(&id).map(|t| (id, t)))
-                .collect();
-            inner.ending.extend(trees.iter().map(|(id, _)| id.clone()));
+        let trees = inner.take_to_end(|tree| now >= tree.kept_at + linger);
+        if !trees.is_empty() {
             drop(inner);
             for (id, tree) in trees {
                 shared.end(&id, tree);
@@ -317,26 +320,16 @@ fn end_tree(cgroups: &Cgroups, id: &str, tree: KeptTree) {
 
 /// Kills the frozen tree whose init is `pidfd` (reaped when `own_child`) and whatever
 /// else is in sandbox `id`'s groups.
-fn end_frozen(cgroups: &Cgroups, id: &str, pidfd: &OwnedFd, own_child: bool) {
-    if let Err(err) = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL) {
-        if err.raw_os_error() != Some(libc::ESRCH) {
-            tracing::warn!(sandbox = %id, %err, "killing a paused sandbox's kept init");
-        }
+pub(crate) fn end_frozen(cgroups: &Cgroups, id: &str, pidfd: &OwnedFd, own_child: bool) {
+    if let Err(err) = kill_init(pidfd) {
+        tracing::warn!(sandbox = %id, %err, "killing a paused sandbox's kept init");
     }
     // Frozen tasks die once thawed: the SIGKILL is taken before user code runs.
     if let Err(err) = cgroups.set_frozen(id, false) {
         tracing::warn!(sandbox = %id, %err, "thawing a paused sandbox's kept processes to end them");
     }
-    match sys::pidfd_wait_exit(pidfd.as_fd(), 30_000) {
-        Ok(true) if own_child => {
-            let _ = sys::pidfd_reap(pidfd.as_fd());
-        }
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(sandbox = %id, "a paused sandbox's kept init did not exit"),
-        Err(err) => tracing::warn!(sandbox = %id, %err, "waiting for a paused sandbox's kept init"),
-    }
-    if let Err(err) = cgroups.kill_all(id) {
-        tracing::warn!(sandbox = %id, %err, "killing what else ran in a paused sandbox's groups");
+    if let Err(err) = end_processes_in(cgroups, id, pidfd, own_child) {
+        tracing::warn!(sandbox = %id, %err, "ending a paused sandbox's kept processes");
     }
 }
 

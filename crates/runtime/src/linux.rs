@@ -896,15 +896,7 @@ impl LinuxRuntime {
         pidfd: &OwnedFd,
         own_child: bool,
     ) -> Result<(), RuntimeError> {
-        if !sys::pidfd_wait_exit(pidfd.as_fd(), 30_000).map_err(io_err("wait for sandbox init"))? {
-            return Err(RuntimeError::InitDidNotExit(id.to_owned()));
-        }
-        if own_child {
-            let _ = sys::pidfd_reap(pidfd.as_fd());
-        }
-        self.cgroups
-            .kill_all(id)
-            .map_err(io_err("kill remaining processes"))
+        end_processes_in(&self.cgroups, id, pidfd, own_child)
     }
 
     /// Removes everything a sandbox may have left: processes, cgroups, disk mount, files.
@@ -1416,7 +1408,26 @@ pub(super) fn dump_externals(info: &SandboxInfo) -> Vec<(PathBuf, String)> {
 
 /// SIGKILL to a sandbox's init: a pid namespace dies with its init. An init already gone
 /// is fine.
-fn kill_init(pidfd: &OwnedFd) -> Result<(), RuntimeError> {
+/// [`LinuxRuntime::end_processes`] on `cgroups`, for code without the runtime at hand
+/// (see `kept`).
+pub(crate) fn end_processes_in(
+    cgroups: &Cgroups,
+    id: &str,
+    pidfd: &OwnedFd,
+    own_child: bool,
+) -> Result<(), RuntimeError> {
+    if !sys::pidfd_wait_exit(pidfd.as_fd(), 30_000).map_err(io_err("wait for sandbox init"))? {
+        return Err(RuntimeError::InitDidNotExit(id.to_owned()));
+    }
+    if own_child {
+        let _ = sys::pidfd_reap(pidfd.as_fd());
+    }
+    cgroups
+        .kill_all(id)
+        .map_err(io_err("kill remaining processes"))
+}
+
+pub(crate) fn kill_init(pidfd: &OwnedFd) -> Result<(), RuntimeError> {
     match sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL) {
         Err(e) if e.raw_os_error() != Some(libc::ESRCH) => Err(io_err("kill sandbox init")(e)),
         _ => Ok(()),

@@ -243,11 +243,7 @@ impl LinuxRuntime {
             )),
             Err(err) => {
                 tracing::warn!(sandbox = %id, %err, "keeping a paused sandbox's processes: they end with the pause");
-                let _ = kill_init(&sandbox.pidfd);
-                let _ = self.cgroups.set_frozen(id, false);
-                if let Err(err) = self.end_processes(id, &sandbox.pidfd, sandbox.own_child) {
-                    tracing::warn!(sandbox = %id, %err, "ending a paused sandbox's processes");
-                }
+                self.kept.end_frozen(id, &sandbox.pidfd, sandbox.own_child);
                 None
             }
         }
@@ -336,7 +332,7 @@ impl LinuxRuntime {
         // resume (a resume thaws it before the marker goes): the images are the pause.
         if self.cgroups.is_frozen(id) {
             tracing::info!(sandbox = %id, "ending the processes an earlier daemon kept for a quick resume");
-            self.kept.end_orphan(id, &pidfd);
+            self.kept.end_frozen(id, &pidfd, false);
             return;
         }
         tracing::warn!(sandbox = %id, "a resume was interrupted after its sandbox ran again: finishing it");

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use berth_checkpoint::Criu;
-use berth_runtime::{Durability, KeepPaused, LinuxRuntime, RecoveryReport, Runtime, RuntimeError};
+use berth_runtime::{
+    Durability, KeepPaused, LinuxRuntime, RecoveryReport, Runtime, RuntimeError, SandboxInfo,
+};
 use common::checkpoint::{alive, ask, assert_clean, criu, leftovers, start_holder, KillGuard};
 use common::TestRuntime;
 
@@ -222,13 +224,9 @@ fn markers(t: &TestRuntime, id: &str) -> (PathBuf, PathBuf) {
     (dir.join("paused.json"), dir.join("paused.durable.json"))
 }
 
-/// A sandbox holding a 1 MiB secret, paused with memory into its own directory (as the
-/// server pauses) and settled: its guard, images and the secret as it answered.
-fn paused_holder<'a>(
-    t: &'a TestRuntime,
-    criu: &Criu,
-    name: &str,
-) -> (KillGuard<'a>, PathBuf, String) {
+/// A sandbox holding a 1 MiB secret: its guard, its info, where a pause puts its images
+/// (its own directory, as the server pauses) and the secret as it answered.
+fn holder<'a>(t: &'a TestRuntime, name: &str) -> (KillGuard<'a>, SandboxInfo, PathBuf, String) {
     let info = t.rt.create(&t.spec(name)).unwrap();
     let guard = KillGuard {
         rt: &t.rt,
@@ -237,6 +235,16 @@ fn paused_holder<'a>(
     start_holder(t, &info.id, 1);
     let before = ask(&t.rt, &info.id);
     let images = t.state.join("sandboxes").join(&info.id).join("checkpoint");
+    (guard, info, images, before)
+}
+
+/// A [`holder`] paused with memory and settled: its guard, images and secret.
+fn paused_holder<'a>(
+    t: &'a TestRuntime,
+    criu: &Criu,
+    name: &str,
+) -> (KillGuard<'a>, PathBuf, String) {
+    let (guard, info, images, before) = holder(t, name);
     t.rt.pause_with_memory(criu, &info.id, &images).unwrap();
     t.rt.settle_pauses();
     (guard, images, before)
@@ -469,16 +477,9 @@ fn wait_gone(pid: i32) -> bool {
 fn a_kept_pause_resumes_the_same_processes_and_its_images_stay_the_pause() {
     let criu = criu();
     let t = TestRuntime::with(|config| config.keep_paused = keeping(Duration::from_secs(600)));
-    let info = t.rt.create(&t.spec("kept")).unwrap();
-    let guard = KillGuard {
-        rt: &t.rt,
-        id: info.id.clone(),
-    };
+    let (guard, info, images, before) = holder(&t, "kept");
     let id = info.id.as_str();
-    start_holder(&t, id, 1);
-    let before = ask(&t.rt, id);
     t.sh_ok(id, 0, "echo on-disk > /root/file");
-    let images = t.state.join("sandboxes").join(id).join("checkpoint");
 
     t.rt.pause_with_memory(&criu, id, &images).unwrap();
     assert!(t.rt.is_paused(id));
@@ -539,15 +540,8 @@ fn a_kept_pause_resumes_the_same_processes_and_its_images_stay_the_pause() {
 fn a_kept_tree_ends_when_its_linger_runs_out() {
     let criu = criu();
     let t = TestRuntime::with(|config| config.keep_paused = keeping(Duration::from_millis(300)));
-    let info = t.rt.create(&t.spec("kept-expiry")).unwrap();
-    let guard = KillGuard {
-        rt: &t.rt,
-        id: info.id.clone(),
-    };
+    let (guard, info, images, before) = holder(&t, "kept-expiry");
     let id = info.id.as_str();
-    start_holder(&t, id, 1);
-    let before = ask(&t.rt, id);
-    let images = t.state.join("sandboxes").join(id).join("checkpoint");
     t.rt.pause_with_memory(&criu, id, &images).unwrap();
     assert!(
         wait_gone(info.init_pid),
@@ -589,15 +583,8 @@ fn a_tree_over_the_keep_budget_is_not_kept() {
 fn a_kept_pause_is_killed_whole() {
     let criu = criu();
     let t = TestRuntime::with(|config| config.keep_paused = keeping(Duration::from_secs(600)));
-    let info = t.rt.create(&t.spec("kept-kill")).unwrap();
-    let guard = KillGuard {
-        rt: &t.rt,
-        id: info.id.clone(),
-    };
+    let (guard, info, images, _) = holder(&t, "kept-kill");
     let id = info.id.as_str();
-    start_holder(&t, id, 1);
-    ask(&t.rt, id);
-    let images = t.state.join("sandboxes").join(id).join("checkpoint");
     t.rt.pause_with_memory(&criu, id, &images).unwrap();
     assert!(alive(info.init_pid));
     t.rt.kill(id).unwrap();
@@ -614,15 +601,8 @@ fn a_kept_pause_is_killed_whole() {
 fn a_restart_ends_the_tree_an_earlier_daemon_kept_and_resumes_from_the_images() {
     let criu = criu();
     let t = TestRuntime::with(|config| config.keep_paused = keeping(Duration::from_secs(600)));
-    let info = t.rt.create(&t.spec("kept-restart")).unwrap();
+    let (early_guard, info, images, before) = holder(&t, "kept-restart");
     let id = info.id.clone();
-    let early_guard = KillGuard {
-        rt: &t.rt,
-        id: id.clone(),
-    };
-    start_holder(&t, &id, 1);
-    let before = ask(&t.rt, &id);
-    let images = t.state.join("sandboxes").join(&id).join("checkpoint");
     t.rt.pause_with_memory(&criu, &id, &images).unwrap();
     assert!(alive(info.init_pid));
     // The daemon that kept it is gone without a clean stop: the next one finds a frozen
@@ -671,15 +651,8 @@ fn exporting_a_kept_pause_ends_its_tree() {
 fn a_kept_tree_killed_behind_the_runtimes_back_resumes_from_the_images() {
     let criu = criu();
     let t = TestRuntime::with(|config| config.keep_paused = keeping(Duration::from_secs(600)));
-    let info = t.rt.create(&t.spec("kept-lost")).unwrap();
-    let guard = KillGuard {
-        rt: &t.rt,
-        id: info.id.clone(),
-    };
+    let (guard, info, images, before) = holder(&t, "kept-lost");
     let id = info.id.as_str();
-    start_holder(&t, id, 1);
-    let before = ask(&t.rt, id);
-    let images = t.state.join("sandboxes").join(id).join("checkpoint");
     t.rt.pause_with_memory(&criu, id, &images).unwrap();
     // Someone else (another daemon sharing the cgroup parent, an operator) kills it.
     // SAFETY: plain kill(2) of the sandbox init this test created.
