@@ -306,6 +306,8 @@ pub fn api(state_dir: &Path, database: Option<&str>, args: ApiArgs) -> Result<()
         )
         .await
         .context("starting the API")?;
+        // Until here a stop signal ends the process outright (nothing serves yet).
+        let shutdown = crate::ShutdownSignal::listen()?;
         let metrics = crate::public::serve_metrics(&server, args.metrics_listen).await?;
         let url = crate::client_url(listener.local_addr()?);
         let public = crate::public::PublicFace::start(
@@ -328,7 +330,7 @@ pub fn api(state_dir: &Path, database: Option<&str>, args: ApiArgs) -> Result<()
         let serving = tokio::spawn(server.serve(listener, extra, async move {
             let _ = stop_rx.await;
         }));
-        crate::shutdown_signal().await;
+        shutdown.received().await;
         shutdown_note!("shutting down");
         let _ = stop_tx.send(());
         public.stop();

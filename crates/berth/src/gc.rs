@@ -14,7 +14,8 @@
 //! - A `berth/<id>` cgroup that no claim names, whose id has a directory in no known
 //!   state dir, and none of whose processes runs as a uid of any claimed range, belongs
 //!   to no daemon (its claim went: a wiped `uid-slots`, a crash in an older berth). A
-//!   cgroup of a sandbox being created is never one: the claim comes before the cgroup.
+//!   cgroup of a sandbox being created is never one: the claim comes before the cgroup,
+//!   and gc reads the cgroups before the claims.
 //!
 //! Facts are gathered first, then [`plan`] (pure, unit-tested) decides, then the
 //! executor acts. By default only the orphans and pins of `--state-dir` are considered
@@ -346,10 +347,15 @@ fn read_loops() -> Vec<LoopDevice> {
 }
 
 pub fn facts(state_dir: &Path) -> Facts {
+    // Read in the reverse of the order a sandbox's parts are made (directory, claim,
+    // cgroups): a group seen here then has its claim and directory seen below, so a
+    // sandbox being created while gc runs (another daemon's, which no claim read earlier
+    // would name) is never taken for an unclaimed group.
+    let cgroups = read_cgroups();
     let claims = read_claims();
     let state_dirs = known_state_dirs(state_dir, &claims);
     Facts {
-        cgroups: read_cgroups(),
+        cgroups,
         loops: read_loops(),
         pins: read_pins(&state_dirs),
         sandbox_dirs: state_dirs

@@ -737,19 +737,30 @@ pub(crate) fn client_url(listen: SocketAddr) -> String {
     format!("http://{host}:{}", listen.port())
 }
 
-pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = match signal(SignalKind::terminate()) {
-        Ok(stream) => stream,
-        Err(err) => {
-            tracing::error!(%err, "cannot listen for SIGTERM");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGTERM and SIGINT, caught from the moment this is made. Made before a daemon prints
+/// where it serves, so a supervisor's stop that follows that line at once is a clean stop
+/// rather than the signal's default action (death, with everything left running).
+pub(crate) struct ShutdownSignal {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignal {
+    /// Starts catching the signals; needs a running tokio runtime.
+    pub(crate) fn listen() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            terminate: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+            interrupt: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+        })
+    }
+
+    /// Returns when either signal has arrived (since [`ShutdownSignal::listen`]).
+    pub(crate) async fn received(mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
     }
 }
 
@@ -976,6 +987,8 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
             }
             return built;
         }
+        // Until here a stop signal ends the process outright (nothing serves yet).
+        let shutdown = ShutdownSignal::listen()?;
         let _host_template_refresh = server.spawn_host_template_refresh();
         berth_checkpoint::observe_criu(server.criu_observer());
         let _config_reload = limits_config::spawn_reload(config_text, flag_limits, server.limits())
@@ -1013,7 +1026,7 @@ pub(crate) fn up(state_dir: &Path, args: UpArgs, build_only: &[String], mode: Mo
         let serving = tokio::spawn(server.serve(listener, extra, async move {
             let _ = stop_rx.await;
         }));
-        shutdown_signal().await;
+        shutdown.received().await;
         shutdown_note!("shutting down");
         if let Mode::Node { role, .. } = &mode {
             // No new sandboxes from now; back within the lease, it keeps the ones it has.

@@ -447,8 +447,6 @@ impl Cgroups {
         }
     }
 
-    /// Removes the groups (workload groups first), waiting briefly for exiting tasks to
-    /// leave them.
     /// Removes sandbox `id`'s groups if they hold no process, in one attempt and without
     /// killing anything: a group a process entered meanwhile (EBUSY) is left, with the
     /// groups above it, and so is one already gone. True when all of them are gone.
@@ -473,6 +471,8 @@ impl Cgroups {
         Ok(true)
     }
 
+    /// Removes the groups (workload groups first), waiting briefly for exiting tasks to
+    /// leave them.
     pub(crate) fn remove(&self, id: &str) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let dirs = self
