@@ -19,7 +19,9 @@ Rows and their floors:
                             Python process (one GIL), so the slowest create cannot
                             finish before the client work of all 50 is done
   pause / connect → command the `criu dump` / `criu restore` that very pause or resume
-  at 64 MiB resident,       ran, spawn → exit, from berth's own metrics
+  at 64 and 512 MiB         ran, spawn → exit, from berth's own metrics
+  resident (512 in a 1 GB
+  template it builds),
   resumed from images       (`berth_criu_duration_seconds`: its sum and count before and
                             after each call, one call at a time), on a daemon that keeps
                             no paused processes (`BERTH_KEEP_PAUSED_SECS=0`)
@@ -27,7 +29,7 @@ Rows and their floors:
                             and the resume thaws it, running no CRIU) the dump beside the
                             pause; beside the resume, the same connect → command against
                             the running sandbox
-  fork(count=10)            of that sandbox, beside the CRIU runs inside each fork (one
+  fork(count=10)            of the 64 MiB sandbox, beside the CRIU runs inside each fork (one
                             dump, ten restores at most four at a time)
 
 A row whose p50 exceeds 1.5 × its floor + 2 ms (or a transfer under 500 MiB/s, a target
@@ -531,16 +533,27 @@ def only_run(runs: dict[str, tuple[float, int]], action: str, what: str) -> floa
     return total_ms
 
 
-def holding_64_mib():
-    """A sandbox with 64 MiB resident in a Python process."""
+def holding(mib: int, template: str = "base"):
+    """A sandbox of `template` with `mib` MiB resident in a Python process."""
     from e2b import Sandbox
 
-    sandbox = Sandbox.create(timeout=600)
+    sandbox = Sandbox.create(template, timeout=600)
     sandbox.commands.run(
-        "python3 -c 'import os,time; b=bytearray(os.urandom(64<<20)); time.sleep(86400)' >/dev/null 2>&1 &"
+        f"python3 -c 'import os,time; b=os.urandom({mib}<<20); time.sleep(86400)' >/dev/null 2>&1 &"
     )
-    time.sleep(2)
+    # Until the bytes are drawn (about 0.3 s per 100 MiB here) the process is still growing.
+    time.sleep(2 + mib / 200)
     return sandbox
+
+
+def large_template() -> str:
+    """A template with room for 512 MiB resident (installed templates get 512 MB in all):
+    built from `base` on the daemon in use, named by this benchmark."""
+    from e2b import Template
+
+    name = "bench-speed-1g"
+    Template.build(Template().from_template("base").run_cmd("true"), name, cpu_count=2, memory_mb=1024)
+    return name
 
 
 def pause_rounds(daemon: Daemon, sandbox, iterations: int, kept: bool) -> tuple[list, list, list, list]:
@@ -567,54 +580,68 @@ def pause_rounds(daemon: Daemon, sandbox, iterations: int, kept: bool) -> tuple[
     return pauses, resumes, dumps, restores
 
 
-def stateful(report: Report, kept_daemon: Daemon, images_daemon: Daemon, iterations: int) -> None:
+def pause_and_resume(report: Report, kept_daemon: Daemon, images_daemon: Daemon, iterations: int, mib: int) -> None:
+    """Pause and connect → first command at `mib` MiB resident, resumed from images and
+    kept."""
     from e2b import Sandbox
 
     images_daemon.use()
-    sandbox = holding_64_mib()
+    template = "base" if mib <= 256 else large_template()
+    sandbox = holding(mib, template)
     try:
         pauses, resumes, dumps, restores = pause_rounds(images_daemon, sandbox, iterations, kept=False)
-        report.latency("pause, 64 MiB resident (not kept)", pauses, "the `criu dump` it ran", dumps)
+        report.latency(f"pause, {mib} MiB resident (not kept)", pauses, "the `criu dump` it ran", dumps)
         report.latency(
-            "connect (resume from images) → first command, 64 MiB", resumes, "the `criu restore` it ran", restores
+            f"connect (resume from images) → first command, {mib} MiB", resumes, "the `criu restore` it ran", restores
         )
     finally:
         sandbox.kill()
 
     kept_daemon.use()
-    sandbox = holding_64_mib()
+    template = "base" if mib <= 256 else large_template()
+    sandbox = holding(mib, template)
     try:
         pauses, resumes, dumps, _ = pause_rounds(kept_daemon, sandbox, iterations, kept=True)
         running = timed(lambda: Sandbox.connect(sandbox.sandbox_id, timeout=600).commands.run("true"), iterations * 3)
-        report.latency("pause, 64 MiB resident (kept)", pauses, "the `criu dump` it ran", dumps)
+        report.latency(f"pause, {mib} MiB resident (kept)", pauses, "the `criu dump` it ran", dumps)
         report.latency(
-            "connect (resume, kept) → first command, 64 MiB",
+            f"connect (resume, kept) → first command, {mib} MiB",
             resumes,
             "connect → command, running",
             running,
         )
-        forks, fork_dumps, fork_restores = [], [], []
-        for _ in range(max(1, iterations // 2)):
-            results: list = []
-            elapsed, runs = criu_during(kept_daemon, lambda: results.extend(sandbox.fork(count=10, timeout=300)))
-            forks.append(elapsed)
-            fork_dumps.append(only_run(runs, "dump", "fork"))
-            restore_ms, restore_count = runs["restore"]
-            if restore_count != 10:
-                raise RuntimeError(f"fork(count=10) made {restore_count} successful CRIU restores")
-            fork_restores.append(restore_ms / restore_count)
-            for fork in results:
-                if isinstance(fork, Exception):
-                    raise fork
-                fork.kill()
-        report.plain("`fork(count=10)`, 64 MiB", forks, "target ≤ 400 ms")
-        report.figure(
-            "the CRIU inside each `fork(count=10)` (median)",
-            f"dump {statistics.median(fork_dumps):.1f}, restore {statistics.median(fork_restores):.1f} each",
-            "ten restores, at most four at a time",
-        )
+        if mib == 64:
+            fork_ten(report, kept_daemon, sandbox, iterations)
     finally:
         sandbox.kill()
+
+
+def fork_ten(report: Report, daemon: Daemon, sandbox, iterations: int) -> None:
+    forks, fork_dumps, fork_restores = [], [], []
+    for _ in range(max(1, iterations // 2)):
+        results: list = []
+        elapsed, runs = criu_during(daemon, lambda: results.extend(sandbox.fork(count=10, timeout=300)))
+        forks.append(elapsed)
+        fork_dumps.append(only_run(runs, "dump", "fork"))
+        restore_ms, restore_count = runs["restore"]
+        if restore_count != 10:
+            raise RuntimeError(f"fork(count=10) made {restore_count} successful CRIU restores")
+        fork_restores.append(restore_ms / restore_count)
+        for fork in results:
+            if isinstance(fork, Exception):
+                raise fork
+            fork.kill()
+    report.plain("`fork(count=10)`, 64 MiB", forks, "target ≤ 400 ms")
+    report.figure(
+        "the CRIU inside each `fork(count=10)` (median)",
+        f"dump {statistics.median(fork_dumps):.1f}, restore {statistics.median(fork_restores):.1f} each",
+        "ten restores, at most four at a time",
+    )
+
+
+def stateful(report: Report, kept_daemon: Daemon, images_daemon: Daemon, iterations: int, sizes: list[int]) -> None:
+    for mib in sizes:
+        pause_and_resume(report, kept_daemon, images_daemon, iterations, mib)
 
 
 SECTIONS = ("interactive", "creates", "stateful", "burst")
@@ -629,6 +656,11 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=2)
     parser.add_argument("--burst", type=int, default=50, help="concurrent creates against a pool of this size (0: skip)")
     parser.add_argument("--stateful-iterations", type=int, default=6)
+    parser.add_argument(
+        "--resident-mib",
+        default="64,512",
+        help="comma-separated MiB resident for the pause/resume rows (fork runs at 64)",
+    )
     parser.add_argument(
         "--only",
         default=",".join(SECTIONS),
@@ -655,7 +687,7 @@ def main() -> None:
         if "creates" in only:
             creates(report, warm, cold, args.create_samples, args.pool_size)
         if "stateful" in only:
-            stateful(report, warm, cold, args.stateful_iterations)
+            stateful(report, warm, cold, args.stateful_iterations, [int(mib) for mib in args.resident_mib.split(",")])
     finally:
         warm.stop()
         cold.stop()
