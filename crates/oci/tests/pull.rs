@@ -408,6 +408,7 @@ impl TestSandbox {
         };
         let mut config = LinuxRuntimeConfig::new(&state, "/usr/bin/sleep");
         config.envd_args = vec!["infinity".into()];
+        config.init_listen = None;
         config.launcher_binary = launcher_binary();
         config.cgroup_parent = name;
         config.disk_pool_size = 0;

@@ -22,8 +22,12 @@
 //! 5. hostname, loopback up; wait for the daemon to have moved us into the sandbox's
 //!    cgroups (it does so while we mount), then a new cgroup namespace and a new time
 //!    namespace whose clocks start at zero (entered at exec);
-//! 6. reduce the capability bounding set, install the seccomp filter, close every
-//!    inherited fd, and exec the init as namespaced root.
+//! 6. with [`LaunchConfig::init_listen`], bind and listen on the init's TCP address and
+//!    leave the socket at [`INIT_LISTEN_FD`] (named by [`INIT_LISTEN_FD_ENV`]), so the
+//!    daemon's first request after the start waits in its backlog while the init starts
+//!    instead of being refused and retried;
+//! 7. reduce the capability bounding set, install the seccomp filter, close every
+//!    other inherited fd, and exec the init as namespaced root.
 //!
 //! Errors are sent back over the control socket; success shows as the socket closing on
 //! exec (it is close-on-exec).
@@ -31,7 +35,7 @@
 use std::ffi::{CString, OsStr};
 use std::fs;
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -47,6 +51,13 @@ pub(crate) const CONTROL_FD: RawFd = 3;
 /// Where the launcher finds the directory to attach the sandbox's root on (opened by the
 /// cloned child before it became namespaced root: the state directory is root's alone).
 pub(crate) const ROOT_FD: RawFd = 4;
+/// Where the init finds the socket of [`LaunchConfig::init_listen`] (the root directory's
+/// descriptor is long closed by then).
+pub(crate) const INIT_LISTEN_FD: RawFd = 4;
+/// Names [`INIT_LISTEN_FD`] in the init's environment when the launcher made that socket.
+/// COMPATIBILITY: berth-envd reads this name (its `INHERITED_LISTENER_ENV`); both change
+/// together or not at all.
+pub const INIT_LISTEN_FD_ENV: &str = "BERTH_INIT_LISTEN_FD";
 /// Largest config message accepted.
 const MAX_CONFIG: usize = 64 * 1024;
 
@@ -116,6 +127,10 @@ pub(crate) struct LaunchConfig {
     pub init_binary: PathBuf,
     pub init_args: Vec<String>,
     pub init_env: Vec<String>,
+    /// Bind and listen on this TCP address inside the sandbox and hand the socket to the
+    /// init at [`INIT_LISTEN_FD`], named by [`INIT_LISTEN_FD_ENV`].
+    #[serde(default)]
+    pub init_listen: Option<std::net::SocketAddrV4>,
     /// Size of the /tmp, /dev/shm and /run tmpfs mounts (charged to the memory cgroup).
     pub tmpfs_bytes: u64,
     /// The last mount sent is a read-only sysfs the daemon made in the sandbox's network
@@ -455,18 +470,61 @@ fn become_init(
     unsafe { libc::setsid() };
     setup_stdio()?;
     reset_signals();
+    // After the cgroup move, so the socket is charged to the sandbox.
+    let listen_env = match config.init_listen {
+        Some(addr) => {
+            ctx(
+                format!("listen on {addr} for the init"),
+                listen_for_init(addr),
+            )?;
+            Some(format!("{INIT_LISTEN_FD_ENV}={INIT_LISTEN_FD}"))
+        }
+        None => None,
+    };
     let exe_name = config.init_binary.file_name().unwrap_or(OsStr::new("init"));
     let exe = Path::new("/run/berth").join(exe_name);
     let argv = cstrings(
         std::iter::once(exe.as_os_str().as_bytes())
             .chain(config.init_args.iter().map(|a| a.as_bytes())),
     )?;
-    let envp = cstrings(config.init_env.iter().map(|e| e.as_bytes()))?;
+    let envp = cstrings(
+        config
+            .init_env
+            .iter()
+            .map(|e| e.as_bytes())
+            .chain(listen_env.iter().map(|e| e.as_bytes())),
+    )?;
     harden(&filter)?;
-    // Everything but stdio goes; the control socket is close-on-exec and still reports errors.
-    sys::close_range_from(CONTROL_FD as u32 + 1, 0)?;
+    // Everything but stdio (and the init's socket) goes; the control socket is
+    // close-on-exec and still reports errors.
+    let first_closed = match listen_env {
+        Some(_) => INIT_LISTEN_FD + 1,
+        None => CONTROL_FD + 1,
+    };
+    sys::close_range_from(first_closed as u32, 0)?;
     let path = cpath(&exe)?;
     exec(&path, &argv, &envp)
+}
+
+/// A TCP socket listening on `addr` in the sandbox's network namespace, left at
+/// [`INIT_LISTEN_FD`] without close-on-exec for the init to take over.
+fn listen_for_init(addr: std::net::SocketAddrV4) -> io::Result<()> {
+    let listener = OwnedFd::from(std::net::TcpListener::bind(addr)?);
+    if listener.as_raw_fd() == INIT_LISTEN_FD {
+        // std made it close-on-exec; a dup2 copy would not be, this one is cleared.
+        // SAFETY: fcntl on a descriptor we own.
+        if unsafe { libc::fcntl(INIT_LISTEN_FD, libc::F_SETFD, 0) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let _stays_open_for_the_init = listener.into_raw_fd();
+        return Ok(());
+    }
+    // SAFETY: dup2 of our own socket onto a number nothing of ours holds (the root
+    // directory's descriptor there was closed after the pivot); `listener` closes after.
+    if unsafe { libc::dup2(listener.as_raw_fd(), INIT_LISTEN_FD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Waits for the daemon's byte saying we are in the sandbox's cgroups.

@@ -143,7 +143,8 @@ pub use host::HostRuntime;
 pub use kept::KeepPaused;
 pub use linux::{
     CheckpointInfo, CommitStats, Durability, ExecOptions, LinuxRuntime, LinuxRuntimeConfig,
-    PackedCheckpoint, DEFAULT_ENVD_ARGS, DEFAULT_VOLUME_SIZE_MB, UID_RANGE_SIZE,
+    PackedCheckpoint, DEFAULT_ENVD_ARGS, DEFAULT_INIT_LISTEN, DEFAULT_VOLUME_SIZE_MB,
+    UID_RANGE_SIZE,
 };
 pub use perms::tighten_tree as tighten_private_tree;
 pub use views::{find_lxcfs, probe_views, Probe as ViewsProbe};

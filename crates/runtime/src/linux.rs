@@ -47,6 +47,9 @@ pub const UID_RANGE_SIZE: u32 = 65_536;
 pub const DEFAULT_VOLUME_SIZE_MB: u64 = 2048;
 /// Init arguments used by default: envd listening on its E2B port.
 pub const DEFAULT_ENVD_ARGS: [&str; 2] = ["--listen", "0.0.0.0:49983"];
+/// The socket the launcher binds for the default init (envd's E2B port).
+pub const DEFAULT_INIT_LISTEN: std::net::SocketAddrV4 =
+    std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 49983);
 
 /// How a [`LinuxRuntime`] is set up.
 #[derive(Debug, Clone)]
@@ -60,6 +63,12 @@ pub struct LinuxRuntimeConfig {
     pub envd_binary: PathBuf,
     /// Arguments passed to the init.
     pub envd_args: Vec<String>,
+    /// A TCP address the launcher binds and listens on inside the sandbox before it
+    /// execs the init, handing the socket over (see `launch::INIT_LISTEN_FD_ENV`): a
+    /// connection made as soon as a create returns waits in its backlog until the init
+    /// serves instead of being refused (default [`DEFAULT_INIT_LISTEN`], which envd
+    /// takes; None for an init that does not).
+    pub init_listen: Option<std::net::SocketAddrV4>,
     /// Host path of the `berth-launch` binary built by this crate (`cargo build -p
     /// berth-runtime --bin berth-launch`), or of a daemon executable that calls
     /// [`crate::launch::run_if_launcher`] first thing in `main`.
@@ -113,6 +122,7 @@ impl LinuxRuntimeConfig {
             state_dir,
             envd_binary: envd_binary.into(),
             envd_args: DEFAULT_ENVD_ARGS.iter().map(|s| s.to_string()).collect(),
+            init_listen: Some(DEFAULT_INIT_LISTEN),
             launcher_binary,
             uid_base: 1 << 30,
             max_sandboxes: 10_000,
@@ -733,6 +743,7 @@ impl LinuxRuntime {
             layers: spec.layers.len(),
             init_binary: self.init_binary.clone(),
             init_args: self.config.envd_args.clone(),
+            init_listen: self.config.init_listen,
             init_env: vec![
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
                 "HOME=/root".into(),

@@ -34,3 +34,14 @@ fn envd_is_init_and_answers_health_through_connect() {
     }
     t.rt.kill(&info.id).unwrap();
 }
+
+#[test]
+fn envd_answers_a_request_made_the_moment_create_returns() {
+    let t = TestRuntime::with_envd();
+    let info = t.rt.create(&t.spec("envd-first")).unwrap();
+    // One attempt, no retry: the launcher listened on envd's port before the exec, so
+    // the connection waits in the backlog while envd starts instead of being refused.
+    let response = t.envd_get(&info.id, "/health").unwrap();
+    assert!(response.starts_with("HTTP/1.1 204"), "{response}");
+    t.rt.kill(&info.id).unwrap();
+}

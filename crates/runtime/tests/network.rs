@@ -330,6 +330,7 @@ fn envd_answers_with_networking() {
             .iter()
             .map(|s| s.to_string())
             .collect();
+        config.init_listen = Some(berth_runtime::DEFAULT_INIT_LISTEN);
     });
     let info = t.rt.create(&t.spec("net-envd")).unwrap();
     let _guard = KillGuard {

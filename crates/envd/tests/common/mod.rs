@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -41,6 +43,25 @@ impl Envd {
         panic!("berth-envd did not answer /health");
     }
 
+    /// Starts the real binary serving on `listener`, handed over the way berth's sandbox
+    /// launcher does (a descriptor named by `BERTH_INIT_LISTEN_FD`), with a `--listen`
+    /// address no host has: it serves only if it takes the socket. Returns at once: the
+    /// socket already queues connections.
+    pub fn start_on(listener: TcpListener) -> Envd {
+        let port = listener.local_addr().unwrap().port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_berth-envd"));
+        command
+            .args(["--listen", "192.0.2.1:9"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        hand_over_at_3(&mut command, listener.as_raw_fd());
+        let child = command.spawn().unwrap();
+        Envd {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -50,8 +71,30 @@ impl Envd {
     }
 }
 
+/// Makes descriptor `fd` of this process descriptor 3 of `command`'s, named by
+/// `BERTH_INIT_LISTEN_FD=3`.
+pub fn hand_over_at_3(command: &mut Command, fd: RawFd) {
+    command.env("BERTH_INIT_LISTEN_FD", "3");
+    // SAFETY: between fork and exec only dup2(2) and fcntl(2), async-signal-safe, on a
+    // descriptor the caller keeps open until the spawn returns.
+    unsafe {
+        command.pre_exec(move || {
+            // dup2 onto itself would keep close-on-exec: cleared by hand then.
+            let result = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if result < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The status line of one plain HTTP/1.1 `GET /health`, or `None` while nothing listens.
-async fn health_status(port: u16) -> Option<String> {
+pub async fn health_status(port: u16) -> Option<String> {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .ok()?;

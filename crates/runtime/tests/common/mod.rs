@@ -74,6 +74,8 @@ pub fn unique(prefix: &str) -> String {
 pub fn test_config(state: &Path, cgroup_parent: &str) -> LinuxRuntimeConfig {
     let mut config = LinuxRuntimeConfig::new(state, "/usr/bin/sleep");
     config.envd_args = vec!["infinity".into()];
+    // `sleep` serves nothing: a connection to envd's port must be refused, not queued.
+    config.init_listen = None;
     config.launcher_binary = PathBuf::from(env!("CARGO_BIN_EXE_berth-launch"));
     config.cgroup_parent = cgroup_parent.to_owned();
     config.pids_max = 256;
@@ -116,6 +118,7 @@ impl TestRuntime {
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
+            config.init_listen = Some(berth_runtime::DEFAULT_INIT_LISTEN);
         })
     }
 
