@@ -90,4 +90,8 @@ def test_a_stop_after_its_output_is_gone_still_removes_the_sandbox_network() -> 
             subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
         for link in links_in(cidr):
             subprocess.run(["ip", "link", "del", link.split("@")[0]], capture_output=True)
+        # This berth up started no sandbox: whatever a failed shutdown left mounted in its
+        # state dir (envd's tmpfs, the resource views) is the dead daemon's own.
+        for mount_point in sorted(control_plane.mounts_under(state), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount_point], capture_output=True)
         control_plane.remove_state_dir(state)
