@@ -556,6 +556,12 @@ def large_template() -> str:
     return name
 
 
+def holding_on(daemon: Daemon, mib: int):
+    """`holding` on `daemon` (made the one in use), in a template with room for `mib`."""
+    daemon.use()
+    return holding(mib, "base" if mib <= 256 else large_template())
+
+
 def pause_rounds(daemon: Daemon, sandbox, iterations: int, kept: bool) -> tuple[list, list, list, list]:
     """`iterations` rounds of pause, then connect → `commands.run("true")`: their times
     and the CRIU dump and restore each ran (a kept pause's resume must run none)."""
@@ -585,9 +591,7 @@ def pause_and_resume(report: Report, kept_daemon: Daemon, images_daemon: Daemon,
     kept."""
     from e2b import Sandbox
 
-    images_daemon.use()
-    template = "base" if mib <= 256 else large_template()
-    sandbox = holding(mib, template)
+    sandbox = holding_on(images_daemon, mib)
     try:
         pauses, resumes, dumps, restores = pause_rounds(images_daemon, sandbox, iterations, kept=False)
         report.latency(f"pause, {mib} MiB resident (not kept)", pauses, "the `criu dump` it ran", dumps)
@@ -597,9 +601,7 @@ def pause_and_resume(report: Report, kept_daemon: Daemon, images_daemon: Daemon,
     finally:
         sandbox.kill()
 
-    kept_daemon.use()
-    template = "base" if mib <= 256 else large_template()
-    sandbox = holding(mib, template)
+    sandbox = holding_on(kept_daemon, mib)
     try:
         pauses, resumes, dumps, _ = pause_rounds(kept_daemon, sandbox, iterations, kept=True)
         running = timed(lambda: Sandbox.connect(sandbox.sandbox_id, timeout=600).commands.run("true"), iterations * 3)

@@ -320,7 +320,7 @@ fn end_tree(cgroups: &Cgroups, id: &str, tree: KeptTree) {
 
 /// Kills the frozen tree whose init is `pidfd` (reaped when `own_child`) and whatever
 /// else is in sandbox `id`'s groups.
-pub(crate) fn end_frozen(cgroups: &Cgroups, id: &str, pidfd: &OwnedFd, own_child: bool) {
+fn end_frozen(cgroups: &Cgroups, id: &str, pidfd: &OwnedFd, own_child: bool) {
     if let Err(err) = kill_init(pidfd) {
         tracing::warn!(sandbox = %id, %err, "killing a paused sandbox's kept init");
     }

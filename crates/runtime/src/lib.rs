@@ -142,8 +142,8 @@ pub use blkio::DiskLimits;
 pub use host::HostRuntime;
 pub use kept::KeepPaused;
 pub use linux::{
-    CheckpointInfo, CommitStats, Durability, ExecOptions, LinuxRuntime, LinuxRuntimeConfig,
-    PackedCheckpoint, DEFAULT_ENVD_ARGS, DEFAULT_INIT_LISTEN, DEFAULT_VOLUME_SIZE_MB,
+    default_envd_args, CheckpointInfo, CommitStats, Durability, ExecOptions, LinuxRuntime,
+    LinuxRuntimeConfig, PackedCheckpoint, DEFAULT_INIT_LISTEN, DEFAULT_VOLUME_SIZE_MB,
     UID_RANGE_SIZE,
 };
 pub use perms::tighten_tree as tighten_private_tree;

@@ -45,11 +45,15 @@ pub use commit::{CommitStats, ExecOptions};
 pub const UID_RANGE_SIZE: u32 = 65_536;
 /// Size of a new volume unless configured (`LinuxRuntimeConfig::volume_size_mb`).
 pub const DEFAULT_VOLUME_SIZE_MB: u64 = 2048;
-/// Init arguments used by default: envd listening on its E2B port.
-pub const DEFAULT_ENVD_ARGS: [&str; 2] = ["--listen", "0.0.0.0:49983"];
-/// The socket the launcher binds for the default init (envd's E2B port).
+/// The socket the launcher binds for the default init: envd's E2B port.
 pub const DEFAULT_INIT_LISTEN: std::net::SocketAddrV4 =
     std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 49983);
+
+/// Init arguments used by default: envd listening on [`DEFAULT_INIT_LISTEN`] (the
+/// address it binds itself when no socket is handed to it).
+pub fn default_envd_args() -> Vec<String> {
+    vec!["--listen".into(), DEFAULT_INIT_LISTEN.to_string()]
+}
 
 /// How a [`LinuxRuntime`] is set up.
 #[derive(Debug, Clone)]
@@ -121,7 +125,7 @@ impl LinuxRuntimeConfig {
             uid_claims_dir: PathBuf::from("/var/lib/berth/uid-slots"),
             state_dir,
             envd_binary: envd_binary.into(),
-            envd_args: DEFAULT_ENVD_ARGS.iter().map(|s| s.to_string()).collect(),
+            envd_args: default_envd_args(),
             init_listen: Some(DEFAULT_INIT_LISTEN),
             launcher_binary,
             uid_base: 1 << 30,
@@ -1417,8 +1421,6 @@ pub(super) fn dump_externals(info: &SandboxInfo) -> Vec<(PathBuf, String)> {
     externals
 }
 
-/// SIGKILL to a sandbox's init: a pid namespace dies with its init. An init already gone
-/// is fine.
 /// [`LinuxRuntime::end_processes`] on `cgroups`, for code without the runtime at hand
 /// (see `kept`).
 pub(crate) fn end_processes_in(
@@ -1438,6 +1440,8 @@ pub(crate) fn end_processes_in(
         .map_err(io_err("kill remaining processes"))
 }
 
+/// SIGKILL to a sandbox's init: a pid namespace dies with its init. An init already gone
+/// is fine.
 pub(crate) fn kill_init(pidfd: &OwnedFd) -> Result<(), RuntimeError> {
     match sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL) {
         Err(e) if e.raw_os_error() != Some(libc::ESRCH) => Err(io_err("kill sandbox init")(e)),

@@ -325,12 +325,7 @@ fn envd_answers_with_networking() {
     let mut internet = internet_with_servers(1);
     let envd = common::envd_binary();
     let t = TestRuntime::with_network(&mut internet, move |config| {
-        config.envd_binary = envd.clone();
-        config.envd_args = berth_runtime::DEFAULT_ENVD_ARGS
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        config.init_listen = Some(berth_runtime::DEFAULT_INIT_LISTEN);
+        common::use_envd(config, envd.clone());
     });
     let info = t.rt.create(&t.spec("net-envd")).unwrap();
     let _guard = KillGuard {

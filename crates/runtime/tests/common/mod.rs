@@ -71,6 +71,14 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// The init used by tests: the host's `sleep infinity` (the rootfs has a compatible libc).
+/// Makes the real berth-envd at `envd` the init, as `berth up` runs it (the launcher
+/// hands it its listening socket).
+pub fn use_envd(config: &mut LinuxRuntimeConfig, envd: PathBuf) {
+    config.envd_binary = envd;
+    config.envd_args = berth_runtime::default_envd_args();
+    config.init_listen = Some(berth_runtime::DEFAULT_INIT_LISTEN);
+}
+
 pub fn test_config(state: &Path, cgroup_parent: &str) -> LinuxRuntimeConfig {
     let mut config = LinuxRuntimeConfig::new(state, "/usr/bin/sleep");
     config.envd_args = vec!["infinity".into()];
@@ -112,14 +120,7 @@ impl TestRuntime {
     /// A runtime whose init is the real berth-envd.
     pub fn with_envd() -> Self {
         let envd = envd_binary();
-        Self::with(move |config| {
-            config.envd_binary = envd;
-            config.envd_args = berth_runtime::DEFAULT_ENVD_ARGS
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-            config.init_listen = Some(berth_runtime::DEFAULT_INIT_LISTEN);
-        })
+        Self::with(move |config| use_envd(config, envd))
     }
 
     pub fn with(adjust: impl FnOnce(&mut LinuxRuntimeConfig)) -> Self {
