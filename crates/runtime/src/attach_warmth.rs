@@ -14,6 +14,10 @@
 //! every [`PERIOD`], from the first hold until [`LINGER`] after the last one ends, which
 //! covers the `confine_workload` that follows a start. Its first move pays the grace
 //! period on that thread, in parallel with the start's own work (disk, network, mounts).
+//! That move waits with the kernel's `cgroup_mutex` held (a v1 `tasks` or
+//! `cgroup.procs` write takes the mutex before the semaphore), and making a group takes
+//! the same mutex: so a start makes its groups before it holds the warmth
+//! (`LinuxRuntime::make_cgroups`), or its `mkdir`s wait the grace period out.
 //! The price, only while it runs: forks and exits take the semaphore's slower path, the
 //! trade the kernel's `favordynmods` cgroup mount option makes for good. berth leaves
 //! the host's cgroup mounts as they are.

@@ -74,7 +74,6 @@ use berth_checkpoint::{prepare_restore_images, Criu, Dump, ImageRewrite, Restore
 
 use super::pause::{self, HostRoot};
 use super::{dump_externals, io_err, valid_id, DiskOrigin, LinuxRuntime, Sandbox};
-use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::perms;
 use crate::restorable;
@@ -379,6 +378,7 @@ impl LinuxRuntime {
         // boot's init is our child.
         let own_child = matches!(how, Revival::Disk);
         let info = self.bring_up(spec, own_child, Some(meta.uid_base), |slot, dir| {
+            let _warm = self.make_cgroups(spec)?;
             self.attach_network(&spec.id, meta.info.network.as_ref())?;
             self.restore_into(how, checkpoint, &meta, spec, slot, dir)
         })?;
@@ -533,16 +533,6 @@ impl LinuxRuntime {
         dir: &Path,
     ) -> Result<(OwnedFd, i32, Option<OwnedFd>), RuntimeError> {
         let uid_base = self.uid_base_of(slot);
-        self.cgroups
-            .create(
-                &spec.id,
-                CgroupLimits {
-                    cpu_count: spec.cpu_count,
-                    memory_bytes: spec.memory_mb * 1024 * 1024,
-                    pids_max: self.config.pids_max,
-                },
-            )
-            .map_err(io_err("create cgroups"))?;
         let image = dir.join(DISK_FILE);
         disk::copy_sparse(&checkpoint.join(DISK_FILE), &image).map_err(io_err("copy disk"))?;
         // The copy keeps the source's owners; this mount shows them in the sandbox's range.

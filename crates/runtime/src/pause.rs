@@ -41,7 +41,6 @@ use super::{
     dump_externals, io_err, kill_init, valid_id, volume_key, CloneArgs, DiskOrigin, LinuxRuntime,
     UID_RANGE_SIZE,
 };
-use crate::cgroup::CgroupLimits;
 use crate::disk;
 use crate::durability::DurableMarker;
 use crate::kept::KeptTree;
@@ -397,17 +396,9 @@ impl LinuxRuntime {
         }
         let mut record = Record::read(&dir).map_err(io_err("read record"))?;
         let spec = record.spec.clone();
-        // Gone after a reboot; creating them again is harmless otherwise.
-        self.cgroups
-            .create(
-                id,
-                CgroupLimits {
-                    cpu_count: spec.cpu_count,
-                    memory_bytes: spec.memory_mb * 1024 * 1024,
-                    pids_max: self.config.pids_max,
-                },
-            )
-            .map_err(io_err("create cgroups"))?;
+        // Gone after a reboot; making them again is harmless otherwise. CRIU's restore
+        // moves every task into them.
+        let _warm = self.make_cgroups(&spec)?;
         let netns = self.netns_for_start(id)?.map(std::sync::Arc::new);
         Self::check_restore_netns(&images, netns.as_ref())?;
         self.ensure_init_binary()?;
@@ -545,6 +536,7 @@ impl LinuxRuntime {
         let dir = self.sandbox_dir(id);
         let mut record = Record::read(&dir).map_err(io_err("read record"))?;
         let spec = record.spec.clone();
+        let _warm = self.make_cgroups(&spec)?;
         let (pidfd, pid, disk) = self.start(
             &spec,
             record.slot,
