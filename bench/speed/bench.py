@@ -573,9 +573,9 @@ class CpuWindow:
     from /proc/stat) and by `berth up` (its threads, from /proc/<pid>/stat), in ms."""
 
     def __init__(self, daemon: Daemon) -> None:
-        self.pid, self.daemon = daemon.proc.pid, daemon
+        self.daemon = daemon
         self.wall = time.perf_counter()
-        self.host, self.berth = self.host_busy_ms(), self.process_ms(self.pid)
+        self.host, self.berth = self.host_busy_ms(), self.process_ms(daemon.proc.pid)
 
     @staticmethod
     def host_busy_ms() -> float:
@@ -594,7 +594,7 @@ class CpuWindow:
     def close(self) -> None:
         self.wall = (time.perf_counter() - self.wall) * 1000
         self.host = self.host_busy_ms() - self.host
-        self.berth = self.process_ms(self.pid) - self.berth
+        self.berth = self.process_ms(self.daemon.proc.pid) - self.berth
         self.refilled = self.daemon.pooled()
 
     def report(self, report: Report, clients_ms: float, clients: str) -> None:
@@ -631,7 +631,6 @@ def burst(report: Report, berth: str, templates: Path, size: int) -> None:
             floor,
         )
         window.report(report, client_cpu, "the client (one Python process, one GIL)")
-        wait_for_pool(daemon, size)
         durations, client_cpu, window = burst_from_processes(daemon, size)
         report.latency(
             f"{size} concurrent creates → first command (pool of {size}), {size} client processes",
