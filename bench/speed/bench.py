@@ -496,24 +496,20 @@ def burst_client(ready, go, done, results) -> None:
     go; puts (CLOCK_MONOTONIC at the end, CPU ms, sandbox id) on `results`, or (None,
     0, what failed), and exits only when the parent says the burst is done (a Python
     process's exit costs tens of CPU-ms, which must not land inside the burst)."""
-    from e2b import Sandbox
-
     # A warm client, as in the one-process burst: the SDK's first call in a process
     # costs tens of CPU-ms more than the next ones (imports, its HTTP stacks).
-    warm_up = Sandbox.create(timeout=60)
-    warm_up.commands.run("true")
-    warm_up.kill()
+    create_then_run()
     ready.wait()
     go.wait()
     cpu_before = time.process_time()
+    created: list = []
     try:
-        sandbox = Sandbox.create(timeout=300)
-        sandbox.commands.run("true")
+        create_then_run(created)
     except Exception as error:  # reported by the parent, which ends the run
         results.put((None, 0.0, repr(error)))
     else:
         ended = time.clock_gettime(time.CLOCK_MONOTONIC)
-        results.put((ended, (time.process_time() - cpu_before) * 1000, sandbox.sandbox_id))
+        results.put((ended, (time.process_time() - cpu_before) * 1000, created[0].sandbox_id))
     done.wait(timeout=600)
 
 
@@ -574,8 +570,10 @@ class CpuWindow:
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
-        self.wall = time.perf_counter()
+        self.started = time.perf_counter()
         self.host, self.berth = self.host_busy_ms(), self.process_ms(daemon.proc.pid)
+        self.wall = 0.0
+        self.refilled = 0
 
     @staticmethod
     def host_busy_ms() -> float:
@@ -592,7 +590,7 @@ class CpuWindow:
         return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
-        self.wall = (time.perf_counter() - self.wall) * 1000
+        self.wall = (time.perf_counter() - self.started) * 1000
         self.host = self.host_busy_ms() - self.host
         self.berth = self.process_ms(self.daemon.proc.pid) - self.berth
         self.refilled = self.daemon.pooled()
