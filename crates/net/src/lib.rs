@@ -53,9 +53,12 @@
 //! **Crash safety and recovery.** A sandbox's record (address + policy) is written (temp
 //! file, rename; fsynced on policy changes, see `host::NetRecord` for why not at attach)
 //! before anything is created in the kernel. Detach removes the sandbox's elements and
-//! record at once and leaves its link, namespace pin and conntrack entries to a
-//! background thread (each waits for an RCU grace period); the address returns to the
-//! pool after that ([`HostNetwork::settle`] waits for it). At start the table is rebuilt
+//! record at once and leaves its link and namespace pin to a background thread (each
+//! waits for an RCU grace period), which also removes its conntrack entries in a sweep
+//! shared with the sandboxes detached within half a second of it (a sweep walks the
+//! kernel's whole conntrack table, ~8 ms of CPU here, whatever it is for); the address
+//! returns to the pool after its sweep ([`HostNetwork::settle`] asks for the sweep at
+//! once and waits for it, as an attach does when the pool is out of addresses). At start the table is rebuilt
 //! from the records in one transaction; `reconcile` removes the networks of sandboxes the
 //! runtime does not know and any link or pin of this daemon without a record.
 //!

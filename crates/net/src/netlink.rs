@@ -7,6 +7,7 @@
 //! typed builder; each request asks for an ACK and the kernel's errno comes back as an
 //! `io::Error`.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -458,6 +459,20 @@ impl Netlink {
 
     /// Deletes every conntrack entry whose original source is `addr`; returns how many.
     pub(crate) fn flush_conntrack_from(&mut self, addr: Ipv4Addr) -> io::Result<usize> {
+        self.flush_conntrack_from_any(&BTreeSet::from([addr]))
+    }
+
+    /// Deletes every conntrack entry whose original source is one of `addrs`; returns
+    /// how many. One dump, whatever the number of addresses: the dump walks the kernel's
+    /// whole conntrack hash table (every bucket, every namespace's entries), which is
+    /// what it costs, not the entries found.
+    pub(crate) fn flush_conntrack_from_any(
+        &mut self,
+        addrs: &BTreeSet<Ipv4Addr>,
+    ) -> io::Result<usize> {
+        if addrs.is_empty() {
+            return Ok(0);
+        }
         let nfgen = [libc::AF_INET as u8, 0, 0, 0];
         let get = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET;
         let delete = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE;
@@ -476,7 +491,7 @@ impl Netlink {
                                 .find(|(k, _, _)| *k == CTA_IP_V4_SRC)
                                 .and_then(|(_, v, _)| <[u8; 4]>::try_from(v).ok())
                         });
-                if src == Some(addr.octets()) {
+                if src.is_some_and(|src| addrs.contains(&Ipv4Addr::from(src))) {
                     tuples.push(whole.to_vec());
                 }
             }

@@ -295,6 +295,86 @@ fn restart_keeps_known_networks_and_reconcile_removes_the_rest() {
     assert!(fetch(&keep.netns_path, a, 80).is_some(), "rebuilt");
 }
 
+/// Detached sandboxes' conntrack entries go in a sweep they share, without anyone
+/// waiting for it, and an address is handed out again only after its sweep.
+#[test]
+fn conntrack_sweeps_are_shared_and_come_before_an_address_returns() {
+    let mut internet = FakeInternet::new(1);
+    let a = internet.host(0);
+    internet.serve_http(a, 80);
+    // A /29: five sandbox addresses, so the sixth attach needs a detached one's.
+    let t = TestNetwork::with(&mut internet, |config| {
+        config.sandbox_cidr = ipnet::Ipv4Net::new(config.sandbox_cidr.network(), 29).unwrap();
+    });
+    let net = t.net();
+    let sandboxes: Vec<_> = (0..5)
+        .map(|i| {
+            net.attach(&format!("sbx-sweep-{i}"), &NetworkPolicy::default())
+                .unwrap()
+        })
+        .collect();
+    for sbx in &sandboxes {
+        assert!(fetch(&sbx.netns_path, a, 80).is_some());
+        assert!(net.conntrack_entries(sbx.addr).unwrap() > 0);
+    }
+
+    // Two detached together, nobody settling: their entries go by themselves.
+    net.detach("sbx-sweep-1").unwrap();
+    net.detach("sbx-sweep-2").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while [1, 2]
+        .iter()
+        .any(|&i| net.conntrack_entries(sandboxes[i].addr).unwrap() > 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "entries left 30 s after a detach"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        net.conntrack_entries(sandboxes[3].addr).unwrap() > 0,
+        "others kept"
+    );
+
+    // The pool is full but for detached addresses: the next attach gets one of them,
+    // swept first, so the new sandbox meets none of its predecessor's connections.
+    let sixth = net
+        .attach("sbx-sweep-5", &NetworkPolicy::default())
+        .unwrap();
+    net.attach("sbx-sweep-6", &NetworkPolicy::default())
+        .unwrap();
+    assert!(matches!(
+        net.attach("sbx-sweep-7", &NetworkPolicy::default()),
+        Err(berth_net::NetError::PoolExhausted { .. })
+    ));
+    net.detach("sbx-sweep-0").unwrap();
+    let reused = net
+        .attach("sbx-sweep-7", &NetworkPolicy::default())
+        .unwrap();
+    assert_eq!(reused.addr, sandboxes[0].addr);
+    assert_eq!(
+        net.conntrack_entries(reused.addr).unwrap(),
+        0,
+        "swept before reuse"
+    );
+    assert!(fetch(&reused.netns_path, a, 80).is_some());
+    assert!(fetch(&sixth.netns_path, a, 80).is_some());
+    for id in [
+        "sbx-sweep-3",
+        "sbx-sweep-4",
+        "sbx-sweep-5",
+        "sbx-sweep-6",
+        "sbx-sweep-7",
+    ] {
+        net.detach(id).unwrap();
+    }
+    net.settle();
+    for sbx in &sandboxes {
+        assert_eq!(net.conntrack_entries(sbx.addr).unwrap(), 0, "{}", sbx.addr);
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
