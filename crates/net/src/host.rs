@@ -138,6 +138,11 @@ impl Demolisher {
                 let mut unswept: Vec<Demolition> = Vec::new();
                 let mut since = Instant::now();
                 loop {
+                    if !unswept.is_empty()
+                        && (since.elapsed() >= SWEEP_DELAY || unswept.len() >= SWEEP_BATCH)
+                    {
+                        sweep(&inner, &done, &mut unswept);
+                    }
                     let job = if unswept.is_empty() {
                         jobs.recv().map_err(|_| RecvTimeoutError::Disconnected)
                     } else {
@@ -150,9 +155,6 @@ impl Demolisher {
                                 since = Instant::now();
                             }
                             unswept.push(job);
-                            if unswept.len() >= SWEEP_BATCH {
-                                sweep(&inner, &done, &mut unswept);
-                            }
                         }
                         Ok(DemolisherJob::Sweep) | Err(RecvTimeoutError::Timeout) => {
                             sweep(&inner, &done, &mut unswept)
