@@ -835,6 +835,7 @@ impl HostNetwork {
         };
         let mut nl = Netlink::route().map_err(netlink("open rtnetlink"))?;
         let prefix = format!("{}v", self.tag);
+        let mut stray_addrs = BTreeSet::new();
         for link in nl.links().map_err(netlink("list links"))? {
             if link.name.starts_with(&prefix) && !veths.contains(&link.name) {
                 nl.delete_link(&link.name)
@@ -845,12 +846,12 @@ impl HostNetwork {
                     .map(|offset| {
                         Ipv4Addr::from(u32::from(self.config.sandbox_cidr.network()) + offset)
                     });
-                if let Some(addr) = addr.filter(|a| self.config.sandbox_cidr.contains(a)) {
-                    let _ = Netlink::netfilter().and_then(|mut nl| nl.flush_conntrack_from(addr));
-                }
+                stray_addrs.extend(addr.filter(|a| self.config.sandbox_cidr.contains(a)));
                 report.stray_links.push(link.name);
             }
         }
+        // One conntrack pass for all of them (each pass walks the whole table).
+        let _ = Netlink::netfilter().and_then(|mut nl| nl.flush_conntrack_from_any(&stray_addrs));
         let netns_dir = self.dir.join("netns");
         for entry in fs::read_dir(&netns_dir).map_err(state(&netns_dir))? {
             let entry = entry.map_err(state(&netns_dir))?;
