@@ -304,13 +304,20 @@ impl Cgroups {
         let host = parse_cpu_list(&fs::read_to_string(
             parent_dir.join("cpuset.effective_cpus"),
         )?);
-        let pinned: Vec<Vec<u32>> = fs::read_dir(&parent_dir)?
-            .flatten()
-            .filter(|entry| entry.file_name() != id && entry.path().is_dir())
-            .filter_map(|entry| fs::read_to_string(entry.path().join("cpuset.cpus")).ok())
-            .map(|cpus| parse_cpu_list(&cpus))
-            .collect();
-        let cpus = pick_cpus(&host, &pinned, cpu_count.max(1) as usize);
+        let count = cpu_count.max(1) as usize;
+        // The other sandboxes' pins only matter when there is a choice: reading them
+        // costs a few kernfs reads per sandbox (2.7 ms of a create with 200 running).
+        let pinned: Vec<Vec<u32>> = if count >= host.len() {
+            Vec::new()
+        } else {
+            fs::read_dir(&parent_dir)?
+                .flatten()
+                .filter(|entry| entry.file_name() != id && entry.path().is_dir())
+                .filter_map(|entry| fs::read_to_string(entry.path().join("cpuset.cpus")).ok())
+                .map(|cpus| parse_cpu_list(&cpus))
+                .collect()
+        };
+        let cpus = pick_cpus(&host, &pinned, count);
         let write = |file: &str, value: &str| {
             fs::write(dir.join(file), value)
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.join(file).display())))
