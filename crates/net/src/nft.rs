@@ -3,7 +3,11 @@
 //!
 //! One `inet` table per daemon holds every rule; sandboxes differ only in set and map
 //! elements ([`SandboxElements`]), so creating, updating or removing one is a single
-//! transaction of element (and named limit) changes. The chains, in packet order:
+//! transaction of element changes. The upload and download rates are per-element `limit`
+//! expressions in two dynamic sets, not named limit objects: libnftables fetches every
+//! named object of the table before each transaction, which made every create and kill
+//! cost in proportion to the sandboxes running (two objects each). The chains, in packet
+//! order:
 //!
 //! - `sb_dnat` (nat prerouting, from berth's veths): sandboxes with no egress at all skip
 //!   it (their DNS is then dropped in `sb_input`); DNS (udp/tcp 53, any destination) goes
@@ -56,7 +60,7 @@ pub(crate) struct TableSpec {
 pub(crate) struct SandboxElements {
     pub veth: String,
     pub addr: Ipv4Addr,
-    /// Offset in the pool; names the sandbox's limit objects.
+    /// Offset in the pool.
     pub offset: u32,
     /// Destinations allowed whatever `denied` says (merged, no overlaps).
     pub allowed: Vec<Ipv4Net>,
@@ -334,8 +338,16 @@ impl Table {
             Stmt::ConnLimit(max) => {
                 format!("add @conns {{ ip saddr ct count over {max} }} reject with icmpx admin-prohibited")
             }
-            Stmt::RateLimit { up: true } => "limit name ip saddr map @rate_up drop".into(),
-            Stmt::RateLimit { up: false } => "limit name ip daddr map @rate_down drop".into(),
+            // Only addresses with an element (attached sandboxes) are limited: without the
+            // lookup, a packet for a detached sandbox's address would make one.
+            Stmt::RateLimit { up: true } => format!(
+                "ip saddr @rate_up add @rate_up {{ ip saddr {} }} drop",
+                self.rate_limit(true)
+            ),
+            Stmt::RateLimit { up: false } => format!(
+                "ip daddr @rate_down add @rate_down {{ ip daddr {} }} drop",
+                self.rate_limit(false)
+            ),
         };
         out.push_str(&text);
     }
@@ -376,7 +388,10 @@ impl Table {
             "  set conns {{ type ipv4_addr; size 65535; flags dynamic; }}"
         );
         for name in ["rate_up", "rate_down"] {
-            let _ = writeln!(out, "  map {name} {{ type ipv4_addr : limit; }}");
+            let _ = writeln!(
+                out,
+                "  set {name} {{ type ipv4_addr; size 65535; flags dynamic; }}"
+            );
         }
         for chain in &self.chains {
             let _ = writeln!(out, "  chain {} {{", chain.name);
@@ -403,42 +418,30 @@ impl Table {
         out
     }
 
-    fn limit_names(e: &SandboxElements) -> (String, String) {
-        (format!("up_{:x}", e.offset), format!("down_{:x}", e.offset))
-    }
-
-    /// Commands adding sandbox `e`'s elements and limit objects.
-    pub(crate) fn add_sandbox(&self, e: &SandboxElements) -> String {
-        let t = &self.spec.name;
-        let mut out = String::new();
-        let (up, down) = Self::limit_names(e);
+    /// The `limit` expression of a sandbox's upload (`up`) or download rate, the same in
+    /// the rule and in each sandbox's element.
+    fn rate_limit(&self, up: bool) -> String {
         let l = &self.spec.limits;
-        let _ = writeln!(
-            out,
-            "add limit inet {t} {up} {{ rate over {} burst {} }}",
-            rate(l.egress_bytes_per_sec),
-            rate(l.egress_bytes_per_sec / 4)
-        );
-        let _ = writeln!(
-            out,
-            "add limit inet {t} {down} {{ rate over {} burst {} }}",
-            rate(l.ingress_bytes_per_sec),
-            rate(l.ingress_bytes_per_sec / 4)
-        );
-        out.push_str(&self.elements("add", e));
-        out
+        let bytes_per_sec = if up {
+            l.egress_bytes_per_sec
+        } else {
+            l.ingress_bytes_per_sec
+        };
+        format!(
+            "limit rate over {} burst {}",
+            rate(bytes_per_sec),
+            rate(bytes_per_sec / 4)
+        )
     }
 
-    /// Commands removing what [`Table::add_sandbox`] added.
+    /// Commands adding sandbox `e`'s elements.
+    pub(crate) fn add_sandbox(&self, e: &SandboxElements) -> String {
+        self.elements("add", e)
+    }
+
+    /// Commands removing what [`Table::add_sandbox`] added but the connection-count entry.
     pub(crate) fn remove_sandbox(&self, e: &SandboxElements) -> String {
-        let t = &self.spec.name;
-        let mut out = self.elements("delete", e);
-        let (up, down) = Self::limit_names(e);
-        let _ = writeln!(
-            out,
-            "delete limit inet {t} {up}\ndelete limit inet {t} {down}"
-        );
-        out
+        self.elements("delete", e)
     }
 
     /// Removes sandbox `addr`'s connection-count entry, if the kernel has not already
@@ -460,22 +463,22 @@ impl Table {
     fn elements(&self, verb: &str, e: &SandboxElements) -> String {
         let t = &self.spec.name;
         let mut out = String::new();
-        let (up, down) = Self::limit_names(e);
         let _ = writeln!(
             out,
             "{verb} element inet {t} sources {{ \"{}\" . {} }}",
             e.veth, e.addr
         );
-        let _ = writeln!(
-            out,
-            "{verb} element inet {t} rate_up {{ {} : \"{up}\" }}",
-            e.addr
-        );
-        let _ = writeln!(
-            out,
-            "{verb} element inet {t} rate_down {{ {} : \"{down}\" }}",
-            e.addr
-        );
+        // The rate elements are made here with their limits, not by the rules' first
+        // packets, so they exist from attach to detach and go in the same batches.
+        for up in [true, false] {
+            let set = if up { "rate_up" } else { "rate_down" };
+            let limit = if verb == "add" {
+                format!(" {}", self.rate_limit(up))
+            } else {
+                String::new()
+            };
+            let _ = writeln!(out, "{verb} element inet {t} {set} {{ {}{limit} }}", e.addr);
+        }
         // The connection-count entry is made here rather than by the rule's first packet;
         // the kernel drops it whenever its count is zero, so it is removed on its own
         // ([`Table::remove_conn_entry`]): a batch deleting an absent element fails whole.
@@ -976,10 +979,14 @@ pub(crate) mod tests {
                 assert!(!remove.contains(" conns "));
                 let own = table.remove_conn_entry(sandboxes[0].addr);
                 assert_eq!(line.replace(" ct count over 4096", "") + "\n", own);
+            } else if line.contains(" rate_") {
+                let key = line.split(" limit rate over ").next().unwrap().to_owned() + " }";
+                assert!(remove.contains(&key), "{key}");
             } else {
                 assert!(remove.contains(&line), "{line}");
             }
         }
-        assert!(remove.contains("delete limit inet berth_test up_2"));
+        assert!(add.contains("add element inet berth_test rate_up { 10.77.0.2 limit rate over "));
+        assert!(!text.contains(" limit inet "), "no named limit objects");
     }
 }
