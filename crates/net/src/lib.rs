@@ -36,8 +36,11 @@
 //! in `nft list table`, and the generated rule set is plain data ([`nft`](crate)'s
 //! `Table`) that unit tests walk packet by packet. Hand-built nf_tables netlink would
 //! save the parse but make every rule opaque bytes. Rules never change after start;
-//! a sandbox is set and map elements plus two named limits, so create, policy update
-//! and removal are each one small transaction. See `nft.rs` for the chains.
+//! a sandbox is set elements only (its rate limits are expressions on its elements of
+//! two dynamic sets), so create, policy update and removal are each one small
+//! transaction, and none costs more with more sandboxes running: libnftables fetches
+//! the table's named objects before every transaction, and there are none. See `nft.rs`
+//! for the chains.
 //!
 //! **Netlink** for links, addresses, routes, neighbours and conntrack is a small
 //! synchronous client (`netlink.rs`): the runtime is synchronous and does this from
