@@ -264,13 +264,11 @@ pub fn daemon_tag(state_dir: &Path) -> String {
 pub(crate) fn sandbox_elements(
     veth: &str,
     addr: Ipv4Addr,
-    offset: u32,
     effective: &EffectivePolicy,
 ) -> SandboxElements {
     SandboxElements {
         veth: veth.to_owned(),
         addr,
-        offset,
         allowed: Ipv4Net::aggregate(&effective.policy.allowed_nets().collect()),
         denied: Ipv4Net::aggregate(&effective.policy.denied_nets()),
         proxied: effective.proxied(),
@@ -450,7 +448,7 @@ impl HostNetwork {
             .offset(record.addr)
             .expect("address claimed in the pool");
         let effective = Arc::new(self.effective(&record.policy));
-        let elements = sandbox_elements(&self.veth_name(offset), record.addr, offset, &effective);
+        let elements = sandbox_elements(&self.veth_name(offset), record.addr, &effective);
         Attached {
             record,
             offset,

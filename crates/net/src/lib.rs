@@ -61,9 +61,10 @@
 //! shared with the sandboxes detached within half a second of it (a sweep walks the
 //! kernel's whole conntrack table, ~8 ms of CPU here, whatever it is for); the address
 //! returns to the pool after its sweep ([`HostNetwork::settle`] asks for the sweep at
-//! once and waits for it, as an attach does when the pool is out of addresses). At start the table is rebuilt
-//! from the records in one transaction; `reconcile` removes the networks of sandboxes the
-//! runtime does not know and any link or pin of this daemon without a record.
+//! once and waits for it, as an attach does when the pool is out of addresses). At
+//! start the table is rebuilt from the records in one transaction; `reconcile` removes
+//! the networks of sandboxes the runtime does not know and any link or pin of this
+//! daemon without a record.
 //!
 //! **Host settings.** IPv4 forwarding is switched on at start (needed for NAT); nothing
 //! needs `route_localnet`, because DNS and proxied traffic is DNAT'ed to the gateway

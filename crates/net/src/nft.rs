@@ -60,8 +60,6 @@ pub(crate) struct TableSpec {
 pub(crate) struct SandboxElements {
     pub veth: String,
     pub addr: Ipv4Addr,
-    /// Offset in the pool.
-    pub offset: u32,
     /// Destinations allowed whatever `denied` says (merged, no overlaps).
     pub allowed: Vec<Ipv4Net>,
     pub denied: Vec<Ipv4Net>,
@@ -752,11 +750,10 @@ pub(crate) mod tests {
         let table = table(&spec);
         let effective = ceiling.apply(policy, &[]);
         let one =
-            crate::host::sandbox_elements("btestv2", "10.77.0.2".parse().unwrap(), 2, &effective);
+            crate::host::sandbox_elements("btestv2", "10.77.0.2".parse().unwrap(), &effective);
         let other = crate::host::sandbox_elements(
             "btestv3",
             "10.77.0.3".parse().unwrap(),
-            3,
             &ceiling.apply(&NetworkPolicy::default(), &[]),
         );
         (table, vec![one, other], vec![host])
