@@ -3,37 +3,41 @@
 //! A single SIGCHLD listener reaps exited children and hands each status to whoever
 //! spawned that pid through [`Reaper::spawn`]. Spawning and reaping take the same
 //! lock, so a child that exits at once is still registered before any reap pass can
-//! see it, and `std`'s own wait after a failed `exec` cannot lose its child to us.
+//! see it, and the wait for a child whose `exec` failed (in [`Launch::start`]) cannot
+//! lose its child to us.
 //!
 //! When envd is PID 1 it also reaps every orphan re-parented to it (`waitpid(-1)`),
 //! discarding their statuses; otherwise it only waits for the pids it registered, so
 //! nothing else in the process can lose a child to it. Either way: every child envd
-//! starts must be spawned through [`Reaper::spawn`]; never use `tokio::process` or
-//! `Child::wait` in envd.
+//! starts must be spawned through [`Reaper::spawn`]; never use `std::process`,
+//! `tokio::process` or `Child::wait` in envd.
 //!
-//! Every fork happens on one dedicated thread, named [`SPAWNER_THREAD_NAME`]. A child
-//! starts in the cgroups of the thread that forked it, so the host moves that one
-//! thread into the sandbox's workload group (limits just below the sandbox's) and every
-//! command lands there, while envd's other threads keep the headroom above it: a fork
-//! bomb or a memory hog exhausts the workload group, never envd.
+//! Every child is cloned (see [`Launch`]) on one dedicated thread, named
+//! [`SPAWNER_THREAD_NAME`]. A child starts in the cgroups of the thread that cloned it,
+//! so the host moves that one thread into the sandbox's workload group (limits just
+//! below the sandbox's) and every command lands there, while envd's other threads keep
+//! the headroom above it: a fork bomb or a memory hog exhausts the workload group,
+//! never envd.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, Command, ExitStatus};
+use std::process::ExitStatus;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::oneshot;
 
-/// The name (`comm`) of the thread every child is forked from. A contract with the
+use crate::process::launch::{ChildStack, Launch};
+
+/// The name (`comm`) of the thread every child is cloned from. A contract with the
 /// host: berth's runtime finds the thread by this name in `/proc/<init>/task` and moves
 /// it into the workload cgroup (`berth_runtime`'s `SPAWNER_THREAD`).
 pub const SPAWNER_THREAD_NAME: &str = "envd-spawn";
 
-/// A command for the spawner thread and where its result goes.
-type SpawnJob = (Command, mpsc::SyncSender<io::Result<Child>>);
+/// A child for the spawner thread to start and where its pid goes.
+type SpawnJob = (Launch, mpsc::SyncSender<io::Result<i32>>);
 
 /// Dispatches child exit statuses by pid.
 #[derive(Debug)]
@@ -48,14 +52,15 @@ impl Reaper {
     /// `reap_orphans` should be true when envd is PID 1.
     pub fn start(reap_orphans: bool) -> io::Result<Arc<Self>> {
         let (jobs, queue) = mpsc::channel::<SpawnJob>();
+        let mut stack = ChildStack::new()?;
         std::thread::Builder::new()
             .name(SPAWNER_THREAD_NAME.into())
             .spawn(move || {
-                for (mut command, result) in queue {
-                    let child = command.spawn();
+                for (launch, result) in queue {
+                    let pid = launch.start(&mut stack);
                     // The parent's copies of the child's stdio (a PTY slave) close here.
-                    drop(command);
-                    let _ = result.send(child);
+                    drop(launch);
+                    let _ = result.send(pid);
                 }
             })?;
         let reaper = Arc::new(Self {
@@ -79,23 +84,22 @@ impl Reaper {
         self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Spawns `command` on the spawner thread and returns the child with a receiver of
-    /// its exit status. The command (and the parent's copies of its stdio) is dropped
-    /// once the child runs.
-    pub fn spawn(&self, command: Command) -> io::Result<(Child, oneshot::Receiver<ExitStatus>)> {
+    /// Starts `launch` on the spawner thread and returns the child's pid with a receiver
+    /// of its exit status. The launch (and the parent's copies of the child's stdio) is
+    /// dropped once the child runs.
+    pub(crate) fn spawn(&self, launch: Launch) -> io::Result<(i32, oneshot::Receiver<ExitStatus>)> {
         let mut waiters = self.lock();
         let (result, child) = mpsc::sync_channel(1);
         let gone = || io::Error::other("envd's spawner thread is gone");
         self.spawner
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .send((command, result))
+            .send((launch, result))
             .map_err(|_| gone())?;
-        let child = child.recv().map_err(|_| gone())??;
+        let pid = child.recv().map_err(|_| gone())??;
         let (sender, receiver) = oneshot::channel();
-        let pid = i32::try_from(child.id()).expect("pids fit in i32");
         waiters.insert(pid, sender);
-        Ok((child, receiver))
+        Ok((pid, receiver))
     }
 
     /// One reap pass: collects every exited child without blocking.
@@ -132,15 +136,31 @@ impl Reaper {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+    use std::os::fd::OwnedFd;
+
     use super::*;
+    use crate::process::child::SpawnSpec;
+
+    fn launch(program: &str, args: &[&str]) -> Launch {
+        let spec = SpawnSpec {
+            program: program.into(),
+            args: args.iter().map(|arg| arg.to_string()).collect(),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            cwd: "/".into(),
+            credentials: None,
+            stdin: false,
+            pty: None,
+        };
+        let null = || OwnedFd::from(File::open("/dev/null").unwrap());
+        Launch::new(&spec, [null(), null(), null()]).unwrap()
+    }
 
     #[tokio::test]
     async fn statuses_reach_their_spawners() {
         let reaper = Reaper::start(false).unwrap();
-        let (_ok, ok_status) = reaper.spawn(Command::new("true")).unwrap();
-        let mut fail = Command::new("sh");
-        fail.args(["-c", "exit 3"]);
-        let (_fail, fail_status) = reaper.spawn(fail).unwrap();
+        let (_ok, ok_status) = reaper.spawn(launch("true", &[])).unwrap();
+        let (_fail, fail_status) = reaper.spawn(launch("sh", &["-c", "exit 3"])).unwrap();
         assert_eq!(ok_status.await.unwrap().code(), Some(0));
         assert_eq!(fail_status.await.unwrap().code(), Some(3));
     }
@@ -149,7 +169,7 @@ mod tests {
     async fn failed_exec_is_an_error_not_a_panic() {
         let reaper = Reaper::start(false).unwrap();
         let err = reaper
-            .spawn(Command::new("/nonexistent/berth-test-binary"))
+            .spawn(launch("/nonexistent/berth-test-binary", &[]))
             .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
     }
@@ -157,9 +177,9 @@ mod tests {
     #[tokio::test]
     async fn the_spawner_thread_runs_under_its_contract_name() {
         let reaper = Reaper::start(false).unwrap();
-        // The host finds the thread by this name; which thread forked a child is proved
+        // The host finds the thread by this name; which thread cloned a child is proved
         // end to end by the sandbox tests (commands run in the workload cgroup).
-        let (_child, status) = reaper.spawn(Command::new("true")).unwrap();
+        let (_child, status) = reaper.spawn(launch("true", &[])).unwrap();
         assert!(status.await.unwrap().success());
         let names: Vec<String> = std::fs::read_dir("/proc/self/task")
             .unwrap()

@@ -7,7 +7,7 @@
 //!
 //! On v1 each sandbox's `memory` and `pids` groups have a child, [`WORKLOAD_GROUP`], with
 //! limits just below the sandbox's ([`CgroupLimits::workload`]). Commands run there:
-//! envd forks every child from one thread, which [`Cgroups::confine_spawner`] moves into
+//! envd starts every child from one thread, which [`Cgroups::confine_spawner`] moves into
 //! the child group (v1 places threads, not only processes), so a fork bomb or a memory
 //! hog exhausts the workload group and envd keeps its reserve. cgroup v2 keeps a
 //! process's threads in one domain group, so there the workload shares the sandbox's
@@ -39,7 +39,7 @@ const CFS_PERIOD_US: u64 = 100_000;
 /// The child group (v1 `memory` and `pids`) the sandbox's commands run in.
 pub(crate) const WORKLOAD_GROUP: &str = "workload";
 const WORKLOAD_CONTROLLERS: [&str; 2] = ["memory", "pids"];
-/// The thread of envd that forks every command (envd's `SPAWNER_THREAD_NAME`).
+/// The thread of envd that starts every command (envd's `SPAWNER_THREAD_NAME`).
 pub(crate) const SPAWNER_THREAD: &str = "envd-spawn";
 
 /// Limits written into a sandbox's groups.

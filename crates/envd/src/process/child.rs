@@ -1,28 +1,19 @@
 //! Spawning one child process (pipes or a PTY, as an OS user) and async I/O on its
-//! file descriptors.
-//!
-//! Children are forked from a multi-threaded process, so everything between fork and
-//! exec is a raw syscall (async-signal-safe, no allocation): new session, controlling
-//! terminal, a raised OOM score, supplementary groups, gid, uid, and marking every inherited descriptor
-//! above stderr close-on-exec (`close_range(CLOSE_RANGE_CLOEXEC)`, which keeps std's
-//! exec-error pipe working until the exec itself).
+//! file descriptors. The child itself is started by [`Launch`](super::launch::Launch)
+//! on the reaper's spawner thread.
 
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::oneshot;
 
+use super::launch::Launch;
 use crate::reaper::Reaper;
-
-/// The OOM score children start with: +500 adds half the sandbox's memory limit to
-/// their badness, so the OOM killer picks any of them before envd (whose own memory is
-/// far less than half the limit).
-const WORKLOAD_OOM_SCORE_ADJ: &[u8] = b"500";
 
 /// What to run and how.
 #[derive(Debug, Clone)]
@@ -70,15 +61,9 @@ pub struct SpawnedChild {
 
 /// Starts a child described by `spec`.
 pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> io::Result<SpawnedChild> {
-    let mut command = Command::new(&spec.program);
-    command
-        .args(&spec.args)
-        .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&spec.cwd);
-
     let mut pty_master = None;
-    if let Some(size) = spec.pty {
+    let (mut stdin, mut stdout, mut stderr) = (None, None, None);
+    let child_stdio = if let Some(size) = spec.pty {
         let winsize = libc::winsize {
             ws_row: size.rows,
             ws_col: size.cols,
@@ -87,111 +72,40 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> io::Result<SpawnedChild> {
         };
         let pty = nix::pty::openpty(Some(&nix_winsize(winsize)), None).map_err(io::Error::from)?;
         set_cloexec(&pty.master)?;
-        command
-            .stdin(Stdio::from(pty.slave.try_clone()?))
-            .stdout(Stdio::from(pty.slave.try_clone()?))
-            .stderr(Stdio::from(pty.slave));
+        set_cloexec(&pty.slave)?;
         pty_master = Some(pty.master);
+        [pty.slave.try_clone()?, pty.slave.try_clone()?, pty.slave]
     } else {
-        command
-            .stdin(if spec.stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-    }
-
-    let credentials = spec.credentials.clone();
-    let controlling_terminal = spec.pty.is_some();
-    // SAFETY: the closure runs between fork and exec and only makes raw syscalls on
-    // values prepared before the fork; it allocates nothing and takes no locks.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setsid() < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // As a sandbox's init, envd is shielded from the OOM killer (the host set
-            // -1000 where it may). Its children get a raised OOM score, so a memory hog
-            // or a fork bomb is what the OOM killer takes even where the host could not
-            // shield envd. Raising a score is always allowed; where it fails (envd as a
-            // host process without /proc) there is nothing to protect.
-            let fd = libc::open(
-                c"/proc/self/oom_score_adj".as_ptr(),
-                libc::O_WRONLY | libc::O_CLOEXEC,
-            );
-            if fd >= 0 {
-                libc::write(
-                    fd,
-                    WORKLOAD_OOM_SCORE_ADJ.as_ptr().cast(),
-                    WORKLOAD_OOM_SCORE_ADJ.len(),
-                );
-                libc::close(fd);
-            }
-            if controlling_terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if let Some(credentials) = &credentials {
-                // Raw syscalls: they change only this (the child's only) thread, which
-                // is what a forked child of a threaded parent needs.
-                if libc::syscall(
-                    libc::SYS_setgroups,
-                    credentials.groups.len(),
-                    credentials.groups.as_ptr(),
-                ) < 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                let gid = credentials.gid;
-                if libc::syscall(libc::SYS_setresgid, gid, gid, gid) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let uid = credentials.uid;
-                if libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            ) < 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-
-    // The parent's copies of the PTY slave go away with `command`, once the child runs.
-    let (mut child, exit) = reaper.spawn(command)?;
-    let pid = i32::try_from(child.id()).expect("pids fit in i32");
-    let stdin = child
-        .stdin
-        .take()
-        .map(|s| AsyncPipe::new(s.into()))
-        .transpose()?;
-    let stdout = child
-        .stdout
-        .take()
-        .map(|s| AsyncPipe::new(s.into()))
-        .transpose()?;
-    let stderr = child
-        .stderr
-        .take()
-        .map(|s| AsyncPipe::new(s.into()))
-        .transpose()?;
-    let pty = pty_master.map(AsyncPipe::new).transpose()?;
+        let child_stdin = if spec.stdin {
+            let (read, write) = pipe()?;
+            stdin = Some(write);
+            read
+        } else {
+            OwnedFd::from(File::open("/dev/null")?)
+        };
+        let (out_read, out_write) = pipe()?;
+        let (err_read, err_write) = pipe()?;
+        stdout = Some(out_read);
+        stderr = Some(err_read);
+        [child_stdin, out_write, err_write]
+    };
+    let launch = Launch::new(spec, child_stdio)?;
+    // The parent's copies of the child's ends (a PTY slave) close with `launch`, once the
+    // child runs.
+    let (pid, exit) = reaper.spawn(launch)?;
     Ok(SpawnedChild {
         pid,
-        stdin,
-        stdout,
-        stderr,
-        pty,
+        stdin: stdin.map(AsyncPipe::new).transpose()?,
+        stdout: stdout.map(AsyncPipe::new).transpose()?,
+        stderr: stderr.map(AsyncPipe::new).transpose()?,
+        pty: pty_master.map(AsyncPipe::new).transpose()?,
         exit,
     })
+}
+
+/// A pipe whose ends close on exec: (read, write).
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)
 }
 
 fn nix_winsize(size: libc::winsize) -> nix::pty::Winsize {

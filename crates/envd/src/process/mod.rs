@@ -30,7 +30,8 @@
 //! - Signals go to the process group (each process leads its own session), so a
 //!   kill also stops the command's children.
 
-mod child;
+pub(crate) mod child;
+pub(crate) mod launch;
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
