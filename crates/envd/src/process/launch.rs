@@ -117,6 +117,8 @@ impl Launch {
             envp: envp.as_ptr(),
             failed: AtomicI32::new(0),
         };
+        // SAFETY: PR_GET_DUMPABLE reads a flag of this process.
+        let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE) };
         let blocked = SignalsBlocked::new()?;
         let child_steps = &steps;
         let run: nix::sched::CloneCb = Box::new(move || {
@@ -138,6 +140,19 @@ impl Launch {
             )
         };
         drop(blocked);
+        // A child's switch to another uid marked the memory it shared with us as not
+        // dumpable (the kernel's guard for a process that changed identity), which
+        // would keep CRIU and /proc out of envd. Its exec has given it memory of its
+        // own; ours goes back to what it was. A checkpoint that lands between the
+        // switch and this line fails, and the sandbox keeps running (with `fork` the
+        // child's own copy had the same window, from its switch to its exec).
+        // SAFETY: PR_GET_DUMPABLE / PR_SET_DUMPABLE read and set a flag of this
+        // process, here back to its value from before the clone.
+        unsafe {
+            if dumpable == 1 && libc::prctl(libc::PR_GET_DUMPABLE) != 1 {
+                libc::prctl(libc::PR_SET_DUMPABLE, 1);
+            }
+        }
         let pid = cloned.map_err(io::Error::from)?.as_raw();
         match steps.failed.load(Ordering::Acquire) {
             0 => Ok(pid),
@@ -223,9 +238,20 @@ impl ChildSteps<'_> {
             if launch.controlling_terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
                 self.fail();
             }
+            if libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) < 0
+            {
+                self.fail();
+            }
             if let Some(credentials) = &launch.credentials {
                 // Raw system calls: glibc's wrappers would also switch every thread of the
-                // process, and this child shares envd's memory, not its threads.
+                // process, and this child shares envd's memory, not its threads. Last
+                // before exec: a new uid makes the memory it shares with envd
+                // non-dumpable, which `start` undoes once the exec has happened.
                 if libc::syscall(
                     libc::SYS_setgroups,
                     credentials.groups.len(),
@@ -242,15 +268,6 @@ impl ChildSteps<'_> {
                 if libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0 {
                     self.fail();
                 }
-            }
-            if libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            ) < 0
-            {
-                self.fail();
             }
             // As `execvp`: a candidate that is missing is skipped; one that exists but may
             // not be run is remembered and reported if none runs.
@@ -504,6 +521,23 @@ mod tests {
         // Found but not executable, and nothing runnable after it: EACCES, as execvp.
         let denied = run(&spec("berth-not-runnable", &[], &dirs)).unwrap_err();
         assert_eq!(denied.kind(), io::ErrorKind::PermissionDenied);
+    }
+
+    #[test]
+    fn envd_stays_dumpable_after_a_child_switches_identity() {
+        // SAFETY: PR_GET_DUMPABLE reads a flag of this process.
+        let dumpable = || unsafe { libc::prctl(libc::PR_GET_DUMPABLE) };
+        assert_eq!(dumpable(), 1, "the test process starts dumpable");
+        let mut as_nobody = spec("id", &["-u"], "/usr/bin:/bin");
+        as_nobody.credentials = Some(Credentials {
+            uid: 65534,
+            gid: 65534,
+            groups: vec![65534],
+        });
+        assert_eq!(run(&as_nobody).unwrap(), (0, "65534\n".to_string()));
+        // The child's new uid made the memory it shared with us non-dumpable until its
+        // exec; CRIU and /proc need it dumpable again.
+        assert_eq!(dumpable(), 1);
     }
 
     #[test]
