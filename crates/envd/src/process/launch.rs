@@ -85,9 +85,12 @@ impl Launch {
             .chain(spec.args.iter().map(|arg| arg.as_bytes()))
             .map(c_string)
             .collect::<io::Result<_>>()?;
-        let envp = spec
-            .env
-            .iter()
+        // Sorted by name, as `std::process::Command` passed them: `env` prints the same
+        // order every time.
+        let mut env: Vec<&(String, String)> = spec.env.iter().collect();
+        env.sort_by(|a, b| a.0.cmp(&b.0));
+        let envp = env
+            .into_iter()
             .map(|(key, value)| c_string(format!("{key}={value}").as_bytes()))
             .collect::<io::Result<_>>()?;
         let [stdin, stdout, stderr] = stdio;
