@@ -53,9 +53,11 @@ impl Reaper {
     pub fn start(reap_orphans: bool) -> io::Result<Arc<Self>> {
         let (jobs, queue) = mpsc::channel::<SpawnJob>();
         let mut stack = ChildStack::new()?;
+        let (running, started) = mpsc::sync_channel::<()>(0);
         std::thread::Builder::new()
             .name(SPAWNER_THREAD_NAME.into())
             .spawn(move || {
+                let _ = running.send(());
                 for (launch, result) in queue {
                     let pid = launch.start(&mut stack);
                     // The parent's copies of the child's stdio (a PTY slave) close here.
@@ -63,6 +65,11 @@ impl Reaper {
                     let _ = result.send(pid);
                 }
             })?;
+        // The thread takes its name when it first runs. The host looks for that name
+        // once envd answers, so envd answers nothing before the thread runs.
+        started
+            .recv()
+            .map_err(|_| io::Error::other("envd's spawner thread did not start"))?;
         let reaper = Arc::new(Self {
             waiters: Mutex::new(HashMap::new()),
             reap_orphans,

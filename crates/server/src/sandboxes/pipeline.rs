@@ -6,7 +6,7 @@
 //! | claim | new id | the paused id, under its lock | new id |
 //! | root, disk, runtime start | `Runtime::create` | `Runtime::resume` | `Runtime::restore` |
 //! | envd ready | `/health` | `/health` | `/health` |
-//! | workload cgroup | `Runtime::confine_workload` (a warm-pool claim: done while pooled) | same | same |
+//! | workload cgroup | `Runtime::confine_workload` | same | same |
 //! | `/init` | always | only after a fresh boot | always (new identity), presenting the old token if memory came back |
 //! | row | insert | mark resumed | insert |
 //! | event | `created` | `resumed` | `created` |
@@ -133,7 +133,7 @@ pub(super) async fn bring_up(
     let stage = boot.stage();
     // A pooled sandbox answered `/health` when it was prepared; `/init` proves it still
     // does.
-    let pooled = matches!(boot, Boot::Claimed { .. });
+    let envd_answered = matches!(boot, Boot::Claimed { .. });
     let started = start_in_runtime(state, &plan.id, boot).await?;
     let ready = initialise(
         state,
@@ -141,7 +141,7 @@ pub(super) async fn bring_up(
         stage,
         &plan.init,
         started.memory_restored,
-        pooled,
+        envd_answered,
     )
     .await;
     if let Err(err) = ready {
@@ -221,30 +221,29 @@ async fn start_in_runtime(state: &AppState, id: &str, boot: Boot) -> Result<Star
     Ok(started)
 }
 
-/// The envd-ready, workload and `/init` stages; `/init` is skipped for an envd that came
-/// back from its own memory. A sandbox claimed from the warm pool (`pooled`) answered
-/// and was confined while it waited there (`pool::prepare`), so it only gets `/init`.
+/// The envd-ready and `/init` stages; `/init` is skipped for an envd that came back from
+/// its own memory.
 async fn initialise(
     state: &AppState,
     id: &str,
     stage: Stage,
     init: &Init,
     memory_restored: bool,
-    pooled: bool,
+    envd_answered: bool,
 ) -> Result<(), ServiceError> {
     let envd_failed = |source| ServiceError::Envd {
         sandbox: id.to_string(),
         stage,
         source,
     };
-    if !pooled {
+    if !envd_answered {
         envd::wait_healthy(&state.runtime, &state.connections, id, envd::READY_LIMIT)
             .await
             .map_err(envd_failed)?;
-        let runtime = state.runtime.clone();
-        let sandbox = id.to_string();
-        blocking(id, stage, move || runtime.confine_workload(&sandbox)).await?;
     }
+    let runtime = state.runtime.clone();
+    let sandbox = id.to_string();
+    blocking(id, stage, move || runtime.confine_workload(&sandbox)).await?;
     if memory_restored && !init.after_memory_restore {
         return Ok(());
     }

@@ -274,8 +274,8 @@ async fn prepare(state: &AppState, key: &PoolKey) -> Result<Prepared, crate::Ser
             source,
         });
     }
-    // Confined now, while nobody waits (a few ms on cgroup v1); a claim does not
-    // confine again (`pipeline::initialise`).
+    // Confined now, while nobody waits: the claim's own confine then finds the
+    // spawner in place and skips the move (a few ms on cgroup v1).
     let runtime = state.runtime.clone();
     let confined = id.clone();
     if let Err(err) = blocking(&id, Stage::Create, move || {
