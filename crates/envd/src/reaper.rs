@@ -184,10 +184,9 @@ mod tests {
     #[tokio::test]
     async fn the_spawner_thread_runs_under_its_contract_name() {
         let reaper = Reaper::start(false).unwrap();
-        // The host finds the thread by this name; which thread cloned a child is proved
-        // end to end by the sandbox tests (commands run in the workload cgroup).
-        let (_child, status) = reaper.spawn(launch("true", &[])).unwrap();
-        assert!(status.await.unwrap().success());
+        // The host looks for the thread by this name as soon as envd answers, before any
+        // command: it must be there once `start` returns. Which thread cloned a child is
+        // proved end to end by the sandbox tests (commands run in the workload cgroup).
         let names: Vec<String> = std::fs::read_dir("/proc/self/task")
             .unwrap()
             .flatten()
@@ -195,5 +194,7 @@ mod tests {
             .map(|name| name.trim_end().to_owned())
             .collect();
         assert!(names.iter().any(|n| n == SPAWNER_THREAD_NAME), "{names:?}");
+        let (_child, status) = reaper.spawn(launch("true", &[])).unwrap();
+        assert!(status.await.unwrap().success());
     }
 }
