@@ -96,11 +96,17 @@ struct Demolition {
 /// How long a detached sandbox's conntrack entries (and its address) may wait for the
 /// next conntrack sweep, so that sandboxes ending close together share one. A sweep
 /// walks the kernel's whole conntrack hash table (262,144 buckets on the 2-CPU test
-/// host: ~8 ms of CPU) whatever the number of addresses it is for; done per sandbox,
-/// it was the largest CPU cost of a kill and ran beside the next create. Nothing can
-/// use the entries meanwhile: the sandbox's link is gone, and its address is not handed
-/// out again before the sweep.
-const SWEEP_DELAY: Duration = Duration::from_millis(500);
+/// host: ~8 ms of CPU) whatever the number of addresses it is for. Done per sandbox, it
+/// was the largest CPU cost of a kill; with 500 ms here it still was one sweep per kill
+/// for an agent killing a sandbox and creating the next a second later, and it landed
+/// inside that next create and its first command. Nothing can use the entries
+/// meanwhile: the sandbox's link is gone, and its address is not handed out again
+/// before the sweep (an attach that finds the pool empty asks for one at once).
+const SWEEP_DELAY: Duration = Duration::from_secs(5);
+
+/// How often [`Demolisher::settle`] asks for a sweep again while it waits (a sandbox
+/// detached after its last ask is only in the next sweep).
+const SETTLE_ASK: Duration = Duration::from_millis(500);
 
 /// At most this many detached sandboxes wait for one sweep (a burst of kills).
 const SWEEP_BATCH: usize = 256;
@@ -199,7 +205,7 @@ impl Demolisher {
                 let _ = queue.send(DemolisherJob::Sweep);
             }
             n = changed
-                .wait_timeout(n, SWEEP_DELAY)
+                .wait_timeout(n, SETTLE_ASK)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -213,9 +219,13 @@ fn sweep(inner: &Mutex<Inner>, done: &(Mutex<usize>, Condvar), unswept: &mut Vec
         return;
     }
     let addrs: BTreeSet<Ipv4Addr> = unswept.iter().map(|job| job.addr).collect();
+    // The walk holds no lock of ours (nor a sleeping one of the kernel's), so it can
+    // yield to everything else: it ran beside creates and their first commands.
+    let idle = sys::IdlePriority::enter();
     if let Err(err) = Netlink::netfilter().and_then(|mut nl| nl.flush_conntrack_from_any(&addrs)) {
         tracing::warn!(sandboxes = addrs.len(), %err, "flushing conntrack entries");
     }
+    drop(idle);
     let mut inner = lock(inner);
     for job in unswept.iter() {
         let _ = inner.nft.run(&job.conn_entry);

@@ -58,8 +58,9 @@
 //! before anything is created in the kernel. Detach removes the sandbox's elements and
 //! record at once and leaves its link and namespace pin to a background thread (each
 //! waits for an RCU grace period), which also removes its conntrack entries in a sweep
-//! shared with the sandboxes detached within half a second of it (a sweep walks the
-//! kernel's whole conntrack table, ~8 ms of CPU here, whatever it is for); the address
+//! shared with the sandboxes detached within five seconds of it (a sweep walks the
+//! kernel's whole conntrack table, ~8 ms of CPU here, whatever it is for, so it runs at
+//! `SCHED_IDLE`, behind everything else that wants a CPU); the address
 //! returns to the pool after its sweep ([`HostNetwork::settle`] asks for the sweep at
 //! once and waits for it, as an attach does when the pool is out of addresses). At
 //! start the table is rebuilt from the records in one transaction; `reconcile` removes

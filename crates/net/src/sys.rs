@@ -204,3 +204,78 @@ pub(crate) fn unmount(target: &Path) -> io::Result<()> {
         other => other.map(drop),
     }
 }
+
+/// While alive, the calling thread runs under `SCHED_IDLE`: it gets a CPU only when
+/// nothing else of normal priority wants one. For background work nobody waits on,
+/// which must not hold a lock the foreground needs meanwhile (no priority inheritance
+/// would lift it), nor start a thread (which would inherit the policy). Dropping it
+/// restores the thread's earlier policy.
+pub(crate) struct IdlePriority {
+    earlier: Option<(libc::c_int, libc::sched_param)>,
+}
+
+impl IdlePriority {
+    /// Lowers the calling thread; a thread whose policy cannot be changed stays as it was.
+    pub(crate) fn enter() -> Self {
+        // On Linux, pid 0 names the calling thread alone.
+        // SAFETY: sched_getscheduler(0) reads the calling thread's policy.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        let mut param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_getparam(0) writes the calling thread's param into ours.
+        if policy < 0 || unsafe { libc::sched_getparam(0, &mut param) } < 0 {
+            return Self { earlier: None };
+        }
+        let idle = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler(2) on the calling thread with a valid param.
+        let lowered = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) } == 0;
+        Self {
+            earlier: lowered.then_some((policy, param)),
+        }
+    }
+}
+
+impl Drop for IdlePriority {
+    fn drop(&mut self) {
+        if let Some((policy, param)) = self.earlier {
+            // SAFETY: as in `enter`, restoring what sched_getscheduler/getparam read.
+            if unsafe { libc::sched_setscheduler(0, policy, &param) } < 0 {
+                let err = io::Error::last_os_error();
+                tracing::warn!(%err, "restoring a thread's scheduling policy");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdlePriority;
+
+    fn policy() -> libc::c_int {
+        // SAFETY: reads the calling thread's policy.
+        unsafe { libc::sched_getscheduler(0) }
+    }
+
+    #[test]
+    fn idle_priority_lowers_only_its_thread_and_only_while_alive() {
+        // In threads of their own: the harness's threads keep their policy.
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let (tell, told) = std::sync::mpsc::channel();
+        let bystander = std::thread::spawn(move || {
+            for () in asked {
+                tell.send(policy()).unwrap();
+            }
+        });
+        std::thread::spawn(move || {
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            let idle = IdlePriority::enter();
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            ask.send(()).unwrap();
+            assert_eq!(told.recv().unwrap(), libc::SCHED_OTHER, "another thread");
+            drop(idle);
+            assert_eq!(policy(), libc::SCHED_OTHER);
+        })
+        .join()
+        .unwrap();
+        bystander.join().unwrap();
+    }
+}
