@@ -9,6 +9,11 @@ use rusqlite::{Connection, ToSql};
 use crate::db::{Value, BUSY_TIMEOUT, DATABASE_FILE};
 use crate::error::{Result, StoreError};
 
+/// Prepared statements kept on the connection. The store has well over a hundred
+/// distinct statements; with rusqlite's default of 16 a create's dozen of them evicted
+/// each other and every store call parsed and planned its SQL again.
+const STATEMENT_CACHE: usize = 512;
+
 /// Open (creating if needed) the database in `state_dir`.
 pub(crate) fn open(state_dir: &Path) -> Result<Connection> {
     std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
@@ -30,6 +35,7 @@ pub(crate) fn open(state_dir: &Path) -> Result<Connection> {
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
             conn.pragma_update(None, "foreign_keys", "ON")?;
+            conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
             Ok(conn)
         })
         .map_err(|source| StoreError::Open {
