@@ -458,6 +458,13 @@ def create_then_run(created: Optional[list] = None) -> None:
         created.append(sandbox)
 
 
+def add_daemon_args(parser: argparse.ArgumentParser) -> None:
+    """`--berth` and `--templates`: the binary every bench script's `berth up` runs, and
+    the template store its state dir links to."""
+    parser.add_argument("--berth", default=os.environ.get("BERTH_BIN", "target/dist/berth"))
+    parser.add_argument("--templates", default="/var/lib/berth/templates")
+
+
 def wait_for_pool(daemon: Daemon, want: int, limit_s: float = 600) -> None:
     deadline = time.monotonic() + limit_s
     while daemon.pooled() < want:
@@ -824,8 +831,7 @@ SECTIONS = ("interactive", "creates", "stateful", "burst")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--berth", default=os.environ.get("BERTH_BIN", "target/dist/berth"))
-    parser.add_argument("--templates", default="/var/lib/berth/templates")
+    add_daemon_args(parser)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--create-samples", type=int, default=30)
     parser.add_argument("--pool-size", type=int, default=2)

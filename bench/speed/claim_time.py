@@ -13,7 +13,6 @@ Usage (repo root, as root): .venv/bin/python bench/speed/claim_time.py --berth <
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import sys
@@ -39,8 +38,7 @@ def server_create_s(daemon: bench.Daemon) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--berth", default=os.environ.get("BERTH_BIN", "target/dist/berth"))
-    parser.add_argument("--templates", default="/var/lib/berth/templates")
+    bench.add_daemon_args(parser)
     parser.add_argument("--claims", type=int, default=25)
     args = parser.parse_args()
     daemon = bench.Daemon(args.berth, Path(args.templates), pool_size=POOL)

@@ -76,8 +76,7 @@ def envd_pid(sandbox_id: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--berth", default=os.environ.get("BERTH_BIN", "target/dist/berth"))
-    parser.add_argument("--templates", default="/var/lib/berth/templates")
+    bench.add_daemon_args(parser)
     parser.add_argument("--samples", type=int, default=200)
     args = parser.parse_args()
     daemon = bench.Daemon(args.berth, Path(args.templates), pool_size=0)
