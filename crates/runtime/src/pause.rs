@@ -1,11 +1,12 @@
 //! Pause and resume with memory: a whole sandbox checkpointed by CRIU and brought back
 //! under the same id.
 //!
-//! **Pause** dumps the process tree rooted at the init (with its namespaces; the dump kills
-//! it), then drops the daemon's reference to the disk so the ext4 mount and its loop device
-//! go away with the dead mount namespace. With keeping on, the dump leaves the tree frozen
-//! instead and `kept` holds it and the disk reference until a resume thaws it or it is
-//! ended (see `kept`). The sandbox keeps its directory (disk image,
+//! **Pause** dumps the process tree rooted at the init (with its namespaces), leaving it
+//! frozen, and hands it with the daemon's reference to the disk to `kept`, which holds
+//! them until a resume thaws the tree or ends them, right after the answer when keeping
+//! is off; the ext4 mount and its loop device then go away with the dead mount
+//! namespace. (Where the cgroup cannot be frozen, the dump kills the tree and the disk
+//! reference is dropped at once.) The sandbox keeps its directory (disk image,
 //! record), its cgroups and its uid slot; a `paused.json` marker next to the record, written
 //! last (temp file + rename), is what makes it paused: a crash before that leaves a dead
 //! sandbox that recovery cleans, a crash after it a paused one. The pause is answered
@@ -104,10 +105,10 @@ fn criu_err(
 
 impl LinuxRuntime {
     /// Checkpoints every process of sandbox `id` with its memory into `images` (created
-    /// here; must not exist) and stops it, freeing its RAM (with keeping on: leaves it
-    /// frozen, its RAM freed once the kept tree ends; see `kept`). The disk, cgroups and
+    /// here; must not exist) and stops it: the dump leaves the tree frozen, kept for a
+    /// quick resume or ended right after the answer, freeing its RAM (see `kept`). The disk, cgroups and
     /// uid slot are kept; the sandbox leaves [`crate::Runtime::list`] until
-    /// [`LinuxRuntime::resume`]. On failure the sandbox keeps running.
+    /// [`LinuxRuntime::resume_paused`]. On failure the sandbox keeps running.
     pub fn pause_with_memory(
         &self,
         criu: &Criu,
@@ -115,22 +116,19 @@ impl LinuxRuntime {
         images: &Path,
     ) -> Result<(), RuntimeError> {
         let sandbox = self.get(id)?;
-        // Kept processes stay frozen from before the dump to the resume (see `kept`);
-        // otherwise the tree must be thawed, as CRIU cannot seize frozen tasks unless it
-        // is told their freezer.
-        let keep = self.kept.enabled()
-            && match self.cgroups.set_frozen(id, true) {
-                Ok(()) => true,
-                Err(err) => {
-                    tracing::warn!(sandbox = %id, %err, "freezing a sandbox to keep it paused: its processes end with the pause");
-                    false
-                }
-            };
-        if !keep {
-            let _ = self.cgroups.set_frozen(id, false);
-        }
+        // The tree stays frozen from before the dump until it is resumed or ended (see
+        // `kept`). Unfrozen, CRIU ends it inside the dump; it cannot seize frozen tasks
+        // unless it is told their freezer, so a failed freeze is undone.
+        let frozen = match self.cgroups.set_frozen(id, true) {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(sandbox = %id, %err, "freezing a sandbox for its pause: the dump ends its processes");
+                let _ = self.cgroups.set_frozen(id, false);
+                false
+            }
+        };
         let thaw_on_failure = || {
-            if keep {
+            if frozen {
                 let _ = self.cgroups.set_frozen(id, false);
             }
         };
@@ -149,12 +147,12 @@ impl LinuxRuntime {
         let dump = Dump {
             pid: sandbox.info.init_pid,
             images: images.to_path_buf(),
-            leave_running: keep,
+            leave_running: frozen,
             own_mount_namespace: true,
             // The namespace, link and rules stay while the sandbox is paused.
             netns,
             external_mounts: dump_externals(&sandbox.info),
-            freeze_cgroup: keep.then(|| self.cgroups.freezer_dir(id)),
+            freeze_cgroup: frozen.then(|| self.cgroups.freezer_dir(id)),
         };
         let dir = self.sandbox_dir(id);
         let hook = dir.join(DUMP_HOOK_FILE);
@@ -191,8 +189,8 @@ impl LinuxRuntime {
             let _ = fs::remove_dir_all(images);
             return Err(RuntimeError::NotFound(id.to_owned()));
         }
-        let kept = if keep {
-            self.keep_dumped_tree(&sandbox)
+        let dumped_tree = if frozen {
+            self.take_dumped_tree(&sandbox)
         } else {
             // The dump killed the tree; processes outside it go too.
             self.end_processes(id, &sandbox.pidfd, sandbox.own_child)?;
@@ -204,7 +202,7 @@ impl LinuxRuntime {
             None
         };
         let result = self.mark_paused(id, images);
-        if let Some(tree) = kept {
+        if let Some(tree) = dumped_tree {
             if result.is_ok() {
                 self.kept.keep(id, tree);
             } else {
@@ -216,9 +214,9 @@ impl LinuxRuntime {
 
     /// After a dump that left `sandbox`'s tree frozen: its disk flushed (so the disk
     /// image and the memory images agree on disk once the pause flusher ran) and
-    /// everything a resume needs to thaw it, or None when it cannot be kept (then it
-    /// is ended here, as a dump without keeping would have).
-    fn keep_dumped_tree(&self, sandbox: &super::Sandbox) -> Option<KeptTree> {
+    /// everything a resume needs to thaw it or `kept` to end it, or None when it cannot
+    /// be held (then it is ended here, as a dump that killed it would have).
+    fn take_dumped_tree(&self, sandbox: &super::Sandbox) -> Option<KeptTree> {
         let id = sandbox.info.id.as_str();
         let disk = self.take_disk(sandbox);
         if let Some(disk) = &disk {
@@ -324,13 +322,14 @@ impl LinuxRuntime {
         let Some(marker) = PausedMarker::read(dir) else {
             return;
         };
-        let Some((_, pidfd, _)) = Self::live_init(dir) else {
+        let Some((_, pidfd, pid)) = Self::live_init(dir) else {
             return;
         };
         // A frozen init beside the marker is the tree an earlier daemon kept for a quick
-        // resume (a resume thaws it before the marker goes): the images are the pause.
-        if self.cgroups.is_frozen(id) {
-            tracing::info!(sandbox = %id, "ending the processes an earlier daemon kept for a quick resume");
+        // resume (a resume thaws it before the marker goes), and one with a SIGKILL on
+        // it the tree it was ending (thawed to die): the images are the pause.
+        if self.cgroups.is_frozen(id) || record::process_being_killed(pid) {
+            tracing::info!(sandbox = %id, "ending the processes an earlier daemon kept or was ending after their pause");
             self.kept.end_frozen(id, &pidfd, false);
             return;
         }

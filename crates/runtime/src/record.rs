@@ -63,9 +63,62 @@ pub(crate) fn process_start_ticks(pid: i32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
+/// `PF_EXITING` of the task flags in `/proc/<pid>/stat` (field 9).
+const PF_EXITING: u64 = 0x4;
+/// SIGKILL's bit in the pending-signal masks of `/proc/<pid>/status`.
+const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+
+/// True when `pid` is on its way out: SIGKILL is pending for it, or it is exiting (a
+/// process freeing a large memory stays visible for a while after its SIGKILL).
+pub(crate) fn process_being_killed(pid: i32) -> bool {
+    let (Ok(stat), Ok(status)) = (
+        fs::read_to_string(format!("/proc/{pid}/stat")),
+        fs::read_to_string(format!("/proc/{pid}/status")),
+    ) else {
+        return false;
+    };
+    being_killed(&stat, &status)
+}
+
+fn being_killed(stat: &str, status: &str) -> bool {
+    let exiting = stat.rfind(')').is_some_and(|end| {
+        stat[end + 2..]
+            .split_whitespace()
+            .nth(6)
+            .and_then(|flags| flags.parse::<u64>().ok())
+            .is_some_and(|flags| flags & PF_EXITING != 0)
+    });
+    let kill_pending = status.lines().any(|line| {
+        ["SigPnd:", "ShdPnd:"].iter().any(|field| {
+            line.strip_prefix(field)
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & SIGKILL_BIT != 0)
+        })
+    });
+    exiting || kill_pending
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pending_sigkill_or_an_exit_is_being_killed() {
+        let me = std::process::id() as i32;
+        assert!(!process_being_killed(me));
+        assert!(!process_being_killed(i32::MAX));
+        let stat = |flags: u64| format!("42 (a (b) c) S 1 42 42 0 -1 {flags} 0 0 0 0");
+        let status = |shd: &str| {
+            format!(
+                "Name:\tx\nSigPnd:\t0000000000000000\nShdPnd:\t{shd}\nSigBlk:\t0000000000000100\n"
+            )
+        };
+        let none = status("0000000000000000");
+        assert!(!being_killed(&stat(0x400100), &none));
+        assert!(being_killed(&stat(0x400104), &none));
+        assert!(being_killed(&stat(0x400100), &status("0000000000000100")));
+        assert!(!being_killed(&stat(0x400100), &status("0000000000000200")));
+    }
 
     #[test]
     fn start_ticks_of_self_is_stable() {

@@ -40,7 +40,8 @@ fn memory_survives_pause_and_resume_and_kill_cleans_up() {
     t.rt.pause_with_memory(&criu, id, &images).unwrap();
     let paused_in = started.elapsed();
     assert!(t.rt.is_paused(id));
-    assert!(!alive(info.init_pid));
+    // Without keeping, the dumped tree is ended right after the answer.
+    assert!(wait_gone(info.init_pid), "the paused tree was never ended");
     assert!(t.rt.list().iter().all(|s| s.id != id));
     assert!(matches!(
         t.rt.connect(id, 49983),
@@ -181,6 +182,9 @@ fn paused_sandbox_survives_a_daemon_restart() {
     let started = Instant::now();
     t.rt.pause_with_memory(&criu, &id, &images).unwrap();
     let paused_in = started.elapsed();
+    // A stopping daemon ends the dumped tree before it exits (a crashed one leaves it
+    // frozen: see the kept-tree restart test); this one lives on beside the next.
+    assert!(wait_gone(info.init_pid), "the paused tree was never ended");
     let resumed = after_restart(&t, early_guard, |restarted, report| {
         assert_eq!(report.paused, std::slice::from_ref(&id));
         assert!(report.cleaned.is_empty() && report.reattached.is_empty());
@@ -236,6 +240,15 @@ fn holder<'a>(t: &'a TestRuntime, name: &str) -> (KillGuard<'a>, SandboxInfo, Pa
     let before = ask(&t.rt, &info.id);
     let images = t.state.join("sandboxes").join(&info.id).join("checkpoint");
     (guard, info, images, before)
+}
+
+/// The pid of running sandbox `id`'s init.
+fn init_of(t: &TestRuntime, id: &str) -> i32 {
+    t.rt.list()
+        .into_iter()
+        .find(|s| s.id == id)
+        .expect("the sandbox runs")
+        .init_pid
 }
 
 /// A [`holder`] paused with memory and settled: its guard, images and secret.
@@ -533,6 +546,39 @@ fn a_kept_pause_resumes_the_same_processes_and_its_images_stay_the_pause() {
 
     drop(guard);
     assert!(!alive(restored.init_pid));
+    assert_clean(&t, id, &[&images]);
+}
+
+#[test]
+fn without_keeping_a_pause_ends_its_tree_and_an_immediate_resume_restores_the_images() {
+    let criu = criu();
+    let t = TestRuntime::new();
+    let (guard, info, images, before) = holder(&t, "unkept");
+    let id = info.id.as_str();
+    for round in 0..3 {
+        let paused = init_of(&t, id);
+        t.rt.pause_with_memory(&criu, id, &images).unwrap();
+        // At once: the tree may still be ending; the resume waits for it and restores.
+        let resumed = t.rt.resume_paused(&criu, id).unwrap();
+        assert_ne!(
+            resumed.init_pid, paused,
+            "round {round}: a resume without keeping thawed the dumped tree"
+        );
+        assert!(
+            !alive(paused),
+            "round {round}: the dumped tree outlived the resume"
+        );
+        assert_eq!(ask(&t.rt, id), before, "round {round}: the secret changed");
+    }
+    // A kill right after a pause waits for the tree, and leaves nothing behind.
+    let paused = init_of(&t, id);
+    t.rt.pause_with_memory(&criu, id, &images).unwrap();
+    t.rt.kill(id).unwrap();
+    assert!(
+        !alive(paused),
+        "kill returned before the dumped tree was dead"
+    );
+    drop(guard);
     assert_clean(&t, id, &[&images]);
 }
 

@@ -196,8 +196,11 @@ fn a_volume_is_external_to_pause_and_fork() {
     t.sh_ok(
         &source.id,
         1000,
-        "echo before > /mnt/data/log; setsid sh -c 'exec 3>>/mnt/data/log; while sleep 0.05; do [ -e /mnt/data/go ] && { echo held-fd >&3; rm -f /mnt/data/go; }; done' </dev/null >/dev/null 2>&1 &",
+        ": > /tmp/loop; echo before > /mnt/data/log; setsid sh -c 'echo in-its-session >> /tmp/loop; exec 3>>/mnt/data/log; while sleep 0.05; do [ -e /mnt/data/go ] && { echo held-fd >&3; rm -f /mnt/data/go; }; done' </dev/null >/dev/null 2>&1 &",
     );
+    // Started from the host, the loop is in the host's session until its `setsid`: CRIU
+    // refuses to dump a task whose session leader is outside the sandbox.
+    wait_for_content(&t, &source.id, "/tmp/loop", "in-its-session");
 
     t.rt.pause_with_memory(&criu, &source.id, &t.state.join("pause-images"))
         .unwrap();
