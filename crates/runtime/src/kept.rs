@@ -12,11 +12,11 @@
 //! (a restore from images closes them and leaves its monotonic clock where it stood).
 //!
 //! Without keeping the dump leaves the tree frozen all the same, and this module's
-//! thread ends it right after the pause is answered ([`KeptTrees::keep`]): a dump
-//! that kills the tree waits inside the pause for it to die and its memory to be freed
-//! (paired runs on the project's machine: 7 ms at 64 MiB, 13–85 ms at 512 MiB). Until it is
-//! dead, anything that needs it gone (a resume, which then restores the images; a kill;
-//! an export) waits for it, as for any tree being ended.
+//! thread ends it right after the pause is answered ([`KeptTrees::keep`]): a dump that
+//! kills the tree waits inside the pause for it to die and its memory to be freed
+//! (paired runs on the project's machine: 7 ms at 64 MiB, 13–85 ms at 512 MiB). Until
+//! it is dead, anything that needs it gone (a resume, which then restores the images; a
+//! kill; an export) waits for it, as for any tree being ended.
 //!
 //! Keeping costs the host the tree's memory, so a kept tree is ended, and a later resume
 //! restores the images as without keeping, when

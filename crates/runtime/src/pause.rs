@@ -106,9 +106,9 @@ fn criu_err(
 impl LinuxRuntime {
     /// Checkpoints every process of sandbox `id` with its memory into `images` (created
     /// here; must not exist) and stops it: the dump leaves the tree frozen, kept for a
-    /// quick resume or ended right after the answer, freeing its RAM (see `kept`). The disk, cgroups and
-    /// uid slot are kept; the sandbox leaves [`crate::Runtime::list`] until
-    /// [`LinuxRuntime::resume_paused`]. On failure the sandbox keeps running.
+    /// quick resume or ended right after the answer, freeing its RAM (see `kept`). The
+    /// disk, cgroups and uid slot are kept; the sandbox leaves [`crate::Runtime::list`]
+    /// until [`LinuxRuntime::resume_paused`]. On failure the sandbox keeps running.
     pub fn pause_with_memory(
         &self,
         criu: &Criu,
