@@ -699,9 +699,11 @@ def holding_on(daemon: Daemon, mib: int):
     return holding(mib, "base" if mib <= 256 else large_template())
 
 
-def pause_rounds(daemon: Daemon, sandbox, iterations: int, kept: bool) -> tuple[list, list, list, list]:
-    """`iterations` rounds of pause, then connect → `commands.run("true")`: their times
-    and the CRIU dump and restore each ran (a kept pause's resume must run none)."""
+def pause_rounds(
+    daemon: Daemon, sandbox, iterations: int, kept: bool, gap_s: float = 0.0
+) -> tuple[list, list, list, list]:
+    """`iterations` rounds of pause, then (`gap_s` later) connect → `commands.run("true")`:
+    their times and the CRIU dump and restore each ran (a kept pause's resume must run none)."""
     from e2b import Sandbox
 
     pauses, resumes, dumps, restores = [], [], [], []
@@ -713,6 +715,7 @@ def pause_rounds(daemon: Daemon, sandbox, iterations: int, kept: bool) -> tuple[
         elapsed, runs = criu_during(daemon, sandbox.beta_pause)
         pauses.append(elapsed)
         dumps.append(only_run(runs, "dump", "pause"))
+        time.sleep(gap_s)
         elapsed, runs = criu_during(daemon, resume_and_run)
         resumes.append(elapsed)
         if kept:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,7 +32,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--gap", type=float, default=2.0, help="seconds between a pause and its resume")
     args = parser.parse_args()
-    from e2b import Sandbox
 
     builds = {"A": args.berth, "B": args.other}
     daemons: dict[str, bench.Daemon] = {}
@@ -48,17 +46,10 @@ def main() -> None:
         }
         for round_no in range(args.rounds):
             for name in ("A", "B") if round_no % 2 == 0 else ("B", "A"):
-                daemon, sandbox, into = daemons[name], boxes[name], times[name]
-                daemon.use()
-                elapsed, runs = bench.criu_during(daemon, sandbox.beta_pause)
-                into["pause"].append(elapsed)
-                into["dump"].append(bench.only_run(runs, "dump", "pause"))
-                time.sleep(args.gap)
-                elapsed, runs = bench.criu_during(
-                    daemon, lambda: Sandbox.connect(sandbox.sandbox_id, timeout=600).commands.run("true")
-                )
-                into["resume"].append(elapsed)
-                into["restore"].append(bench.only_run(runs, "restore", "connect"))
+                daemons[name].use()
+                rounds = bench.pause_rounds(daemons[name], boxes[name], 1, kept=False, gap_s=args.gap)
+                for what, values in zip(("pause", "resume", "dump", "restore"), rounds):
+                    times[name][what].extend(values)
         print(f"{args.mib} MiB resident, {args.rounds} rounds, resume {args.gap} s after each pause; p50 in ms")
         for name, berth in builds.items():
             medians = {what: statistics.median(values) for what, values in times[name].items()}

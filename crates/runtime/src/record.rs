@@ -54,13 +54,18 @@ impl Record {
 /// already exited (a zombie waiting to be reaped).
 pub(crate) fn process_start_ticks(pid: i32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces; fields after it follow the last ')'.
-    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace();
+    let mut fields = stat_fields_from_state(&stat)?;
     let state = fields.next()?;
     if state == "Z" || state == "X" {
         return None;
     }
     fields.nth(18)?.parse().ok()
+}
+
+/// The fields of a `/proc/<pid>/stat` line from the state (field 3) on: the command name
+/// (field 2) may contain spaces, so they follow its last ')'.
+fn stat_fields_from_state(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(stat.get(stat.rfind(')')? + 2..)?.split_whitespace())
 }
 
 /// `PF_EXITING` of the task flags in `/proc/<pid>/stat` (field 9).
@@ -81,13 +86,9 @@ pub(crate) fn process_being_killed(pid: i32) -> bool {
 }
 
 fn being_killed(stat: &str, status: &str) -> bool {
-    let exiting = stat.rfind(')').is_some_and(|end| {
-        stat[end + 2..]
-            .split_whitespace()
-            .nth(6)
-            .and_then(|flags| flags.parse::<u64>().ok())
-            .is_some_and(|flags| flags & PF_EXITING != 0)
-    });
+    let exiting = stat_fields_from_state(stat)
+        .and_then(|mut fields| fields.nth(6)?.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_EXITING != 0);
     let kill_pending = status.lines().any(|line| {
         ["SigPnd:", "ShdPnd:"].iter().any(|field| {
             line.strip_prefix(field)

@@ -242,15 +242,6 @@ fn holder<'a>(t: &'a TestRuntime, name: &str) -> (KillGuard<'a>, SandboxInfo, Pa
     (guard, info, images, before)
 }
 
-/// The pid of running sandbox `id`'s init.
-fn init_of(t: &TestRuntime, id: &str) -> i32 {
-    t.rt.list()
-        .into_iter()
-        .find(|s| s.id == id)
-        .expect("the sandbox runs")
-        .init_pid
-}
-
 /// A [`holder`] paused with memory and settled: its guard, images and secret.
 fn paused_holder<'a>(
     t: &'a TestRuntime,
@@ -555,8 +546,8 @@ fn without_keeping_a_pause_ends_its_tree_and_an_immediate_resume_restores_the_im
     let t = TestRuntime::new();
     let (guard, info, images, before) = holder(&t, "unkept");
     let id = info.id.as_str();
+    let mut paused = info.init_pid;
     for round in 0..3 {
-        let paused = init_of(&t, id);
         t.rt.pause_with_memory(&criu, id, &images).unwrap();
         // At once: the tree may still be ending; the resume waits for it and restores.
         let resumed = t.rt.resume_paused(&criu, id).unwrap();
@@ -569,9 +560,9 @@ fn without_keeping_a_pause_ends_its_tree_and_an_immediate_resume_restores_the_im
             "round {round}: the dumped tree outlived the resume"
         );
         assert_eq!(ask(&t.rt, id), before, "round {round}: the secret changed");
+        paused = resumed.init_pid;
     }
     // A kill right after a pause waits for the tree, and leaves nothing behind.
-    let paused = init_of(&t, id);
     t.rt.pause_with_memory(&criu, id, &images).unwrap();
     t.rt.kill(id).unwrap();
     assert!(
