@@ -102,6 +102,13 @@ pub enum BuildState {
     Error,
 }
 
+impl BuildState {
+    /// Ready or failed: nothing runs for it any more.
+    pub fn is_finished(self) -> bool {
+        matches!(self, BuildState::Ready | BuildState::Error)
+    }
+}
+
 /// Why a build failed (E2B's `reason`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BuildFailure {
@@ -197,7 +204,7 @@ impl BuildEngine {
             let Ok(entry) = entry else { continue };
             let id = entry.file_name().to_string_lossy().into_owned();
             if let Some(mut status) = engine.read_status(&id) {
-                if matches!(status.state, BuildState::Waiting | BuildState::Building) {
+                if !status.state.is_finished() {
                     status.state = BuildState::Error;
                     status.reason = Some(BuildFailure {
                         message: BuildError::Interrupted.to_string(),
@@ -306,11 +313,13 @@ impl BuildEngine {
     }
 
     /// Cancels build `id`: its processes are killed, its sandboxes and staging removed;
-    /// it ends in `error` with reason "build cancelled".
+    /// it ends in `error` with reason "build cancelled". A build that has finished is
+    /// not found, also in the moment between its final status and leaving memory.
     pub fn cancel(&self, id: &str) -> Result<(), BuildError> {
         let record = lock(&self.inner.builds)
             .get(id)
             .cloned()
+            .filter(|r| !lock(&r.status).state.is_finished())
             .ok_or_else(|| BuildError::NotFound(id.to_string()))?;
         record.cancelled.store(true, Ordering::Relaxed);
         self.inner.slot_freed.notify_all();
@@ -325,7 +334,7 @@ impl BuildEngine {
         };
         let deadline = Instant::now() + timeout;
         let mut status = lock(&record.status);
-        while matches!(status.state, BuildState::Waiting | BuildState::Building) {
+        while !status.state.is_finished() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -451,7 +460,7 @@ impl BuildEngine {
             status.state = state;
             status.reason = reason;
             status.executed_steps = executed;
-            if matches!(state, BuildState::Ready | BuildState::Error) {
+            if state.is_finished() {
                 status.finished_at_ms = Some(now_ms());
             }
             status.clone()

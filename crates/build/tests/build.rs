@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_build::{
-    BuildBase, BuildEngine, BuildRequest, BuildState, BuildStatus, EngineConfig, Step,
+    BuildBase, BuildEngine, BuildError, BuildRequest, BuildState, BuildStatus, EngineConfig, Step,
 };
 use berth_oci::{ImagePuller, PullerConfig};
 use berth_runtime::{LinuxRuntime, LinuxRuntimeConfig, Runtime, SandboxSpec};
@@ -538,6 +538,10 @@ fn cancel_kills_the_step_and_a_restart_marks_running_builds_interrupted() {
     let status = f.engine.wait("slow", Duration::from_secs(60)).unwrap();
     assert_eq!(status.state, BuildState::Error);
     assert!(status.reason.unwrap().message.contains("cancelled"));
+    assert!(
+        matches!(f.engine.cancel("slow"), Err(BuildError::NotFound(_))),
+        "a finished build has nothing left to cancel"
+    );
     eprintln!("cancel took {:.2} s", cancelled_at.elapsed().as_secs_f64());
     f.assert_clean();
 
