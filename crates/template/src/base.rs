@@ -145,6 +145,16 @@ impl BaseRecipe {
                     "user ALL=(ALL:ALL) NOPASSWD: ALL\n",
                     0o440,
                 ),
+                // Debian's /etc/profile forks `id -u` to tell root from others: every
+                // `commands.run` is a `bash -l`, and that fork and exec were half of its
+                // start-up (1.5 of 3 ms). Bash knows its `EUID`; `sh` and others without
+                // it still ask `id`. The resulting PATH is the same.
+                run(&[
+                    "sed",
+                    "-i",
+                    "s/\"$(id -u)\"/\"${EUID:-$(id -u)}\"/",
+                    "/etc/profile",
+                ]),
                 // E2B's image lets `pip install` work without a venv (PEP 668 off).
                 write(
                     "/etc/pip.conf",

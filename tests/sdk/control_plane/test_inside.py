@@ -43,6 +43,21 @@ def test_commands(sandbox: Sandbox) -> None:
     )
 
 
+def test_the_base_login_profile_sets_debian_paths_without_running_a_program(sandbox: Sandbox) -> None:
+    """`bash -l` (every command) reads /etc/profile; in `base` it takes the uid from
+    bash's EUID instead of running `id`, with the PATHs Debian's profile sets. `sh` has
+    no EUID and still runs `id`."""
+    login = "env -i HOME=/nonexistent PATH={} {} -l -c 'echo $PATH'"
+    user_path = "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games\n"
+    root_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+    for user, expected in (("user", user_path), ("root", root_path)):
+        # With no PATH to find `id` in, a profile that ran it would fail on stderr.
+        bash = sandbox.commands.run(login.format("/nowhere", "/bin/bash"), user=user)
+        assert (bash.stdout, bash.stderr) == (expected, ""), user
+        sh = sandbox.commands.run(login.format("/usr/bin:/bin", "/bin/sh"), user=user)
+        assert (sh.stdout, sh.stderr) == (expected, ""), user
+
+
 def test_base_template_has_what_e2b_base_has(sandbox: Sandbox) -> None:
     """What agents call without asking: `python` is Python 3, `pip` installs for `user`
     (no venv needed), node, npm, git and curl are there, the locale and TERM are set."""
