@@ -997,14 +997,26 @@ fn cache_key(layers: &[LayerId], ctx: &Context, identity: &str) -> String {
 /// checkpoints can tell them from snapshots' and forks'.
 pub const TEMPLATE_CHECKPOINT_PREFIX: &str = "tpl-";
 
-/// A short, id-safe tag of a build id for sandbox and checkpoint names.
+/// Most characters of a build id that [`sandbox_tag`] keeps: with the prefixes and a
+/// step number of up to seven digits, sandbox and checkpoint ids stay within the
+/// runtime's 64.
+const SANDBOX_TAG_MAX: usize = 52;
+
+/// An id-safe tag of a build id for sandbox and checkpoint names: its letters and
+/// digits, the last [`SANDBOX_TAG_MAX`] of them when there are more. It must be as
+/// unique as the build id: sandbox ids name cgroups shared by every daemon on the host,
+/// and a checkpoint id is replaced by the next build with the same tag. The end is
+/// kept because that is where ids differ (`host-code-interpreter-v1-<uuid>`: cutting
+/// its start at 24 left 3 hex digits of the uuid).
 fn sandbox_tag(build_id: &str) -> String {
-    build_id
+    let alphanumeric: Vec<char> = build_id
         .chars()
         .filter(|c| c.is_ascii_alphanumeric())
-        .take(24)
-        .collect::<String>()
-        .to_ascii_lowercase()
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    alphanumeric[alphanumeric.len().saturating_sub(SANDBOX_TAG_MAX)..]
+        .iter()
+        .collect()
 }
 
 impl crate::engine::Inner {
@@ -1038,6 +1050,30 @@ impl crate::engine::Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sandbox_tags_keep_what_tells_build_ids_apart() {
+        let [a, b] = ["0a1b2c3d", "0a1b2c3e"]
+            .map(|tail| format!("host-code-interpreter-v1-3f2a9c0d1e2f4a5b6c7d8e9f{tail}"));
+        assert_ne!(sandbox_tag(&a), sandbox_tag(&b));
+        assert_eq!(
+            sandbox_tag("host-base-0123456789abcdef0123456789ABCDEF"),
+            "hostbase0123456789abcdef0123456789abcdef"
+        );
+        let team = "7c1e4d2a-9b3f-4e8a-b6d5-0f1e2d3c4b5a";
+        assert_eq!(sandbox_tag(team), team.replace('-', ""));
+        let long = format!("{}-{}", "x".repeat(100), "end");
+        assert_eq!(sandbox_tag(&long).len(), SANDBOX_TAG_MAX);
+        assert!(sandbox_tag(&long).ends_with("xxend"));
+        let sandbox = format!(
+            "{}{}-{}",
+            crate::engine::SANDBOX_PREFIX,
+            sandbox_tag(&long),
+            9_999_999
+        );
+        let checkpoint = format!("{TEMPLATE_CHECKPOINT_PREFIX}{}", sandbox_tag(&long));
+        assert!(sandbox.len() <= 64 && checkpoint.len() <= 64);
+    }
 
     #[test]
     fn copy_sources_drop_globs_like_e2b() {

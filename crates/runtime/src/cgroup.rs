@@ -382,7 +382,9 @@ impl Cgroups {
     pub(crate) fn attach(&self, id: &str, pid: libc::pid_t) -> io::Result<()> {
         let pid = pid.to_string();
         for dir in self.dirs(id) {
-            fs::write(dir.join("cgroup.procs"), &pid)?;
+            let procs = dir.join("cgroup.procs");
+            fs::write(&procs, &pid)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", procs.display())))?;
         }
         Ok(())
     }
