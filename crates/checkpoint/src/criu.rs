@@ -18,6 +18,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// The Debian suite whose CRIU (4.2.1) is provisioned, and where apt fetches it from.
 /// Trixie's 4.1.1 is too old (see the module docs).
@@ -128,7 +129,43 @@ pub struct Criu {
     kdat_run: Option<PathBuf>,
     /// Every cgroup hierarchy mounted once, for CRIU's `--cgroup-yard` (see
     /// [`cgroup_yard_dir`]); None: CRIU mounts its own on each run.
-    cgroup_yard: Option<PathBuf>,
+    cgroup_yard: Option<CgroupYard>,
+}
+
+/// Berth's cgroup yard and the hierarchies it was last completed for.
+#[derive(Debug, Clone)]
+struct CgroupYard {
+    dir: PathBuf,
+    /// The state dir it lives in, to complete it again.
+    state_dir: PathBuf,
+    /// `/proc/self/cgroup` when the yard was last completed. A hierarchy can appear on
+    /// the host at any time (systemd mounts `hugetlb`, `net_cls` and `perf_event` on its
+    /// first start), and CRIU fails a dump or restore whose tree is in a hierarchy
+    /// missing from the yard (`couldn't open <yard>/hugetlb`).
+    hierarchies: Arc<Mutex<String>>,
+}
+
+impl CgroupYard {
+    fn make(state_dir: &Path) -> Option<Self> {
+        let hierarchies = fs::read_to_string("/proc/self/cgroup").ok()?;
+        Some(Self {
+            dir: cgroup_yard_dir(state_dir, &hierarchies)?,
+            state_dir: state_dir.to_path_buf(),
+            hierarchies: Arc::new(Mutex::new(hierarchies)),
+        })
+    }
+
+    /// The yard, first completed with any hierarchy mounted since it last was; None
+    /// when that fails (CRIU then mounts a yard of its own).
+    fn current(&self) -> Option<&Path> {
+        let now = fs::read_to_string("/proc/self/cgroup").ok()?;
+        let mut known = self.hierarchies.lock().unwrap_or_else(|e| e.into_inner());
+        if *known != now {
+            cgroup_yard_dir(&self.state_dir, &now)?;
+            *known = now;
+        }
+        Some(&self.dir)
+    }
 }
 
 impl Criu {
@@ -270,13 +307,13 @@ impl Criu {
     /// (see [`cgroup_yard_dir`]); each unchanged when that is not possible.
     fn with_state_caches(mut self, state_dir: &Path) -> Self {
         self.kdat_run = kdat_run_dir(state_dir);
-        self.cgroup_yard = cgroup_yard_dir(state_dir);
+        self.cgroup_yard = CgroupYard::make(state_dir);
         self
     }
 
     /// Adds `--cgroup-yard` to a dump or restore when the yard is mounted.
     fn yard_arg(&self, cmd: &mut Command) {
-        if let Some(yard) = &self.cgroup_yard {
+        if let Some(yard) = self.cgroup_yard.as_ref().and_then(CgroupYard::current) {
             cmd.arg("--cgroup-yard").arg(yard);
         }
     }
@@ -638,10 +675,11 @@ fn kdat_run_dir(state_dir: &Path) -> Option<PathBuf> {
 /// `<state>/criu/cgyard` (a small tmpfs, so a reboot clears it), laid out as CRIU's own
 /// yard (a directory per hierarchy named by its controllers, `name=` dropped, cgroup2
 /// as `unified`), CRIU opens them from there (`--cgroup-yard`). The hierarchies are
-/// this process's, from `/proc/self/cgroup`; CRIU's children see the same ones. None
-/// when any mount fails (not root, say): CRIU then mounts its own yard as before.
-fn cgroup_yard_dir(state_dir: &Path) -> Option<PathBuf> {
-    let hierarchies = fs::read_to_string("/proc/self/cgroup").ok()?;
+/// this process's, `hierarchies` as read from `/proc/self/cgroup`; CRIU's children see
+/// the same ones. Mounts only what is missing, so it also completes a yard made before
+/// a hierarchy appeared. None when any mount fails (not root, say): CRIU then mounts its
+/// own yard as before.
+fn cgroup_yard_dir(state_dir: &Path, hierarchies: &str) -> Option<PathBuf> {
     let base = state_dir.join("criu");
     fs::create_dir_all(&base).ok()?;
     // Daemons sharing the CRIU state dir must not stack two yards.

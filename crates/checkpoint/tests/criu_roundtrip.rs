@@ -1,11 +1,13 @@
 //! Checkpoints a real process with the CRIU berth selects and restores it, proving the
-//! private loader launch works end to end. Needs root and a CRIU ≥ 4 on the host or
-//! provisioned under the state dir (`scripts/install-deps.sh` provisions one).
+//! private loader launch works end to end; and dumps after a cgroup hierarchy appeared
+//! on the host. Needs root and a CRIU ≥ 4 on the host or provisioned under the state
+//! dir (`scripts/install-deps.sh` provisions one).
 
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use berth_checkpoint::{Criu, Dump, Restore};
@@ -25,6 +27,10 @@ impl Drop for Reaped {
     }
 }
 
+/// Held by each test while it dumps: one of them adds a hierarchy to every process's
+/// cgroups and removes it again.
+static HIERARCHIES: Mutex<()> = Mutex::new(());
+
 fn wait_for(path: &Path) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -42,15 +48,9 @@ fn wait_for(path: &Path) -> String {
     }
 }
 
-#[test]
-fn dump_and_restore_keep_memory() {
-    let criu = Criu::locate(&state_dir()).expect("a usable CRIU (run scripts/install-deps.sh)");
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("value");
-    let images = dir.path().join("images");
-    fs::create_dir(&images).unwrap();
-
-    // The value lives only in the process's memory; it is written out on SIGUSR1.
+/// A Python process, its own session, that writes a random value held only in its
+/// memory to `out` at start and on SIGUSR1.
+fn remembering_process(out: &Path) -> Child {
     let script = format!(
         "import os,signal,time\nv=os.urandom(8).hex()\n\
          signal.signal(signal.SIGUSR1, lambda *a: open({out:?},'w').write(v+'\\n'))\n\
@@ -73,7 +73,19 @@ fn dump_and_restore_keep_memory() {
             Ok(())
         })
     };
-    let child = child.spawn().unwrap();
+    child.spawn().unwrap()
+}
+
+#[test]
+fn dump_and_restore_keep_memory() {
+    let _hierarchies = HIERARCHIES.lock().unwrap_or_else(|e| e.into_inner());
+    let criu = Criu::locate(&state_dir()).expect("a usable CRIU (run scripts/install-deps.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("value");
+    let images = dir.path().join("images");
+    fs::create_dir(&images).unwrap();
+
+    let child = remembering_process(&out);
     let pid = child.id() as i32;
     let _guard = Reaped(pid);
     let before = wait_for(&out);
@@ -112,4 +124,138 @@ fn dump_and_restore_keep_memory() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
     let after = wait_for(&out);
     assert_eq!(before, after, "restored process lost its in-memory value");
+}
+
+/// A named cgroup v1 hierarchy of the test's own, mounted at a temporary directory;
+/// unmounted there and from CRIU's yard when dropped. It never gets a group of its own:
+/// a hierarchy whose last mount goes while it still has one (even one just removed)
+/// outlives its mounts.
+struct NamedHierarchy {
+    name: String,
+    mount: tempfile::TempDir,
+    yard_entry: PathBuf,
+}
+
+impl NamedHierarchy {
+    fn mount(yard: &Path) -> Self {
+        let name = format!("berth-yard-test-{}", std::process::id());
+        let mount = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "cgroup", "-o", &format!("none,name={name}"), "cgroup"])
+            .arg(mount.path())
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mounting a named cgroup hierarchy");
+        Self {
+            yard_entry: yard.join(&name),
+            name,
+            mount,
+        }
+    }
+}
+
+impl Drop for NamedHierarchy {
+    fn drop(&mut self) {
+        for point in [&self.yard_entry, &self.mount.path().to_path_buf()] {
+            let _ = Command::new("umount").arg(point).status();
+        }
+        let _ = fs::remove_dir(&self.yard_entry);
+        // The kernel ends an unmounted hierarchy a little later; until then it is still
+        // listed, and a CRIU made meanwhile would mount it into its yard again.
+        let listed = format!("name={}:", self.name);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline
+            && fs::read_to_string("/proc/self/cgroup").is_ok_and(|c| c.contains(&listed))
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A group of the test's own in the host's `pids` hierarchy (the unified one where
+/// there is none) holding one child of the test: a tree in groups other than CRIU's
+/// own is what makes a dump record its cgroups, and so open every hierarchy in the
+/// yard. When dropped, the child is killed and reaped and the group removed.
+struct OwnGroup {
+    dir: PathBuf,
+    member: Option<Child>,
+}
+
+impl OwnGroup {
+    fn new() -> Self {
+        let parent = [
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+        ]
+        .into_iter()
+        .map(Path::new)
+        .find(|dir| dir.join("cgroup.procs").exists())
+        .expect("a cgroup hierarchy to make a group in");
+        let dir = parent.join(format!("berth-yard-test-{}", std::process::id()));
+        fs::create_dir(&dir).unwrap();
+        Self { dir, member: None }
+    }
+
+    /// Moves `child` into the group; its pid.
+    fn enter(&mut self, child: Child) -> i32 {
+        let pid = child.id() as i32;
+        self.member = Some(child);
+        fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        pid
+    }
+}
+
+impl Drop for OwnGroup {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.member.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn a_hierarchy_that_appears_after_the_yard_was_made_is_added_before_a_dump() {
+    let _hierarchies = HIERARCHIES.lock().unwrap_or_else(|e| e.into_inner());
+    let state = state_dir();
+    let criu = Criu::locate(&state).expect("a usable CRIU (run scripts/install-deps.sh)");
+    let yard = state.join("criu").join("cgyard");
+    assert!(
+        yard.is_dir(),
+        "berth keeps a cgroup yard at {}",
+        yard.display()
+    );
+    // What systemd does on its first start on a host without it: every process is now
+    // in one more hierarchy, which the yard made above lacks.
+    let hierarchy = NamedHierarchy::mount(&yard);
+    assert!(
+        fs::read_to_string("/proc/self/cgroup")
+            .unwrap()
+            .contains(&format!("name={}", hierarchy.name)),
+        "the new hierarchy is listed for every process"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("value");
+    let images = dir.path().join("images");
+    fs::create_dir(&images).unwrap();
+    let mut group = OwnGroup::new();
+    let pid = group.enter(remembering_process(&out));
+    wait_for(&out);
+
+    criu.dump(&Dump {
+        pid,
+        images,
+        leave_running: true,
+        own_mount_namespace: false,
+        netns: None,
+        external_mounts: Vec::new(),
+        freeze_cgroup: None,
+    })
+    .expect("a dump after a hierarchy appeared");
+    assert!(
+        hierarchy.yard_entry.is_dir(),
+        "the yard gained the new hierarchy"
+    );
 }
