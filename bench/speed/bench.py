@@ -5,6 +5,10 @@ beside a floor measured in the same run, in the same place.
 Rows and their floors:
   commands.run("true")      the same `bash -l -c true` timed inside the sandbox (envd
                             runs every command through a login shell)
+  first output of a busy    `echo` then a CPU-bound loop: from the call to the first
+  command                   stdout callback, beside the same command's first line read
+                            from its pipe inside the sandbox (a start that waits for the
+                            command's CPU burst shows here, not in `true`)
   files.read / files.write  the same envd call made inside the sandbox, straight to envd
   of 1 KiB                  on 127.0.0.1:49983 (no proxy, no host hop)
   100 MiB upload, and       a 100 MiB copy over a loopback TCP socket on the host
@@ -269,8 +273,28 @@ def write():
                  headers={**headers, "Content-Type": f"multipart/form-data; boundary={boundary}"})
     r = conn.getresponse(); r.read(); assert r.status == 200, r.status
 shell = timed(lambda: subprocess.run(["/bin/bash", "-l", "-c", "true"], check=True))
-print(json.dumps({"shell": shell, "read": timed(read), "write": timed(write)}))
+busy = sys.argv[3]
+def first_line():
+    started = time.perf_counter()
+    child = subprocess.Popen(["/bin/bash", "-l", "-c", busy], stdout=subprocess.PIPE)
+    child.stdout.readline()
+    elapsed = (time.perf_counter() - started) * 1000
+    child.wait()
+    return elapsed
+first = [first_line() for _ in range(samples // 4)]
+print(json.dumps({"shell": shell, "read": timed(read), "write": timed(write), "first": first}))
 """
+
+# Prints a line, then keeps its CPU busy for a few milliseconds.
+BUSY_COMMAND = "echo started; i=0; while [ $i -lt 5000 ]; do i=$((i+1)); done"
+
+
+def first_output(sandbox) -> float:
+    """Milliseconds from `commands.run(BUSY_COMMAND)` to its first stdout callback."""
+    seen: list[float] = []
+    started = time.perf_counter()
+    sandbox.commands.run(BUSY_COMMAND, on_stdout=lambda _: seen or seen.append(time.perf_counter()))
+    return (seen[0] - started) * 1000
 
 
 def interactive(report: Report, samples: int) -> None:
@@ -283,11 +307,15 @@ def interactive(report: Report, samples: int) -> None:
         run = timed(lambda: sandbox.commands.run("true"), samples)
         read = timed(lambda: sandbox.files.read("/tmp/bench-1k"), samples)
         write = timed(lambda: sandbox.files.write("/tmp/bench-w", "x" * 1024), samples)
+        for _ in range(3):
+            first_output(sandbox)
+        first = [first_output(sandbox) for _ in range(samples // 4)]
         token = sandbox._envd_access_token or ""
         inside = json.loads(
-            sandbox.commands.run(f"python3 /tmp/inside.py {samples} '{token}'", timeout=600).stdout
+            sandbox.commands.run(f"python3 /tmp/inside.py {samples} '{token}' '{BUSY_COMMAND}'", timeout=600).stdout
         )
         report.latency('`commands.run("true")`', run, "`bash -l -c true` inside", inside["shell"])
+        report.latency("first stdout of a busy command", first, "its first line from a pipe inside", inside["first"])
         report.latency("`files.read` 1 KiB", read, "same GET to envd inside", inside["read"])
         report.latency("`files.write` 1 KiB", write, "same POST to envd inside", inside["write"])
         transfers(report, sandbox)

@@ -8,8 +8,9 @@
 //!
 //! Map: [`connect`] is the reusable Connect server layer every RPC route is built
 //! with; [`process`] the Process service; [`reaper`] the only place children are
-//! waited for (and orphans reaped when envd is PID 1); [`server`] the router and the
-//! listener; [`files`], [`filesystem`], [`users`], [`auth`] the file routes, the
+//! waited for (and orphans reaped when envd is PID 1), from one spawner thread whose
+//! short scheduler slice ([`sched`]) lets it answer before its child's first CPU burst
+//! ends; [`server`] the router and the listener; [`files`], [`filesystem`], [`users`], [`auth`] the file routes, the
 //! Filesystem service, OS users and access control.
 //!
 //! Process lifetime, in short (details in [`process`]): a process runs until it exits
@@ -28,6 +29,7 @@ pub mod files;
 pub mod filesystem;
 pub mod process;
 pub mod reaper;
+pub mod sched;
 pub mod server;
 pub mod state;
 pub mod users;

@@ -59,6 +59,11 @@ impl Reaper {
             .spawn(move || {
                 let _ = running.send(());
                 for (launch, result) in queue {
+                    // Before each child: a restored envd has lost the slice (see
+                    // `sched`). Without it the spawner only answers later.
+                    if let Err(error) = crate::sched::request_short_slice() {
+                        tracing::debug!(%error, "asking for a short time slice");
+                    }
                     let pid = launch.start(&mut stack);
                     // The parent's copies of the child's stdio (a PTY slave) close here.
                     drop(launch);

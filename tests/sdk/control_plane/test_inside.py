@@ -58,6 +58,20 @@ def test_the_base_login_profile_sets_debian_paths_without_running_a_program(sand
         assert (sh.stdout, sh.stderr) == (expected, ""), user
 
 
+def test_commands_start_with_the_default_time_slice(sandbox: Sandbox) -> None:
+    """envd's spawner thread runs with the scheduler's shortest slice, so it answers
+    before a new command's first CPU burst ends; the commands it starts must not
+    inherit it: they get the slice envd's other threads have."""
+    script = (
+        'for t in /proc/1/task/*; do [ "$(cat $t/comm)" = envd-spawn ] && grep ^se.slice $t/sched; done; '
+        "grep ^se.slice /proc/1/sched; grep ^se.slice /proc/self/sched"
+    )
+    lines = sandbox.commands.run(script, user="root").stdout.splitlines()
+    spawner, envd, command = (int(line.rsplit(":", 1)[1]) for line in lines)
+    assert spawner == 100_000, lines
+    assert command == envd > spawner, lines
+
+
 def test_base_template_has_what_e2b_base_has(sandbox: Sandbox) -> None:
     """What agents call without asking: `python` is Python 3, `pip` installs for `user`
     (no venv needed), node, npm, git and curl are there, the locale and TERM are set."""
