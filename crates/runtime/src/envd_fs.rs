@@ -29,8 +29,12 @@ const TRAVERSE_ONLY: u32 = 0o711;
 /// file it cannot read is not dumpable, and CRIU could not checkpoint the sandbox. They
 /// hold no state (the same binaries berth ships world-readable).
 const BINARY: u32 = 0o755;
-/// Room for a few envd versions (8 MiB each) at once.
-const SIZE: &std::ffi::CStr = c"64m";
+/// Room for the envd versions of every sandbox alive, which stay until the last of
+/// them goes: a limit, not a reservation (tmpfs takes memory only for the files in it).
+/// A release envd is 8 MiB, a debug build 28 and an unstripped release build 36; with
+/// 64 MiB, a daemon started with a third build while sandboxes of two others lived
+/// failed to start (ENOSPC installing its envd).
+const SIZE: &std::ffi::CStr = c"512m";
 
 /// Copies `binary` into the daemon's envd filesystem under `state_dir` (mounting it
 /// first when it is not mounted) and returns the path of the copy.
@@ -59,16 +63,23 @@ pub(crate) fn install(state_dir: &Path, binary: &Path) -> io::Result<PathBuf> {
     }
     // Written beside and renamed: a daemon starting meanwhile never binds half a file.
     let partial = dir.join(format!(".{}.partial", std::process::id()));
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(BINARY)
-        .open(&partial)?;
-    file.write_all(&contents)?;
-    file.set_permissions(fs::Permissions::from_mode(BINARY))?;
-    drop(file);
-    fs::rename(&partial, &installed)?;
+    let written = (|| {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(BINARY)
+            .open(&partial)?;
+        file.write_all(&contents)?;
+        file.set_permissions(fs::Permissions::from_mode(BINARY))?;
+        drop(file);
+        fs::rename(&partial, &installed)
+    })();
+    if let Err(err) = written {
+        // A partial copy left behind would hold its share of the filesystem for good.
+        let _ = fs::remove_file(&partial);
+        return Err(err);
+    }
     Ok(installed)
 }
 
@@ -151,5 +162,36 @@ mod tests {
         assert!(release(state.path()).unwrap());
         assert!(!state.path().join(DIR).exists());
         assert!(!release(state.path()).unwrap());
+    }
+
+    /// Privileged: a copy that cannot be put in place leaves no partial file behind
+    /// (its room on the filesystem would be lost until the last sandbox goes).
+    #[test]
+    fn a_failed_install_leaves_no_partial_copy() {
+        let state = tempfile::tempdir().unwrap();
+        let source = state.path().join("bin");
+        fs::create_dir(&source).unwrap();
+        fs::write(source.join("berth-envd"), b"placeholder").unwrap();
+        install(state.path(), &source.join("berth-envd")).unwrap();
+        let root = state.path().join(DIR);
+        // The next version's place is taken by a directory that is not empty.
+        fs::write(source.join("berth-envd"), b"next version").unwrap();
+        let hash = Sha256::digest(b"next version");
+        let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let blocked = root.join(&hex).join("berth-envd");
+        fs::create_dir_all(blocked.join("in-the-way")).unwrap();
+        assert!(install(state.path(), &source.join("berth-envd")).is_err());
+        let left: Vec<_> = fs::read_dir(root.join(&hex))
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name())
+            .collect();
+        assert_eq!(
+            left,
+            vec![std::ffi::OsString::from("berth-envd")],
+            "{left:?}"
+        );
+        fs::remove_dir_all(&blocked).unwrap();
+        assert!(release(state.path()).unwrap());
     }
 }
