@@ -4,6 +4,7 @@
 //! dir (`scripts/install-deps.sh` provisions one).
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -164,9 +165,12 @@ impl Drop for NamedHierarchy {
         // listed, and a CRIU made meanwhile would mount it into its yard again.
         let listed = format!("name={}:", self.name);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline
-            && fs::read_to_string("/proc/self/cgroup").is_ok_and(|c| c.contains(&listed))
-        {
+        while fs::read_to_string("/proc/self/cgroup").is_ok_and(|c| c.contains(&listed)) {
+            if Instant::now() > deadline {
+                // Mounted elsewhere meanwhile (another daemon's yard): it stays.
+                eprintln!("cgroup hierarchy name={} is still there", self.name);
+                break;
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -254,8 +258,13 @@ fn a_hierarchy_that_appears_after_the_yard_was_made_is_added_before_a_dump() {
         freeze_cgroup: None,
     })
     .expect("a dump after a hierarchy appeared");
-    assert!(
-        hierarchy.yard_entry.is_dir(),
-        "the yard gained the new hierarchy"
+    // A cgroup mount of its own, not just the directory made before the mount: CRIU
+    // mounting a yard of its own would also have let the dump pass.
+    let yard_dev = fs::metadata(&yard).unwrap().dev();
+    assert_ne!(
+        fs::metadata(&hierarchy.yard_entry).map(|m| m.dev()).ok(),
+        Some(yard_dev),
+        "the yard gained the new hierarchy, mounted"
     );
+    assert!(hierarchy.yard_entry.join("cgroup.procs").exists());
 }
