@@ -1009,14 +1009,13 @@ const SANDBOX_TAG_MAX: usize = 52;
 /// kept because that is where ids differ (`host-code-interpreter-v1-<uuid>`: cutting
 /// its start at 24 left 3 hex digits of the uuid).
 fn sandbox_tag(build_id: &str) -> String {
-    let alphanumeric: Vec<char> = build_id
+    let tag: String = build_id
         .chars()
         .filter(|c| c.is_ascii_alphanumeric())
         .map(|c| c.to_ascii_lowercase())
         .collect();
-    alphanumeric[alphanumeric.len().saturating_sub(SANDBOX_TAG_MAX)..]
-        .iter()
-        .collect()
+    // ASCII only, so any byte offset is a character boundary.
+    tag[tag.len().saturating_sub(SANDBOX_TAG_MAX)..].to_owned()
 }
 
 impl crate::engine::Inner {

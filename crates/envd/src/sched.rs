@@ -16,8 +16,8 @@
 //! the default slice (and, were envd's policy or nice value raised, the default ones).
 //! The thread keeps its policy and nice value. CRIU restores a thread's policy and nice
 //! value but not its slice, so callers ask again where they may have been restored
-//! (cheap: three system calls). On kernels without custom slices (before 6.12) the
-//! request changes nothing.
+//! (one system call when nothing changed). On kernels without custom slices (before
+//! 6.12) the request changes nothing.
 
 use std::io;
 
@@ -29,6 +29,7 @@ const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
 
 /// `struct sched_attr` as of its first version (`SCHED_ATTR_SIZE_VER0`, 48 bytes).
 #[repr(C)]
+#[derive(Debug, Default)]
 struct SchedAttr {
     size: u32,
     sched_policy: u32,
@@ -40,36 +41,36 @@ struct SchedAttr {
     sched_period: u64,
 }
 
-/// Gives the calling thread the shortest slice, keeping its policy and nice value, with
-/// reset-on-fork.
+/// `sched_getattr(2)` of thread `tid` (0: the calling thread). For the normal policies
+/// `sched_runtime` is the thread's slice.
+fn attr_of(tid: i32) -> io::Result<SchedAttr> {
+    let mut attr = SchedAttr::default();
+    // SAFETY: sched_getattr(2) fills at most `size` bytes of the struct we own.
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid,
+            &mut attr as *mut SchedAttr,
+            std::mem::size_of::<SchedAttr>() as u32,
+            0,
+        )
+    };
+    if done != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(attr)
+}
+
+/// Gives the calling thread the shortest slice, keeping its policy, priority and nice
+/// value, with reset-on-fork. Makes no change when the thread has them already.
 pub fn request_short_slice() -> io::Result<()> {
-    // SAFETY: clearing errno through glibc's pointer, then getpriority(2) of the calling
-    // thread (who 0); -1 is a valid nice value, so errno tells an error from it.
-    let nice = unsafe {
-        *libc::__errno_location() = 0;
-        libc::getpriority(libc::PRIO_PROCESS, 0)
-    };
-    if nice == -1 && io::Error::last_os_error().raw_os_error() != Some(0) {
-        return Err(io::Error::last_os_error());
+    let mut attr = attr_of(0)?;
+    if attr.sched_runtime == SHORT_SLICE_NS && attr.sched_flags & SCHED_FLAG_RESET_ON_FORK != 0 {
+        return Ok(());
     }
-    // The thread's own policy, named (`SCHED_FLAG_KEEP_POLICY` would also keep its
-    // reset-on-fork setting, ignoring ours); sched_getscheduler adds its reset-on-fork
-    // bit to the policy.
-    // SAFETY: sched_getscheduler(2) of the calling thread (pid 0).
-    let policy = unsafe { libc::sched_getscheduler(0) };
-    if policy < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        sched_policy: (policy & !libc::SCHED_RESET_ON_FORK) as u32,
-        sched_flags: SCHED_FLAG_RESET_ON_FORK,
-        sched_nice: nice,
-        sched_priority: 0,
-        sched_runtime: SHORT_SLICE_NS,
-        sched_deadline: 0,
-        sched_period: 0,
-    };
+    attr.size = std::mem::size_of::<SchedAttr>() as u32;
+    attr.sched_flags = SCHED_FLAG_RESET_ON_FORK;
+    attr.sched_runtime = SHORT_SLICE_NS;
     // SAFETY: sched_setattr(2) on the calling thread (pid 0) reads a fully initialised
     // attribute struct whose `size` names its length.
     let done = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
@@ -83,48 +84,25 @@ pub fn request_short_slice() -> io::Result<()> {
 mod tests {
     use super::*;
 
-    /// `sched_getattr(2)` of thread `tid`: (flags, runtime), runtime being the slice
-    /// for the normal policy.
-    fn sched_attr_of(tid: i32) -> (u64, u64) {
-        let mut attr = SchedAttr {
-            size: 0,
-            sched_policy: 0,
-            sched_flags: 0,
-            sched_nice: 0,
-            sched_priority: 0,
-            sched_runtime: 0,
-            sched_deadline: 0,
-            sched_period: 0,
-        };
-        // SAFETY: sched_getattr(2) fills at most `size` bytes of the struct we own.
-        let done = unsafe {
-            libc::syscall(
-                libc::SYS_sched_getattr,
-                tid,
-                &mut attr as *mut SchedAttr,
-                std::mem::size_of::<SchedAttr>() as u32,
-                0,
-            )
-        };
-        assert_eq!(done, 0, "{}", io::Error::last_os_error());
-        (attr.sched_flags, attr.sched_runtime)
-    }
-
     #[test]
     fn a_thread_gets_the_short_slice_and_its_children_do_not() {
         std::thread::spawn(|| {
-            // SAFETY: gettid(2) of the calling thread.
-            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
-            let (_, default_slice) = sched_attr_of(tid);
+            let default_slice = attr_of(0).unwrap().sched_runtime;
             if default_slice == 0 {
                 // Before 6.6 there is no slice to read, before 6.12 none to choose.
                 eprintln!("skipped: this kernel has no custom scheduler slices");
                 return;
             }
             request_short_slice().unwrap();
-            let (flags, slice) = sched_attr_of(tid);
-            assert_eq!(flags & SCHED_FLAG_RESET_ON_FORK, SCHED_FLAG_RESET_ON_FORK);
-            assert_eq!(slice, SHORT_SLICE_NS, "a kernel with custom slices (6.12+)");
+            let attr = attr_of(0).unwrap();
+            assert_eq!(
+                attr.sched_flags & SCHED_FLAG_RESET_ON_FORK,
+                SCHED_FLAG_RESET_ON_FORK
+            );
+            assert_eq!(
+                attr.sched_runtime, SHORT_SLICE_NS,
+                "a kernel with custom slices (6.12+)"
+            );
             // Asking again (after a restore, say) is allowed and changes nothing.
             request_short_slice().unwrap();
             let child = std::process::Command::new("grep")
