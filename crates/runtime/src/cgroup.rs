@@ -218,9 +218,19 @@ impl Cgroups {
             .collect()
     }
 
+    /// Makes sandbox `id`'s groups and writes their limits. Idempotent: a resume makes
+    /// the kept groups of a paused sandbox again, and [`Cgroups::attach`] remakes groups
+    /// a cgroup manager removed. berth's parent is made again where it is missing, for
+    /// the same reason.
     pub(crate) fn create(&self, id: &str, limits: CgroupLimits) -> io::Result<()> {
         for dir in self.dirs(id) {
-            mkdir_ok_if_exists(&dir)?;
+            match mkdir_ok_if_exists(&dir) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    self.prepare_parent()?;
+                    mkdir_ok_if_exists(&dir)?;
+                }
+                other => other?,
+            }
         }
         let quota = u64::from(limits.cpu_count.max(1)) * CFS_PERIOD_US;
         match self {
@@ -355,7 +365,13 @@ impl Cgroups {
     /// Moves the thread of init `pid` named [`SPAWNER_THREAD`] into sandbox `id`'s
     /// workload groups, so every command it forks starts there. False when there is
     /// nothing to do: no such thread (an init that is not envd) or no workload group (v2).
-    pub(crate) fn confine_spawner(&self, id: &str, pid: libc::pid_t) -> io::Result<bool> {
+    /// A workload group that vanished while empty is made again (see [`Cgroups::attach`]).
+    pub(crate) fn confine_spawner(
+        &self,
+        id: &str,
+        pid: libc::pid_t,
+        limits: CgroupLimits,
+    ) -> io::Result<bool> {
         if let Self::V2 { .. } = self {
             return Ok(false);
         }
@@ -372,14 +388,45 @@ impl Cgroups {
                 continue;
             }
             let tasks = self.dir(ctrl, id).join(WORKLOAD_GROUP).join("tasks");
-            fs::write(&tasks, tid.to_string())
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tasks.display())))?;
+            let mut moved = fs::write(&tasks, tid.to_string());
+            if moved
+                .as_ref()
+                .is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
+            {
+                self.create(id, limits)?;
+                moved = fs::write(&tasks, tid.to_string());
+            }
+            moved.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tasks.display())))?;
         }
         Ok(true)
     }
 
-    /// Moves process `pid` into every group of sandbox `id`.
-    pub(crate) fn attach(&self, id: &str, pid: libc::pid_t) -> io::Result<()> {
+    /// Moves process `pid` into every group of sandbox `id`, making a missing group again
+    /// (with `limits`) and retrying. Groups berth made can vanish while they are empty: on
+    /// a cgroup v1 host, systemd removes every empty group of a hierarchy its units do not
+    /// use when it boots or reloads (measured with systemd 252: the whole `cpu`
+    /// hierarchy, berth's parent included), and a new sandbox's groups stay empty until
+    /// this move.
+    pub(crate) fn attach(
+        &self,
+        id: &str,
+        pid: libc::pid_t,
+        limits: CgroupLimits,
+    ) -> io::Result<()> {
+        let mut remade = 0;
+        loop {
+            match self.move_into(id, pid) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && remade < 3 => {
+                    tracing::warn!(sandbox = %id, %e, "a group of the sandbox vanished before its init moved in; making it again");
+                    self.create(id, limits)?;
+                    remade += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn move_into(&self, id: &str, pid: libc::pid_t) -> io::Result<()> {
         let pid = pid.to_string();
         for dir in self.dirs(id) {
             let procs = dir.join("cgroup.procs");
@@ -808,5 +855,72 @@ mod tests {
         assert_eq!(stat_field(text, "cache"), Some(10));
         assert_eq!(stat_field(text, "total_cache"), Some(20));
         assert_eq!(stat_field(text, "missing"), None);
+    }
+
+    /// A real group tree under a parent of its own, with a `sleep` to move; all of it
+    /// removed on drop.
+    struct RealGroups {
+        cgroups: Cgroups,
+        child: Option<std::process::Child>,
+    }
+
+    impl Drop for RealGroups {
+        fn drop(&mut self) {
+            if let Some(child) = &mut self.child {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            let _ = self.cgroups.remove("s");
+            for dir in self.cgroups.dirs("s") {
+                let _ = std::fs::remove_dir(dir.parent().unwrap());
+            }
+        }
+    }
+
+    /// What a systemd booting or reloading on a v1 host does to hierarchies its units do
+    /// not use (see `Cgroups::attach`): empty groups go, berth's parent included. A start
+    /// makes both again and its init lands in groups with the sandbox's limits.
+    #[test]
+    fn groups_removed_while_empty_are_made_again() {
+        if rustix::process::geteuid().as_raw() != 0 {
+            eprintln!("skipped: real cgroups need root");
+            return;
+        }
+        let parent = format!("berth-trimmed-{}", std::process::id());
+        let mut groups = RealGroups {
+            cgroups: Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"), &parent).unwrap(),
+            child: None,
+        };
+        let limits = CgroupLimits {
+            cpu_count: 1,
+            memory_bytes: 64 << 20,
+            pids_max: 64,
+        };
+        let cpu = groups.cgroups.dirs("s")[0].clone();
+        std::fs::remove_dir(cpu.parent().unwrap()).unwrap();
+        groups.cgroups.create("s", limits).unwrap();
+        std::fs::remove_dir(&cpu).unwrap();
+
+        let child = groups.child.insert(
+            std::process::Command::new("sleep")
+                .arg("1000")
+                .spawn()
+                .unwrap(),
+        );
+        let pid = child.id() as libc::pid_t;
+        groups.cgroups.attach("s", pid, limits).unwrap();
+        for dir in groups.cgroups.dirs("s") {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+            assert!(
+                procs.lines().any(|line| line == pid.to_string()),
+                "{}: {procs}",
+                dir.display()
+            );
+        }
+        let quota = ["cpu.cfs_quota_us", "cpu.max"]
+            .iter()
+            .find_map(|file| std::fs::read_to_string(cpu.join(file)).ok())
+            .unwrap();
+        assert!(quota.starts_with("100000"), "{quota}");
     }
 }

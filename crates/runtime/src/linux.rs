@@ -583,15 +583,18 @@ impl LinuxRuntime {
         &self,
         spec: &SandboxSpec,
     ) -> Result<crate::attach_warmth::Hold, RuntimeError> {
-        let limits = CgroupLimits {
+        self.cgroups
+            .create(&spec.id, self.cgroup_limits(spec))
+            .map_err(io_err("create cgroups"))?;
+        Ok(self.attach_warmth.hold())
+    }
+
+    fn cgroup_limits(&self, spec: &SandboxSpec) -> CgroupLimits {
+        CgroupLimits {
             cpu_count: spec.cpu_count,
             memory_bytes: spec.memory_mb * 1024 * 1024,
             pids_max: self.config.pids_max,
-        };
-        self.cgroups
-            .create(&spec.id, limits)
-            .map_err(io_err("create cgroups"))?;
-        Ok(self.attach_warmth.hold())
+        }
     }
 
     /// The steps every new sandbox goes through around `start` (which starts its init in
@@ -873,7 +876,7 @@ impl LinuxRuntime {
         // a busy host), so it overlaps with the launcher's mount work; the launcher waits
         // for this second byte before it enters a cgroup namespace and execs the init.
         self.cgroups
-            .attach(&spec.id, pid)
+            .attach(&spec.id, pid, self.cgroup_limits(spec))
             .map_err(io_err("attach init to cgroups"))?;
         shield_from_oom_killer(pid);
         let mut buf = vec![0u8; 4096];
@@ -1060,7 +1063,11 @@ impl Runtime for LinuxRuntime {
     fn confine_workload(&self, id: &str) -> Result<bool, RuntimeError> {
         let sandbox = self.get(id)?;
         self.cgroups
-            .confine_spawner(id, sandbox.info.init_pid)
+            .confine_spawner(
+                id,
+                sandbox.info.init_pid,
+                self.cgroup_limits(&sandbox.info.spec),
+            )
             .map_err(io_err(
                 "move envd's spawner thread into the workload cgroup",
             ))
