@@ -9,7 +9,9 @@ are private tmpfs mounts there (nothing of the host's /etc changes), its unit se
 path is only those plus one test target (`SYSTEMD_UNIT_PATH`: none of the host's units
 can start), and its console is a log file. systemd places itself and the unit in the
 host's cgroup hierarchies (`init.scope`, `system.slice/berth.service`), which the test
-removes at the end with everything else it made."""
+removes at the end with everything else it made. Booting, it also removes every empty
+group of the host's `cpu` hierarchy, other lanes' daemons' included: a sandbox starting
+at that moment has its groups made again by the runtime (`Cgroups::attach`)."""
 
 from __future__ import annotations
 
