@@ -44,6 +44,7 @@ pub(crate) fn install(state_dir: &Path, binary: &Path) -> io::Result<PathBuf> {
         crate::perms::create_dir_all(&root, crate::perms::TRAVERSE_DIR)?;
         mount(&root)?;
     }
+    sweep_partials(&root);
     let mut source = fs::File::open(binary)?;
     let mut contents = Vec::new();
     source.read_to_end(&mut contents)?;
@@ -81,6 +82,32 @@ pub(crate) fn install(state_dir: &Path, binary: &Path) -> io::Result<PathBuf> {
         return Err(err);
     }
     Ok(installed)
+}
+
+/// Removes the copies a daemon killed mid-install left (`.<pid>.partial` of a pid that
+/// no longer runs): the filesystem outlives daemons while any sandbox lives, and each
+/// would hold its share of it until then. A pid that runs again is left alone: it may be
+/// another daemon copying now.
+fn sweep_partials(root: &Path) {
+    let Ok(dirs) = fs::read_dir(root) else {
+        return;
+    };
+    for file in dirs
+        .flatten()
+        .filter_map(|dir| fs::read_dir(dir.path()).ok())
+        .flat_map(|files| files.flatten())
+    {
+        let name = file.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|name| name.strip_prefix('.')?.strip_suffix(".partial"))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if !Path::new("/proc").join(pid.to_string()).exists() {
+                let _ = fs::remove_file(file.path());
+            }
+        }
+    }
 }
 
 /// Unmounts the daemon's envd filesystem under `state_dir`, if mounted. Only when the
@@ -192,6 +219,36 @@ mod tests {
             "{left:?}"
         );
         fs::remove_dir_all(&blocked).unwrap();
+        assert!(release(state.path()).unwrap());
+    }
+
+    /// Privileged: a copy left by a process that died mid-install is removed by the next
+    /// install; one of a process that still runs is not.
+    #[test]
+    fn the_next_install_removes_copies_of_dead_installers() {
+        let state = tempfile::tempdir().unwrap();
+        let source = state.path().join("bin");
+        fs::create_dir(&source).unwrap();
+        fs::write(source.join("berth-envd"), b"placeholder").unwrap();
+        let installed = install(state.path(), &source.join("berth-envd")).unwrap();
+        let dir = installed.parent().unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let dead = gone.id();
+        gone.wait().unwrap();
+        let dead_copy = dir.join(format!(".{dead}.partial"));
+        let live_copy = dir.join(format!(".{}.partial", std::process::id()));
+        fs::write(&dead_copy, b"half").unwrap();
+        fs::write(&live_copy, b"half").unwrap();
+        assert_eq!(
+            install(state.path(), &source.join("berth-envd")).unwrap(),
+            installed
+        );
+        assert!(
+            !dead_copy.exists(),
+            "the dead installer's copy is still there"
+        );
+        assert!(live_copy.exists(), "a running installer's copy was removed");
+        fs::remove_file(&live_copy).unwrap();
         assert!(release(state.path()).unwrap());
     }
 }
