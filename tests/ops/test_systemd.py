@@ -7,11 +7,13 @@ PID 1 of private pid, mount, uts and ipc namespaces (the suite's network namespa
 shared, so the test reaches the listener): /run, /etc/systemd/system and /etc/default
 are private tmpfs mounts there (nothing of the host's /etc changes), its unit search
 path is only those plus one test target (`SYSTEMD_UNIT_PATH`: none of the host's units
-can start), and its console is a log file. systemd places itself and the unit in the
-host's cgroup hierarchies (`init.scope`, `system.slice/berth.service`), which the test
-removes at the end with everything else it made. Booting, it also removes every empty
-group of the host's `cpu` hierarchy, other lanes' daemons' included: a sandbox starting
-at that moment has its groups made again by the runtime (`Cgroups::attach`)."""
+can start), and its console is a log file. It starts in a group of the test's own
+(`berth-systemd-test-<pid>`), its root: itself and the unit go below it in the host's
+hierarchies (`init.scope`, `system.slice/berth.service`), which the test removes at the
+end with everything else it made. Booted from the root groups, it moved every process
+of the host into its `init.scope` and removed every empty group of the `cpu`
+hierarchy, the other CI lanes' sandboxes' included (a systemd that is the host's PID 1
+does the latter on each reload; the runtime makes such groups again: `Cgroups::attach`)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ import pytest
 from conftest import Berth, control_plane, poll
 
 SYSTEMD = Path("/lib/systemd/systemd")
+# Where systemd reads which group a process is in: its own v1 hierarchy and, on a hybrid
+# host, the v2 one.
+TRACKING_HIERARCHIES = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"))
 UNIT = "berth.service"
 
 
@@ -49,9 +54,20 @@ class Systemd:
         self.console = work / "console.log"
         self.console.touch()
         boot = work / "boot.sh"
+        # systemd takes the group it starts in as its root: one of the test's own in the
+        # hierarchies systemd tracks processes in keeps everything it does below it.
+        # From the root groups it would move every other process of the host into its
+        # `init.scope` and, on cgroup v1, remove every empty group of the `cpu`
+        # hierarchy, other daemons' sandboxes' included.
+        self.root = f"berth-systemd-test-{os.getpid()}"
+        join = "".join(
+            f"mkdir -p {hierarchy}/{self.root} && echo $$ > {hierarchy}/{self.root}/cgroup.procs\n"
+            for hierarchy in TRACKING_HIERARCHIES
+            if hierarchy.is_dir()
+        )
         boot.write_text(f"""#!/bin/bash
 set -e
-mount --make-rprivate /
+{join}mount --make-rprivate /
 mount -t tmpfs tmpfs /run
 mkdir -p /run/lock
 mount -t tmpfs tmpfs /etc/systemd/system
@@ -100,26 +116,30 @@ exec env -i container=berth-test SYSTEMD_UNIT_PATH=/etc/systemd/system:{units} \
         except subprocess.TimeoutExpired:
             self.unshare.kill()
             self.unshare.wait()
-        # The groups it made in the host's hierarchies, deepest first, once empty. The
-        # unit's processes (berth up's LXCFS, sandboxes in the `systemd` and `unified`
-        # hierarchies, which berth does not manage) may take a while to go on a loaded
-        # machine: a CI run left these groups behind after 5 s of trying. A group still
-        # busy after a minute is named with what is in it.
-        for name in ("system.slice/berth.service", "system.slice", "init.scope"):
-            for group in Path("/sys/fs/cgroup").glob(f"*/{name}"):
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        group.rmdir()
+        # Its groups in every hierarchy, deepest first, once empty. The unit's processes
+        # (berth up's LXCFS, sandboxes in the hierarchies berth does not manage) may take
+        # a while to go on a loaded machine. A group still busy after a minute is named
+        # with what is in it.
+        groups = sorted(
+            (group for top in Path("/sys/fs/cgroup").glob(f"*/{self.root}") for group in [top, *top.rglob("*")]
+             if group.is_dir()),
+            key=lambda group: len(group.parts),
+            reverse=True,
+        )
+        for group in groups:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as busy:
+                    if time.monotonic() > deadline:
+                        procs = (group / "cgroup.procs").read_text().split()
+                        warnings.warn(f"left {group} ({busy}; processes {procs})")
                         break
-                    except FileNotFoundError:
-                        break
-                    except OSError as busy:
-                        if time.monotonic() > deadline:
-                            procs = (group / "cgroup.procs").read_text().split()
-                            warnings.warn(f"left {group} ({busy}; processes {procs})")
-                            break
-                        time.sleep(0.1)
+                    time.sleep(0.1)
 
 
 @pytest.fixture
@@ -204,7 +224,8 @@ def test_stop_and_start_of_the_installed_unit_keep_paused_sandboxes_and_snapshot
         source.kill()
         main_pid = systemd.run("systemctl", "show", "-p", "MainPID", "--value", UNIT, check=True).stdout.strip()
         # It is systemd's service: berth up runs in the unit's group.
-        assert "name=systemd:/system.slice/berth.service" in systemd.run("cat", f"/proc/{main_pid}/cgroup").stdout
+        assert f"name=systemd:/{systemd.root}/system.slice/berth.service" in systemd.run(
+            "cat", f"/proc/{main_pid}/cgroup").stdout
 
         systemd.run("systemctl", "stop", UNIT, check=True)
         assert systemd.run("systemctl", "is-active", UNIT).stdout.strip() == "inactive"
