@@ -388,15 +388,10 @@ impl Cgroups {
                 continue;
             }
             let tasks = self.dir(ctrl, id).join(WORKLOAD_GROUP).join("tasks");
-            let mut moved = fs::write(&tasks, tid.to_string());
-            if moved
-                .as_ref()
-                .is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
-            {
-                self.create(id, limits)?;
-                moved = fs::write(&tasks, tid.to_string());
-            }
-            moved.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tasks.display())))?;
+            self.remaking(id, limits, || {
+                fs::write(&tasks, tid.to_string())
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", tasks.display())))
+            })?;
         }
         Ok(true)
     }
@@ -413,11 +408,22 @@ impl Cgroups {
         pid: libc::pid_t,
         limits: CgroupLimits,
     ) -> io::Result<()> {
+        self.remaking(id, limits, || self.move_into(id, pid))
+    }
+
+    /// Runs `move_task`, making sandbox `id`'s groups again (with `limits`) and retrying
+    /// while it fails because a group is missing (see [`Cgroups::attach`]).
+    fn remaking(
+        &self,
+        id: &str,
+        limits: CgroupLimits,
+        move_task: impl Fn() -> io::Result<()>,
+    ) -> io::Result<()> {
         let mut remade = 0;
         loop {
-            match self.move_into(id, pid) {
+            match move_task() {
                 Err(e) if e.kind() == io::ErrorKind::NotFound && remade < 3 => {
-                    tracing::warn!(sandbox = %id, %e, "a group of the sandbox vanished before its init moved in; making it again");
+                    tracing::warn!(sandbox = %id, %e, "a group of the sandbox vanished while empty; making it again");
                     self.create(id, limits)?;
                     remade += 1;
                 }

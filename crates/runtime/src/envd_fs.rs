@@ -191,15 +191,21 @@ mod tests {
         assert!(!release(state.path()).unwrap());
     }
 
-    /// Privileged: a copy that cannot be put in place leaves no partial file behind
-    /// (its room on the filesystem would be lost until the last sandbox goes).
-    #[test]
-    fn a_failed_install_leaves_no_partial_copy() {
+    /// A state dir with a placeholder envd at `<state>/bin/berth-envd`, installed.
+    fn installed_placeholder() -> (tempfile::TempDir, PathBuf, PathBuf) {
         let state = tempfile::tempdir().unwrap();
         let source = state.path().join("bin");
         fs::create_dir(&source).unwrap();
         fs::write(source.join("berth-envd"), b"placeholder").unwrap();
-        install(state.path(), &source.join("berth-envd")).unwrap();
+        let installed = install(state.path(), &source.join("berth-envd")).unwrap();
+        (state, source, installed)
+    }
+
+    /// Privileged: a copy that cannot be put in place leaves no partial file behind
+    /// (its room on the filesystem would be lost until the last sandbox goes).
+    #[test]
+    fn a_failed_install_leaves_no_partial_copy() {
+        let (state, source, _) = installed_placeholder();
         let root = state.path().join(DIR);
         // The next version's place is taken by a directory that is not empty.
         fs::write(source.join("berth-envd"), b"next version").unwrap();
@@ -226,11 +232,7 @@ mod tests {
     /// install; one of a process that still runs is not.
     #[test]
     fn the_next_install_removes_copies_of_dead_installers() {
-        let state = tempfile::tempdir().unwrap();
-        let source = state.path().join("bin");
-        fs::create_dir(&source).unwrap();
-        fs::write(source.join("berth-envd"), b"placeholder").unwrap();
-        let installed = install(state.path(), &source.join("berth-envd")).unwrap();
+        let (state, source, installed) = installed_placeholder();
         let dir = installed.parent().unwrap();
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         let dead = gone.id();
